@@ -1,0 +1,47 @@
+# Two commands do all the set-up on a fresh machine:
+#   make serve   create .venv if missing, install, run `duplex serve`
+#   make test    create/refresh .venv with dev extras, install redis-server if
+#                missing (when root), run ruff and the whole pytest suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test lint venv redis-server clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Reinstall whenever pyproject.toml changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+serve: venv
+	$(BIN)/duplex serve $(ARGS)
+
+# Tests that concern Redis start their own redis-server on a free port, so the
+# binary must exist. We install the Debian package only when we are root.
+redis-server:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server (Debian package)"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	  else \
+	    echo "redis-server is missing and we are not root: install it (e.g. apt-get install redis-server)"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+lint: venv
+	$(BIN)/ruff check .
+
+test: venv redis-server lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Model plugins, one package per model. Plugins import `shared` only."""

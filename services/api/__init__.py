@@ -1,0 +1,1 @@
+"""The API pod: FastAPI app, WebSocket handler, attachment/resume/replay, janitor jobs."""

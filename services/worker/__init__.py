@@ -1,0 +1,1 @@
+"""The worker pod: registry/heartbeat, inbox consumer, SessionManager, SessionRunner, stages."""

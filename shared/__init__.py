@@ -1,0 +1,1 @@
+"""Code every duplex-serve process imports. Imports nothing else of ours."""

@@ -1,0 +1,1 @@
+"""Clients: DuplexClient (WebSocket, reconnect + resume) and the in-process inline client."""

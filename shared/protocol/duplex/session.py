@@ -1,0 +1,478 @@
+"""Session configuration read from the Realtime session object (contract 4.1-4.3).
+
+`DuplexSessionConfig` is what a session runs with; `TurnDetection` is the
+server VAD setting; `ResponseCreateOptions` is one `response.create`. All are
+frozen: an update produces a new config, so a runner can compare old and new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from shared.protocol.realtime.errors import RealtimeProtocolError
+from shared.protocol.realtime.formats import PCM16, WAV, AudioFormat, parse_audio_format
+from shared.protocol.realtime.session import (
+    InputAudioDefaults,
+    read_input_format,
+    read_max_tokens,
+    read_modalities,
+    read_output_format,
+    read_speed,
+    read_turn_detection,
+    read_voice,
+)
+
+JSON = dict[str, Any]
+
+LISTEN_ONLY = "listen_only"
+BARGE_IN_ON_SPEECH = "barge_in_on_speech"
+OVERLAP_POLICIES = (LISTEN_ONLY, BARGE_IN_ON_SPEECH)
+COMMIT_ALL_ON_DONE = "commit_all_on_done"
+ACK_ONLY = "ack_only"
+PLAYBACK_COMMIT_POLICIES = (COMMIT_ALL_ON_DONE, ACK_ONLY)
+
+#: Realtime-only session keys, kept under `extra_body.realtime_<key>` for plugins.
+REALTIME_ONLY_KEYS = (
+    "tools",
+    "tool_choice",
+    "metadata",
+    "include",
+    "prompt",
+    "input_audio_transcription",
+    "input_audio_noise_reduction",
+    "audio",
+    "tracing",
+    "turn_detection",
+    "output_audio_format",
+)
+#: Per-response keys stored under `extra_body.realtime_response_<key>`.
+RESPONSE_PASSTHROUGH_KEYS = ("conversation", "metadata", "prompt", "tools", "tool_choice")
+#: Per-response options a model-native session refuses.
+NATIVE_UNSUPPORTED_RESPONSE_OPTIONS = (
+    "instructions",
+    "voice",
+    "temperature",
+    "max_tokens",
+    "tools",
+    "tool_choice",
+)
+
+MIN_SPEECH_DURATION_FLOOR_MS = 32
+
+
+def _config_error(
+    message: str, param: str, code: str = "invalid_session_config"
+) -> RealtimeProtocolError:
+    return RealtimeProtocolError(code, message, param=param)
+
+
+def _number(
+    value: Any,
+    param: str,
+    *,
+    minimum: float = 0.0,
+    exclusive: bool = False,
+    code: str = "invalid_session_config",
+) -> float | int:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and (value > minimum if exclusive else value >= minimum):
+        return value
+    bound = f"> {minimum}" if exclusive else f">= {minimum}"
+    raise _config_error(f"{param} must be a number {bound}", param, code)
+
+
+def _optional_str(value: Any, param: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _config_error(f"{param} must be a string", param)
+    return value
+
+
+def _pick(session: Mapping[str, Any], extra: Mapping[str, Any], key: str) -> Any:
+    """A key from the session object, falling back to `extra_body` (overlap/playback keys)."""
+    return session[key] if key in session else extra.get(key)
+
+
+# ---------------------------------------------------------------- 4.2 turn detection
+
+
+def _td_error(message: str) -> RealtimeProtocolError:
+    return RealtimeProtocolError("unsupported_turn_detection", message, param="turn_detection")
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnDetection:
+    """Server VAD (Silero), one detector per session. The only supported type."""
+
+    type: str = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int | float = 300
+    silence_duration_ms: int | float = 500
+    min_speech_duration_ms: int | float = 96
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    @classmethod
+    def from_realtime(cls, value: Any) -> TurnDetection:
+        if not isinstance(value, Mapping):
+            raise _td_error("turn_detection must be an object or null")
+        kind = value.get("type", "server_vad")
+        if kind != "server_vad":
+            raise _td_error(
+                f"unsupported turn detection type {kind!r}: only server_vad is supported"
+            )
+        default = cls()
+        threshold = value.get("threshold", default.threshold)
+        if (
+            not isinstance(threshold, int | float)
+            or isinstance(threshold, bool)
+            or not 0 < threshold <= 1
+        ):
+            raise _td_error("threshold must be a number in (0, 1]")
+
+        def ms(key: str, *, positive: bool = False) -> int | float:
+            raw = value.get(key, getattr(default, key))
+            try:
+                return _number(raw, key, exclusive=positive, code="unsupported_turn_detection")
+            except RealtimeProtocolError as exc:
+                raise _td_error(exc.message) from None
+
+        flags = {}
+        for key in ("create_response", "interrupt_response"):
+            flag = value.get(key, True)
+            if not isinstance(flag, bool):
+                raise _td_error(f"{key} must be a boolean")
+            flags[key] = flag
+        if not flags["interrupt_response"]:
+            raise _td_error("interrupt_response=false is not supported: speech always interrupts")
+        return cls(
+            threshold=float(threshold),
+            prefix_padding_ms=ms("prefix_padding_ms"),
+            silence_duration_ms=ms("silence_duration_ms", positive=True),
+            min_speech_duration_ms=max(ms("min_speech_duration_ms"), MIN_SPEECH_DURATION_FLOOR_MS),
+            **flags,
+        )
+
+    def to_realtime(self) -> JSON:
+        return dataclasses.asdict(self)
+
+
+def _resolve_overlap(
+    session: Mapping[str, Any],
+    extra: Mapping[str, Any],
+    base_td: TurnDetection | None,
+    base_policy: str,
+) -> tuple[TurnDetection | None, str]:
+    """Turn detection and the overlap policy it forces (contract 4.2)."""
+    declared, value = read_turn_detection(session)
+    td = (None if value is None else TurnDetection.from_realtime(value)) if declared else base_td
+    explicit = _pick(session, extra, "overlap_policy")
+    if explicit is not None and explicit not in OVERLAP_POLICIES:
+        explicit = LISTEN_ONLY  # unknown values normalise to listen_only
+    forced = BARGE_IN_ON_SPEECH if td is not None else LISTEN_ONLY
+    if explicit is None:
+        return td, forced if declared else base_policy
+    if explicit != forced:
+        reason = (
+            "barge_in_on_speech needs turn_detection (server_vad)"
+            if td is None
+            else "turn_detection forces overlap_policy=barge_in_on_speech"
+        )
+        raise _config_error(f"conflicting overlap_policy {explicit!r}: {reason}", "overlap_policy")
+    return td, explicit
+
+
+# ---------------------------------------------------------------- 4.1 session config
+
+
+@dataclasses.dataclass(frozen=True)
+class DuplexSessionConfig:
+    """A session's configuration with the contract's defaults (4.1)."""
+
+    model: str | None = None
+    modalities: tuple[str, ...] = ("text", "audio")
+    instructions: str | None = None
+    initial_user_text: str | None = None
+    voice: str | None = None
+    ref_audio: str | None = None
+    response_format: str = WAV
+    temperature: float | None = None
+    max_tokens: int | None = None
+    speed: float | None = None
+    use_tts_template: bool = True
+    idle_timeout_s: float = 300.0
+    overlap_policy: str = LISTEN_ONLY
+    overlap_short_ack_ms: int | float = 700
+    overlap_barge_in_ms: int | float = 1200
+    overlap_silence_rms: float = 0.003
+    playback_commit_policy: str = COMMIT_ALL_ON_DONE
+    turn_detection: TurnDetection | None = None
+    input_audio_format: AudioFormat = AudioFormat(PCM16, 16_000)
+    output_audio_format: AudioFormat = AudioFormat(PCM16, None)
+    extra_body: JSON = dataclasses.field(default_factory=dict, hash=False)
+
+    # -- reading
+
+    @classmethod
+    def from_realtime(
+        cls, session: Mapping[str, Any], base: DuplexSessionConfig | None = None
+    ) -> DuplexSessionConfig:
+        """`base` (defaults when None) with a session object applied.
+
+        Ids inside the object are ignored (the server allocates them). Formats
+        are checked before turn detection, as the contract orders it.
+        """
+        base = base or cls()
+        if not isinstance(session, Mapping):
+            raise _config_error("session must be an object", "session")
+        client_extra = session.get("extra_body") or {}
+        if not isinstance(client_extra, Mapping):
+            raise _config_error("extra_body must be an object", "extra_body")
+        input_format = (
+            read_input_format(session, base.input_audio_format) or base.input_audio_format
+        )
+        output_format = read_output_format(session, base.output_audio_format)
+        td, policy = _resolve_overlap(
+            session, client_extra, base.turn_detection, base.overlap_policy
+        )
+
+        extra = {**base.extra_body, **client_extra}
+        for key in REALTIME_ONLY_KEYS:
+            if key in session:
+                extra[f"realtime_{key}"] = session[key]
+        extra["realtime_session_payload"] = {
+            k: v for k, v in session.items() if k not in ("id", "session_id", "extra_body")
+        }
+        changes: JSON = {
+            "input_audio_format": input_format,
+            "turn_detection": td,
+            "overlap_policy": policy,
+            "extra_body": extra,
+        }
+        if output_format is not None:
+            changes["output_audio_format"] = output_format
+            changes["response_format"] = WAV if output_format.encoding == WAV else "pcm"
+        if "response_format" in session:
+            fmt = parse_audio_format(
+                session["response_format"], output=True, param="response_format"
+            )
+            changes["response_format"] = WAV if fmt.encoding == WAV else "pcm"
+
+        for key in ("model", "instructions"):
+            if key in session:
+                changes[key] = _optional_str(session[key], key)
+        initial = session.get("initial_user_text", client_extra.get("duplex_initial_user_text"))
+        if initial is not None:
+            changes["initial_user_text"] = _optional_str(initial, "initial_user_text")
+        modalities = read_modalities(session)
+        if modalities is not None:
+            changes["modalities"] = tuple(modalities)
+        voice = read_voice(session)
+        if voice is not None:
+            changes["voice"] = _optional_str(voice, "voice")
+        ref_audio = session.get(
+            "ref_audio", client_extra.get("ref_audio", client_extra.get("tts_ref_audio"))
+        )
+        if ref_audio is not None:
+            changes["ref_audio"] = _optional_str(ref_audio, "ref_audio")
+        if session.get("temperature") is not None:
+            changes["temperature"] = float(_number(session["temperature"], "temperature"))
+        declared, max_tokens = read_max_tokens(session)
+        if declared:
+            changes["max_tokens"] = max_tokens
+        speed = read_speed(session)
+        if speed is not None:
+            changes["speed"] = float(_number(speed, "speed", exclusive=True))
+        if "use_tts_template" in session:
+            if not isinstance(session["use_tts_template"], bool):
+                raise _config_error("use_tts_template must be a boolean", "use_tts_template")
+            changes["use_tts_template"] = session["use_tts_template"]
+        if session.get("idle_timeout_s") is not None:
+            changes["idle_timeout_s"] = float(
+                _number(session["idle_timeout_s"], "idle_timeout_s", exclusive=True)
+            )
+        for key in ("overlap_short_ack_ms", "overlap_barge_in_ms"):
+            value = _pick(session, client_extra, key)
+            if value is not None:
+                changes[key] = _number(value, key)
+        rms = _pick(session, client_extra, "overlap_silence_rms")
+        if rms is not None:
+            changes["overlap_silence_rms"] = float(_number(rms, "overlap_silence_rms"))
+        commit_policy = _pick(session, client_extra, "playback_commit_policy")
+        if commit_policy is not None:
+            changes["playback_commit_policy"] = (
+                commit_policy if commit_policy in PLAYBACK_COMMIT_POLICIES else COMMIT_ALL_ON_DONE
+            )
+        return dataclasses.replace(base, **changes)
+
+    def apply_update(self, patch: Mapping[str, Any]) -> DuplexSessionConfig:
+        """A live `session.update`: the model and ref_audio cannot change (an echo of
+        the same value is fine, since Realtime clients echo the session object)."""
+        if isinstance(patch, Mapping):
+            model = patch.get("model")
+            if model is not None and self.model is not None and model != self.model:
+                raise _config_error(
+                    "session.update cannot change the model", "model", "model_update_unsupported"
+                )
+            ref = patch.get("ref_audio")
+            if ref is not None and ref != self.ref_audio:
+                raise _config_error(
+                    "ref_audio cannot change after open",
+                    "ref_audio",
+                    "ref_audio_update_unsupported",
+                )
+        return DuplexSessionConfig.from_realtime(patch, base=self)
+
+    # -- derived
+
+    @property
+    def audio_output(self) -> bool:
+        return "audio" in self.modalities
+
+    @property
+    def model_native(self) -> bool:
+        """Model-native (auto-response) sessions: the model decides when to speak."""
+        return self.extra_body.get("auto_response", True) is not False
+
+    def input_defaults(self) -> InputAudioDefaults:
+        return InputAudioDefaults(
+            self.input_audio_format, self.output_audio_format, self.overlap_silence_rms
+        )
+
+    # -- rendering
+
+    def to_realtime(self) -> JSON:
+        """The configuration part of the session object (both beta and GA spellings)."""
+        td = self.turn_detection.to_realtime() if self.turn_detection else None
+        output: JSON = {"format": self.output_audio_format.to_ga(), "voice": self.voice}
+        if self.speed is not None:
+            output["speed"] = self.speed
+        client_extra = {k: v for k, v in self.extra_body.items() if not k.startswith("realtime_")}
+        return {
+            "object": "realtime.session",
+            "type": "realtime",
+            "model": self.model,
+            "modalities": list(self.modalities),
+            "output_modalities": list(self.modalities),
+            "instructions": self.instructions,
+            "initial_user_text": self.initial_user_text,
+            "voice": self.voice,
+            "ref_audio": self.ref_audio,
+            "response_format": self.response_format,
+            "input_audio_format": self.input_audio_format.to_beta(),
+            "output_audio_format": self.output_audio_format.to_beta(),
+            "audio": {
+                "input": {
+                    "format": self.input_audio_format.to_ga(),
+                    "sample_rate_hz": self.input_audio_format.rate,
+                    "turn_detection": td,
+                },
+                "output": output,
+            },
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "speed": self.speed,
+            "use_tts_template": self.use_tts_template,
+            "idle_timeout_s": self.idle_timeout_s,
+            "overlap_policy": self.overlap_policy,
+            "overlap_short_ack_ms": self.overlap_short_ack_ms,
+            "overlap_barge_in_ms": self.overlap_barge_in_ms,
+            "overlap_silence_rms": self.overlap_silence_rms,
+            "playback_commit_policy": self.playback_commit_policy,
+            "turn_detection": td,
+            "input_audio_transcription": self.extra_body.get("realtime_input_audio_transcription"),
+            "tracing": self.extra_body.get("realtime_tracing"),
+            "extra_body": client_extra,
+        }
+
+
+# ---------------------------------------------------------------- 4.3 response.create options
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseCreateOptions:
+    """One `response.create`'s options. `declared` names what the client set."""
+
+    instructions: str | None = None
+    voice: str | None = None
+    response_format: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    speed: float | None = None
+    modalities: tuple[str, ...] | None = None
+    output_audio_format: AudioFormat | None = None
+    extra_body: JSON = dataclasses.field(default_factory=dict, hash=False)
+    declared: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_realtime(
+        cls, options: Mapping[str, Any], *, private_keys: frozenset[str] = frozenset()
+    ) -> ResponseCreateOptions:
+        """Read a `response` object; plugin-private keys in `extra_body` are stripped."""
+        if not isinstance(options, Mapping):
+            raise _config_error("response must be an object", "response")
+        declared: set[str] = set()
+        kwargs: JSON = {}
+        if options.get("instructions") is not None:
+            kwargs["instructions"] = _optional_str(options["instructions"], "instructions")
+            declared.add("instructions")
+        voice = read_voice(options)
+        if voice is not None:
+            kwargs["voice"] = _optional_str(voice, "voice")
+            declared.add("voice")
+        if options.get("temperature") is not None:
+            kwargs["temperature"] = float(_number(options["temperature"], "temperature"))
+            declared.add("temperature")
+        has_max, max_tokens = read_max_tokens(options)
+        if has_max:
+            kwargs["max_tokens"] = max_tokens
+            declared.add("max_tokens")
+        speed = read_speed(options)
+        if speed is not None:
+            kwargs["speed"] = float(_number(speed, "speed", exclusive=True))
+            declared.add("speed")
+        modalities = read_modalities(options)
+        if modalities is not None:
+            kwargs["modalities"] = tuple(modalities)
+            declared.add("modalities")
+        output_format = read_output_format(options)
+        if output_format is not None:
+            kwargs["output_audio_format"] = output_format
+            kwargs["response_format"] = WAV if output_format.encoding == WAV else "pcm"
+            declared.add("output_audio_format")
+        extra = options.get("extra_body") or {}
+        if not isinstance(extra, Mapping):
+            raise _config_error("extra_body must be an object", "extra_body")
+        extra = {k: v for k, v in extra.items() if k not in private_keys}
+        for key in RESPONSE_PASSTHROUGH_KEYS:
+            if options.get(key) is not None:
+                extra[f"realtime_response_{key}"] = options[key]
+                declared.add(key)
+        return cls(extra_body=extra, declared=frozenset(declared), **kwargs)
+
+    def check_native(self) -> None:
+        """Model-native sessions decide these per session, never per response."""
+        refused = [key for key in NATIVE_UNSUPPORTED_RESPONSE_OPTIONS if key in self.declared]
+        if refused:
+            raise RealtimeProtocolError(
+                "unsupported_native_response_options",
+                f"a model-native session does not take per-response {', '.join(refused)}",
+                param=f"response.{refused[0]}",
+            )
+
+
+__all__ = [
+    "ACK_ONLY",
+    "BARGE_IN_ON_SPEECH",
+    "COMMIT_ALL_ON_DONE",
+    "LISTEN_ONLY",
+    "NATIVE_UNSUPPORTED_RESPONSE_OPTIONS",
+    "OVERLAP_POLICIES",
+    "PLAYBACK_COMMIT_POLICIES",
+    "REALTIME_ONLY_KEYS",
+    "DuplexSessionConfig",
+    "InputAudioDefaults",
+    "ResponseCreateOptions",
+    "TurnDetection",
+]

@@ -1,0 +1,339 @@
+"""PCM / G.711 / WAV decode and encode, and streaming resampling.
+
+Samples inside the codec are mono float32 in [-1, 1). Everything here is pure
+and synchronous; callers that sit on an event loop offload it to an executor.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+
+import numpy as np
+import soxr
+
+from shared.protocol.realtime.errors import RealtimeProtocolError
+from shared.protocol.realtime.formats import (
+    G711_ALAW,
+    G711_RATE_HZ,
+    G711_ULAW,
+    PCM16,
+    PCM_F32LE,
+    WAV,
+    AudioFormat,
+)
+
+_INT16_SCALE = 32768.0
+
+
+def bad_audio(message: str, param: str = "audio") -> RealtimeProtocolError:
+    return RealtimeProtocolError("bad_audio", message, param=param)
+
+
+# ---------------------------------------------------------------- base64
+
+
+def b64decode_audio(text: str, *, param: str = "audio") -> bytes:
+    """Strict base64 (RFC 4648 alphabet, padding required); anything else is `bad_audio`."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise bad_audio(f"invalid base64 audio: {exc}", param) from None
+
+
+def b64encode_audio(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+# ---------------------------------------------------------------- linear PCM
+
+
+def pcm16_to_float(data: bytes) -> np.ndarray:
+    if len(data) % 2:
+        raise bad_audio("pcm16 audio must be a whole number of 16-bit samples")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / np.float32(_INT16_SCALE)
+
+
+def float_to_int16(samples: np.ndarray) -> np.ndarray:
+    scaled = np.rint(np.asarray(samples, dtype=np.float32) * _INT16_SCALE)
+    return np.clip(scaled, -32768, 32767).astype("<i2")
+
+
+def float_to_pcm16(samples: np.ndarray) -> bytes:
+    return float_to_int16(samples).tobytes()
+
+
+def f32le_to_float(data: bytes) -> np.ndarray:
+    if len(data) % 4:
+        raise bad_audio("pcm_f32le audio must be a whole number of 32-bit samples")
+    samples = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    # A NaN would poison every later resampler output of the session.
+    return np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0)
+
+
+def float_to_f32le(samples: np.ndarray) -> bytes:
+    return np.asarray(samples, dtype="<f4").tobytes()
+
+
+# ---------------------------------------------------------------- G.711 (ITU-T G.711 tables)
+
+
+def _ulaw_decode_table() -> np.ndarray:
+    u = ~np.arange(256, dtype=np.int32) & 0xFF
+    exponent = (u >> 4) & 0x07
+    mantissa = u & 0x0F
+    magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    return np.where(u & 0x80, -magnitude, magnitude).astype(np.int16)
+
+
+def _alaw_decode_table() -> np.ndarray:
+    a = np.arange(256, dtype=np.int32) ^ 0x55
+    segment = (a & 0x70) >> 4
+    t = (a & 0x0F) << 4
+    t = np.where(segment == 0, t + 8, (t + 0x108) << np.maximum(segment - 1, 0))
+    return np.where(a & 0x80, t, -t).astype(np.int16)
+
+
+def _ulaw_encode_table() -> np.ndarray:
+    """int16 (offset by 32768) -> µ-law byte, computed once for all 65 536 inputs."""
+    x = np.arange(-32768, 32768, dtype=np.int32)
+    sign = np.where(x < 0, 0x80, 0)
+    magnitude = np.minimum(np.abs(x), 32635) + 0x84
+    exponent = np.floor(np.log2(magnitude >> 7)).astype(np.int32)  # magnitude >> 7 >= 1
+    mantissa = (magnitude >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
+def _alaw_encode_table() -> np.ndarray:
+    x = np.arange(-32768, 32768, dtype=np.int32) >> 3  # 13-bit
+    mask = np.where(x >= 0, 0xD5, 0x55)
+    magnitude = np.where(x >= 0, x, -x - 1)
+    segment_ends = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF])
+    segment = np.searchsorted(segment_ends, magnitude)  # first end >= magnitude
+    shift = np.where(segment < 2, 1, segment)
+    value = (np.minimum(segment, 7) << 4) | ((magnitude >> shift) & 0x0F)
+    value = np.where(segment >= 8, 0x7F, value)
+    return ((value ^ mask) & 0xFF).astype(np.uint8)
+
+
+ULAW_DECODE = _ulaw_decode_table()
+ALAW_DECODE = _alaw_decode_table()
+_ULAW_ENCODE = _ulaw_encode_table()
+_ALAW_ENCODE = _alaw_encode_table()
+
+
+def ulaw_to_int16(data: bytes) -> np.ndarray:
+    return ULAW_DECODE[np.frombuffer(data, dtype=np.uint8)]
+
+
+def alaw_to_int16(data: bytes) -> np.ndarray:
+    return ALAW_DECODE[np.frombuffer(data, dtype=np.uint8)]
+
+
+def int16_to_ulaw(samples: np.ndarray) -> bytes:
+    return _ULAW_ENCODE[np.asarray(samples, dtype=np.int32) + 32768].tobytes()
+
+
+def int16_to_alaw(samples: np.ndarray) -> bytes:
+    return _ALAW_ENCODE[np.asarray(samples, dtype=np.int32) + 32768].tobytes()
+
+
+# ---------------------------------------------------------------- WAV
+
+
+def is_wav(data: bytes) -> bool:
+    return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WAVE"
+
+
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """A RIFF/WAVE payload as (mono float32, rate). Multichannel audio is averaged."""
+    if not is_wav(data):
+        raise bad_audio("not a RIFF/WAVE payload")
+    pos, fmt, pcm = 12, None, None
+    while pos + 8 <= len(data):
+        chunk_id, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        body = data[pos + 8 : pos + 8 + size]
+        if chunk_id == b"fmt " and len(body) >= 16:
+            fmt = struct.unpack_from("<HHIIHH", body)
+            if fmt[0] == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: real tag in the GUID
+                fmt = (struct.unpack_from("<H", body, 24)[0], *fmt[1:])
+        elif chunk_id == b"data":
+            pcm = body
+            break
+        pos += 8 + size + (size & 1)
+    if fmt is None or pcm is None:
+        raise bad_audio("WAV payload has no fmt or data chunk")
+    tag, channels, rate, _, _, bits = fmt
+    if channels < 1 or rate <= 0:
+        raise bad_audio(f"WAV payload declares {channels} channels at {rate} Hz")
+    frame = channels * max(bits // 8, 1)
+    pcm = pcm[: len(pcm) - len(pcm) % frame]
+    if tag == 1 and bits == 16:
+        samples = np.frombuffer(pcm, "<i2").astype(np.float32) / np.float32(_INT16_SCALE)
+    elif tag == 1 and bits == 8:
+        samples = (np.frombuffer(pcm, np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif tag == 1 and bits == 24:
+        raw = np.frombuffer(pcm, np.uint8).reshape(-1, 3).astype(np.int32)
+        ints = raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)
+        ints = np.where(ints & 0x800000, ints - (1 << 24), ints)
+        samples = ints.astype(np.float32) / np.float32(1 << 23)
+    elif tag == 1 and bits == 32:
+        samples = (np.frombuffer(pcm, "<i4").astype(np.float64) / float(1 << 31)).astype(np.float32)
+    elif tag == 3 and bits == 32:
+        samples = f32le_to_float(pcm)
+    elif tag == 6 and bits == 8:
+        samples = alaw_to_int16(pcm).astype(np.float32) / np.float32(_INT16_SCALE)
+    elif tag == 7 and bits == 8:
+        samples = ulaw_to_int16(pcm).astype(np.float32) / np.float32(_INT16_SCALE)
+    else:
+        raise bad_audio(f"unsupported WAV encoding (format tag {tag}, {bits} bits)")
+    if channels > 1:
+        samples = samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
+    return samples.astype(np.float32, copy=False), rate
+
+
+def encode_wav(samples: np.ndarray, rate: int) -> bytes:
+    """Mono 16-bit PCM WAV."""
+    pcm = float_to_pcm16(samples)
+    header = struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        36 + len(pcm),
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,
+        1,
+        rate,
+        rate * 2,
+        2,
+        16,
+        b"data",
+        len(pcm),
+    )
+    return header + pcm
+
+
+# ---------------------------------------------------------------- any format
+
+
+def decode_audio(data: bytes, fmt: AudioFormat) -> tuple[np.ndarray, int]:
+    """Decode a payload in `fmt` to (mono float32, rate). A RIFF/WAVE payload
+    is recognised by its header whatever the declared encoding, and carries its
+    own rate."""
+    if fmt.encoding == WAV or is_wav(data):
+        return decode_wav(data)
+    rate = fmt.rate if fmt.rate is not None else G711_RATE_HZ
+    if fmt.encoding == PCM16:
+        return pcm16_to_float(data), rate
+    if fmt.encoding == PCM_F32LE:
+        return f32le_to_float(data), rate
+    if fmt.encoding == G711_ULAW:
+        return ulaw_to_int16(data).astype(np.float32) / np.float32(_INT16_SCALE), rate
+    if fmt.encoding == G711_ALAW:
+        return alaw_to_int16(data).astype(np.float32) / np.float32(_INT16_SCALE), rate
+    raise RealtimeProtocolError("unsupported_audio_format", f"cannot decode {fmt.encoding!r}")
+
+
+def encode_audio(samples: np.ndarray, encoding: str, rate: int) -> bytes:
+    """Encode mono float32 samples (already at `rate`) in `encoding`."""
+    if encoding == PCM16:
+        return float_to_pcm16(samples)
+    if encoding == PCM_F32LE:
+        return float_to_f32le(samples)
+    if encoding == G711_ULAW:
+        return int16_to_ulaw(float_to_int16(samples))
+    if encoding == G711_ALAW:
+        return int16_to_alaw(float_to_int16(samples))
+    if encoding == WAV:
+        return encode_wav(samples, rate)
+    raise RealtimeProtocolError("unsupported_audio_format", f"cannot encode {encoding!r}")
+
+
+# ---------------------------------------------------------------- resampling
+
+
+class StreamingResampler:
+    """soxr's streaming resampler, mono float32, state kept across chunks.
+
+    Chunked output equals one-shot output, so append boundaries are inaudible.
+    Equal rates pass samples through untouched.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int, quality: str = "HQ") -> None:
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self._stream = (
+            None
+            if in_rate == out_rate
+            else soxr.ResampleStream(in_rate, out_rate, 1, "float32", quality)
+        )
+
+    def process(self, samples: np.ndarray, *, last: bool = False) -> np.ndarray:
+        samples = np.ascontiguousarray(samples, dtype=np.float32)
+        if self._stream is None:
+            return samples
+        return self._stream.resample_chunk(samples, last=last)
+
+    def flush(self) -> np.ndarray:
+        """Drain the filter's lookahead at the end of a stream; the stream resets."""
+        if self._stream is None:
+            return np.zeros(0, np.float32)
+        tail = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
+        self._stream.clear()
+        return tail
+
+    def reset(self) -> None:
+        if self._stream is not None:
+            self._stream.clear()
+
+
+class InputAudioConverter:
+    """Converts one session's appends, in any input format, to mono float32 at `target_rate`.
+
+    One instance per session: the resampler keeps state across appends and is
+    rebuilt when the declared rate changes. `reset()` runs on input clear
+    (not on VAD endpoints).
+    """
+
+    def __init__(self, target_rate: int) -> None:
+        self.target_rate = target_rate
+        self._resampler: StreamingResampler | None = None
+
+    def convert(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
+        samples, rate = decode_audio(data, fmt)
+        if self._resampler is None or self._resampler.in_rate != rate:
+            self._resampler = StreamingResampler(rate, self.target_rate)
+        return self._resampler.process(samples)
+
+    def convert_to_f32le(self, data: bytes, fmt: AudioFormat) -> bytes:
+        return float_to_f32le(self.convert(data, fmt))
+
+    def reset(self) -> None:
+        if self._resampler is not None:
+            self._resampler.reset()
+
+
+class OutputAudioEncoder:
+    """Encodes a response's audio (mono float32 at the model's rate) in the session's output format.
+
+    G.711 defaults to 8 kHz; other encodings without a declared rate keep the
+    model's native rate. `flush()` at the end of a response drains the
+    resampler; `reset()` drops its state (cancel).
+    """
+
+    def __init__(self, fmt: AudioFormat, source_rate: int) -> None:
+        self.format = fmt
+        self.rate = fmt.rate if fmt.rate is not None else source_rate
+        self._resampler = StreamingResampler(source_rate, self.rate)
+
+    def encode(self, samples: np.ndarray) -> bytes:
+        return encode_audio(self._resampler.process(samples), self.format.encoding, self.rate)
+
+    def flush(self) -> bytes:
+        tail = self._resampler.flush()
+        return encode_audio(tail, self.format.encoding, self.rate) if tail.size else b""
+
+    def reset(self) -> None:
+        self._resampler.reset()

@@ -1,0 +1,1 @@
+"""Redis: the key schema (one module builds every key), Lua scripts, typed wrappers."""
