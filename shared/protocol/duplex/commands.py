@@ -252,6 +252,8 @@ TURN_SIGNAL_REMAPS = (
 
 @dataclasses.dataclass(kw_only=True)
 class SignalTurn(RealtimeCommand):
+    """A turn signal (`event` + `payload`); some events are re-mapped to their command."""
+
     TYPE = "turn.signal"
     event: str
     payload: JSON = dataclasses.field(default_factory=dict)
@@ -300,6 +302,8 @@ class Heartbeat(RealtimeCommand):
 
 @dataclasses.dataclass(kw_only=True)
 class CloseSession(RealtimeCommand):
+    """Close the session; `session.closed` (after cleanup) is the last event."""
+
     TYPE = "session.close"
     reason: str = "client_close"
 

@@ -104,11 +104,15 @@ class DuplexSessionCreated(SessionCreated):
 
 @dataclasses.dataclass(kw_only=True)
 class DuplexResponseCreated(ResponseCreated):
+    """+ top-level `response_id`; `response.metadata.duplex_event` carries epoch and turn."""
+
     response_id: str | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
 class DuplexResponseDone(ResponseDone):
+    """+ top-level `response_id`; `response.status` is completed, cancelled or failed."""
+
     response_id: str | None = None
 
 
@@ -130,11 +134,15 @@ class DuplexInputAudioBufferCommitted(InputAudioBufferCommitted):
 
 @dataclasses.dataclass(kw_only=True)
 class DuplexConversationItemDeleted(ConversationItemDeleted):
+    """+ `event`: the request, echoed."""
+
     event: JSON | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
 class DuplexConversationItemTruncated(ConversationItemTruncated):
+    """+ `event`: the request, echoed."""
+
     event: JSON | None = None
 
 
@@ -205,6 +213,8 @@ class DuplexErrorEvent(ErrorEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class SessionHeartbeatAck(RealtimeEvent):
+    """Reply to `session.heartbeat` (which also refreshes the lease)."""
+
     TYPE = "session.heartbeat_ack"
     session_id: str
 
@@ -221,6 +231,8 @@ class SessionClosed(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class SessionExpired(RealtimeEvent):
+    """The lease was reaped (idle TTL or disconnect grace); the socket closes after it."""
+
     TYPE = "session.expired"
     session_id: str
     reason: str
@@ -248,6 +260,8 @@ class SessionReplaced(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class SessionResyncRequired(RealtimeEvent):
+    """Replay is impossible (journal gap or overflow): start a new session."""
+
     TYPE = "session.resync_required"
     session_id: str
     reason: str
@@ -278,6 +292,8 @@ class ResponseListen(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class OverlapDecision(RealtimeEvent):
+    """Input overlapped an active response: drop it, listen, or barge in."""
+
     TYPE = "overlap.decision"
     session_id: str
     epoch: int
@@ -289,12 +305,16 @@ class OverlapDecision(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class PlaybackAcknowledged(RealtimeEvent):
+    """Reply to `playback.ack`: played and committed ms, truncation, history."""
+
     TYPE = "playback.acknowledged"
     event: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class TurnEvent(RealtimeEvent):
+    """An accepted turn signal, with the new turn state."""
+
     TYPE = "turn.event"
     session_id: str
     event: str

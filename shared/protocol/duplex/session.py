@@ -226,7 +226,8 @@ class DuplexSessionConfig:
         base = base or cls()
         if not isinstance(session, Mapping):
             raise _config_error("session must be an object", "session")
-        client_extra = session.get("extra_body") or {}
+        client_extra = session.get("extra_body")
+        client_extra = {} if client_extra is None else client_extra
         if not isinstance(client_extra, Mapping):
             raise _config_error("extra_body must be an object", "extra_body")
         input_format = (
@@ -441,7 +442,8 @@ class ResponseCreateOptions:
             kwargs["output_audio_format"] = output_format
             kwargs["response_format"] = WAV if output_format.encoding == WAV else "pcm"
             declared.add("output_audio_format")
-        extra = options.get("extra_body") or {}
+        extra = options.get("extra_body")
+        extra = {} if extra is None else extra
         if not isinstance(extra, Mapping):
             raise _config_error("extra_body must be an object", "extra_body")
         extra = {k: v for k, v in extra.items() if k not in private_keys}

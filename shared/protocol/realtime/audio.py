@@ -310,6 +310,17 @@ class InputAudioConverter:
     def convert_to_f32le(self, data: bytes, fmt: AudioFormat) -> bytes:
         return float_to_f32le(self.convert(data, fmt))
 
+    def flush(self) -> np.ndarray:
+        """The samples the resampler still holds back (its lookahead), at a turn's end.
+
+        soxr buffers up to a few tens of ms (more when upsampling 8 kHz G.711);
+        a commit must flush them or the end of the user's speech never reaches
+        the model. The next append starts a fresh stream.
+        """
+        if self._resampler is None:
+            return np.zeros(0, np.float32)
+        return self._resampler.flush()
+
     def reset(self) -> None:
         if self._resampler is not None:
             self._resampler.reset()

@@ -99,6 +99,8 @@ class UpdateSession(RealtimeCommand):
 
 @dataclasses.dataclass(kw_only=True)
 class ClearInput(RealtimeCommand):
+    """Drop buffered input audio; answered with `input_audio_buffer.cleared`."""
+
     TYPE = "input_audio_buffer.clear"
 
 
@@ -112,6 +114,8 @@ class ClearOutputAudio(RealtimeCommand):
 
 @dataclasses.dataclass(kw_only=True)
 class CreateResponse(RealtimeCommand):
+    """Ask for a response; `response` holds per-response options."""
+
     TYPE = "response.create"
     options: JSON = dataclasses.field(default_factory=dict)
 
@@ -133,6 +137,8 @@ class CancelResponse(RealtimeCommand):
 
 @dataclasses.dataclass(kw_only=True)
 class CreateItem(RealtimeCommand):
+    """Add an item to the conversation history."""
+
     TYPE = "conversation.item.create"
     item: JSON
     previous_item_id: str | None = None
@@ -176,6 +182,8 @@ def require_number(
 
 @dataclasses.dataclass(kw_only=True)
 class DeleteItem(RealtimeCommand):
+    """Remove an item from history (`missing_item_id` without `item_id`)."""
+
     TYPE = "conversation.item.delete"
     item_id: str
 
@@ -186,6 +194,8 @@ class DeleteItem(RealtimeCommand):
 
 @dataclasses.dataclass(kw_only=True)
 class TruncateItem(RealtimeCommand):
+    """Cut an assistant audio item at `audio_end_ms` (what was really heard)."""
+
     TYPE = "conversation.item.truncate"
     item_id: str
     content_index: int = 0
@@ -239,6 +249,8 @@ class InputAudioBufferAppend(RealtimeCommand):
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioBufferCommit(RealtimeCommand):
+    """Close the user turn (OpenAI shape)."""
+
     TYPE = "input_audio_buffer.commit"
 
 

@@ -25,12 +25,16 @@ from shared.protocol.realtime.wire import (
 
 @dataclasses.dataclass(kw_only=True)
 class SessionCreated(RealtimeEvent):
+    """The session exists; first event on the socket (not journaled, no seq)."""
+
     TYPE = "session.created"
     session: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class SessionUpdated(RealtimeEvent):
+    """After the first `session.created` and after every accepted `session.update`."""
+
     TYPE = "session.updated"
     session: JSON
 
@@ -40,6 +44,8 @@ class SessionUpdated(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioBufferSpeechStarted(RealtimeEvent):
+    """Speech onset (server VAD, client hint, or RMS heuristic)."""
+
     TYPE = "input_audio_buffer.speech_started"
     audio_start_ms: int
     item_id: str
@@ -47,6 +53,8 @@ class InputAudioBufferSpeechStarted(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioBufferSpeechStopped(RealtimeEvent):
+    """Speech end; also precedes the commit fan-out."""
+
     TYPE = "input_audio_buffer.speech_stopped"
     audio_end_ms: int
     item_id: str
@@ -54,11 +62,15 @@ class InputAudioBufferSpeechStopped(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioBufferCleared(RealtimeEvent):
+    """After `input_audio_buffer.clear` or `input.cancel`."""
+
     TYPE = "input_audio_buffer.cleared"
 
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioBufferCommitted(RealtimeEvent):
+    """A user turn was committed to the conversation."""
+
     TYPE = "input_audio_buffer.committed"
     previous_item_id: str | None = keep_null()
     item_id: str
@@ -66,6 +78,8 @@ class InputAudioBufferCommitted(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class OutputAudioBufferCleared(RealtimeEvent):
+    """Reply to `output_audio_buffer.clear`."""
+
     TYPE = "output_audio_buffer.cleared"
     response_id: str
 
@@ -75,6 +89,8 @@ class OutputAudioBufferCleared(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ConversationItemAdded(RealtimeEvent):
+    """An item entered history (GA spelling)."""
+
     TYPE = "conversation.item.added"
     previous_item_id: str | None = keep_null()
     item: JSON
@@ -91,6 +107,8 @@ class ConversationItemCreated(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ConversationItemDone(RealtimeEvent):
+    """An item was finalised."""
+
     TYPE = "conversation.item.done"
     previous_item_id: str | None = keep_null()
     item: JSON
@@ -98,18 +116,24 @@ class ConversationItemDone(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ConversationItemRetrieved(RealtimeEvent):
+    """Reply to `conversation.item.retrieve`."""
+
     TYPE = "conversation.item.retrieved"
     item: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class ConversationItemDeleted(RealtimeEvent):
+    """Reply to `conversation.item.delete`."""
+
     TYPE = "conversation.item.deleted"
     item_id: str
 
 
 @dataclasses.dataclass(kw_only=True)
 class ConversationItemTruncated(RealtimeEvent):
+    """Reply to `conversation.item.truncate`."""
+
     TYPE = "conversation.item.truncated"
     item_id: str
     content_index: int
@@ -118,6 +142,8 @@ class ConversationItemTruncated(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioTranscriptionCompleted(RealtimeEvent):
+    """The user's transcript, produced by the model itself."""
+
     TYPE = "conversation.item.input_audio_transcription.completed"
     item_id: str
     content_index: int
@@ -129,18 +155,24 @@ class InputAudioTranscriptionCompleted(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseCreated(RealtimeEvent):
+    """A response started."""
+
     TYPE = "response.created"
     response: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseDone(RealtimeEvent):
+    """A response ended: completed, cancelled or failed."""
+
     TYPE = "response.done"
     response: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputItemAdded(RealtimeEvent):
+    """An assistant (or function_call) item was attached to the response."""
+
     TYPE = "response.output_item.added"
     response_id: str
     output_index: int
@@ -149,6 +181,8 @@ class ResponseOutputItemAdded(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputItemDone(RealtimeEvent):
+    """An output item was finalised."""
+
     TYPE = "response.output_item.done"
     response_id: str
     output_index: int
@@ -167,53 +201,71 @@ class _ContentScoped(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseContentPartAdded(_ContentScoped):
+    """An audio or text part was opened."""
+
     TYPE = "response.content_part.added"
     part: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseContentPartDone(_ContentScoped):
+    """A content part was finalised."""
+
     TYPE = "response.content_part.done"
     part: JSON
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputAudioDelta(_ContentScoped):
+    """A chunk of model audio (base64 in the session's output format)."""
+
     TYPE = "response.output_audio.delta"
     delta: str
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputAudioDone(_ContentScoped):
+    """The response's audio stream closed."""
+
     TYPE = "response.output_audio.done"
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputAudioTranscriptDelta(_ContentScoped):
+    """Transcript of the audio: exactly one per audio delta."""
+
     TYPE = "response.output_audio_transcript.delta"
     delta: str
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputAudioTranscriptDone(_ContentScoped):
+    """The full transcript of the response's audio."""
+
     TYPE = "response.output_audio_transcript.done"
     transcript: str
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputTextDelta(_ContentScoped):
+    """Text output (text modality)."""
+
     TYPE = "response.output_text.delta"
     delta: str
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseOutputTextDone(_ContentScoped):
+    """The full text output."""
+
     TYPE = "response.output_text.done"
     text: str
 
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseFunctionCallArgumentsDelta(RealtimeEvent):
+    """Streaming tool-call arguments."""
+
     TYPE = "response.function_call_arguments.delta"
     response_id: str
     item_id: str
@@ -224,6 +276,8 @@ class ResponseFunctionCallArgumentsDelta(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class ResponseFunctionCallArgumentsDone(RealtimeEvent):
+    """Complete tool-call arguments."""
+
     TYPE = "response.function_call_arguments.done"
     response_id: str
     item_id: str

@@ -1,0 +1,98 @@
+"""The import rules of architecture.md section 3, checked two ways: by reading
+every import statement, and by importing the package in a clean interpreter and
+looking at what got loaded."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OUR_TOP_LEVEL = ("shared", "services", "plugins")
+
+
+def imports_of(package: str) -> set[str]:
+    """Every module of ours named by an import statement under `package`."""
+    found: set[str] = set()
+    for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found.update(n for n in names if n.split(".")[0] in OUR_TOP_LEVEL)
+    return found
+
+
+def loaded_by(module: str) -> set[str]:
+    code = (
+        f"import sys, {module}; "
+        f"print('\\n'.join(m for m in sys.modules if m.split('.')[0] in {OUR_TOP_LEVEL!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(out.stdout.split())
+
+
+def test_realtime_imports_nothing_else_of_ours():
+    assert all(
+        m.startswith("shared.protocol.realtime") for m in imports_of("shared.protocol.realtime")
+    )
+    loaded = loaded_by("shared.protocol.realtime")
+    assert loaded - {"shared", "shared.protocol"} == {
+        m for m in loaded if m.startswith("shared.protocol.realtime")
+    }
+
+
+def test_duplex_imports_only_realtime():
+    allowed = ("shared.protocol.realtime", "shared.protocol.duplex")
+    assert all(m.startswith(allowed) for m in imports_of("shared.protocol.duplex"))
+    loaded = loaded_by("shared.protocol.duplex") - {"shared", "shared.protocol"}
+    assert loaded and all(m.startswith(allowed) for m in loaded)
+
+
+def test_shared_imports_nothing_outside_shared():
+    assert all(m.split(".")[0] == "shared" for m in imports_of("shared"))
+
+
+def test_only_the_protocol_package_touches_the_realtime_half():
+    """Everything outside shared/protocol goes through the duplex door."""
+    for package in ("services", "plugins", "shared.contracts", "shared.redis", "shared.client"):
+        assert not any(m.startswith("shared.protocol.realtime") for m in imports_of(package)), (
+            package
+        )
+
+
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        ("services.api", ("services.worker", "plugins")),
+        ("services.worker", ("services.api",)),
+        ("plugins", ("services",)),
+    ],
+)
+def test_service_boundaries(package, forbidden):
+    assert not any(m.startswith(forbidden) for m in imports_of(package))
+
+
+def test_no_typing_protocol_seams():
+    """Seams are ABCs (seed rule 6), never typing.Protocol."""
+    for top in OUR_TOP_LEVEL:
+        for path in (ROOT / top).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module in (
+                    "typing",
+                    "typing_extensions",
+                ):
+                    assert "Protocol" not in {a.name for a in node.names}, path
+                if isinstance(node, ast.Attribute) and node.attr == "Protocol":
+                    assert not (isinstance(node.value, ast.Name) and node.value.id == "typing"), (
+                        path
+                    )
