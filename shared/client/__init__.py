@@ -1,1 +1,1 @@
-"""Clients: DuplexClient (WebSocket, reconnect + resume) and the in-process inline client."""
+"""Clients: the inline (in-process) client now; DuplexClient (WebSocket, resume) with the API."""

@@ -1,1 +1,52 @@
 """Seams between the session engine and models: plugin and stage-port ABCs, config types."""
+
+from shared.contracts.config import (
+    DuplexCapabilities,
+    DuplexSessionConfig,
+    ResponseCreateOptions,
+    SessionRuntimeConfig,
+    TurnDetection,
+)
+from shared.contracts.host import DuplexSessionError, OpenResult, SessionEventSink, SessionHost
+from shared.contracts.plugin import (
+    CommittedTurn,
+    DuplexModelPlugin,
+    DuplexRuntimeConfigError,
+    ResponsePlanRequest,
+    last_user_text,
+)
+from shared.contracts.stages import (
+    DuplexFence,
+    OutputSink,
+    StageCleanupError,
+    StageOutput,
+    StagePlan,
+    StagePort,
+    parse_stage_request_id,
+    stage_request_id,
+)
+
+__all__ = [
+    "CommittedTurn",
+    "DuplexCapabilities",
+    "DuplexFence",
+    "DuplexModelPlugin",
+    "DuplexRuntimeConfigError",
+    "DuplexSessionConfig",
+    "DuplexSessionError",
+    "OpenResult",
+    "OutputSink",
+    "ResponseCreateOptions",
+    "ResponsePlanRequest",
+    "SessionEventSink",
+    "SessionHost",
+    "SessionRuntimeConfig",
+    "StageCleanupError",
+    "StageOutput",
+    "StagePlan",
+    "StagePort",
+    "TurnDetection",
+    "last_user_text",
+    "parse_stage_request_id",
+    "stage_request_id",
+]

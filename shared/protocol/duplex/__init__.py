@@ -11,17 +11,8 @@ Registries for introspection:
 - `ERROR_CODES`: every error code -> `ErrorCode(code, error_type, description, retryable)`
 """
 
-from shared.protocol.duplex.audio import (
-    DUPLEX_INPUT_RATE_HZ,
-    DuplexInputConverter,
-    OutputAudioEncoder,
-    StreamingResampler,
-    b64decode_audio,
-    b64encode_audio,
-    decode_audio,
-    encode_audio,
-    speech_verdict,
-)
+from shared.protocol.duplex.audio import *  # noqa: F403
+from shared.protocol.duplex.audio import __all__ as _audio_names
 from shared.protocol.duplex.commands import *  # noqa: F403
 from shared.protocol.duplex.commands import __all__ as _command_names
 from shared.protocol.duplex.errors import (
@@ -34,12 +25,8 @@ from shared.protocol.duplex.errors import (
 )
 from shared.protocol.duplex.events import *  # noqa: F403
 from shared.protocol.duplex.events import __all__ as _event_names
-from shared.protocol.duplex.session import (
-    DuplexSessionConfig,
-    InputAudioDefaults,
-    ResponseCreateOptions,
-    TurnDetection,
-)
+from shared.protocol.duplex.session import *  # noqa: F403
+from shared.protocol.duplex.session import __all__ as _session_names
 from shared.protocol.realtime.errors import (
     ERROR_TYPES,
     INVALID_REQUEST_ERROR,
@@ -61,9 +48,10 @@ from shared.protocol.realtime.items import item_text, normalize_item
 from shared.protocol.realtime.wire import WireFormatError, dumps, loads, new_event_id
 
 __all__ = [
+    *_audio_names,
     *_command_names,
     *_event_names,
-    "DUPLEX_INPUT_RATE_HZ",
+    *_session_names,
     "ERROR_CODES",
     "ERROR_TYPES",
     "ERROR_TYPES_BY_CODE",
@@ -78,21 +66,10 @@ __all__ = [
     "SERVER_ERROR",
     "WAV",
     "AudioFormat",
-    "DuplexInputConverter",
-    "DuplexSessionConfig",
     "ErrorCode",
-    "InputAudioDefaults",
-    "OutputAudioEncoder",
     "RealtimeProtocolError",
-    "ResponseCreateOptions",
-    "StreamingResampler",
-    "TurnDetection",
     "WireFormatError",
-    "b64decode_audio",
-    "b64encode_audio",
-    "decode_audio",
     "dumps",
-    "encode_audio",
     "error_type_for",
     "item_text",
     "loads",
@@ -100,5 +77,4 @@ __all__ = [
     "normalize_item",
     "parse_audio_format",
     "retryable_for",
-    "speech_verdict",
 ]

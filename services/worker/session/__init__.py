@@ -1,0 +1,1 @@
+"""One engine-resident session and everything that runs it."""

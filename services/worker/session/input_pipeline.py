@@ -1,0 +1,88 @@
+"""The slow half of input handling: decode, resample, speech verdict, VAD.
+
+Runs on the manager's executor, one call at a time per session, in append
+order. A lock guards the resampler and VAD state because a cancelled append
+task leaves its executor call running while the next append may start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from services.worker.session.vad import ServerVadDetector, VadBackend, VadEvent
+from shared.contracts import TurnDetection
+from shared.protocol.duplex import AppendAudio, DuplexInputConverter, f32le_to_float, speech_verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertedAppend:
+    samples: np.ndarray  # mono float32 at the model input rate
+    speech: bool
+    vad_events: list[VadEvent]
+
+
+class InputPipeline:
+    def __init__(self, input_rate_hz: int, vad_backend: Callable[[], VadBackend] | None) -> None:
+        self.input_rate_hz = input_rate_hz
+        self._vad_backend = vad_backend
+        self._lock = threading.Lock()
+        self._converter = DuplexInputConverter(input_rate_hz)
+        self._detector: ServerVadDetector | None = None
+
+    @property
+    def has_vad(self) -> bool:
+        return self._detector is not None
+
+    def configure_vad(self, settings: TurnDetection | None, stream_ms: int) -> None:
+        """(Re)build the detector when turn detection changes; None turns it off."""
+        with self._lock:
+            if settings is None or self._vad_backend is None:
+                self._detector = None
+            elif self._detector is None or self._detector.settings != settings:
+                self._detector = ServerVadDetector(
+                    self._vad_backend(), settings, start_ms=stream_ms
+                )
+
+    def reset(self, stream_ms: int) -> None:
+        """Input clear: forget the resampler's history and restart VAD at `stream_ms`."""
+        with self._lock:
+            self._converter.reset()
+            if self._detector is not None:
+                self._detector = ServerVadDetector(
+                    self._vad_backend(), self._detector.settings, start_ms=stream_ms
+                )
+
+    def convert(self, command: AppendAudio, silence_rms: float) -> ConvertedAppend:
+        # hot path: every audio frame of every session passes here
+        with self._lock:
+            samples = (
+                self._converter.convert(command.audio, command.audio_format)
+                if command.audio
+                else _EMPTY
+            )
+            raw = f32le_to_float(command.audio) if command.format == "pcm_f32le" else None
+            speech = speech_verdict(
+                is_speech=command.is_speech,
+                hints=command.hints,
+                encoding=command.format,
+                samples=raw,
+                silence_rms=silence_rms,
+            )
+            events = (
+                self._detector.process(samples)
+                if self._detector is not None and samples.size
+                else []
+            )
+        return ConvertedAppend(samples, speech, events)
+
+    def flush(self) -> np.ndarray:
+        """The resampler's held-back samples, at a commit (also fed to VAD)."""
+        with self._lock:
+            return self._converter.flush()
+
+
+_EMPTY = np.zeros(0, np.float32)

@@ -1,0 +1,327 @@
+"""`SessionManager`: admission, dispatch with backpressure, lease operations, close, reaper.
+
+Admission counts live sessions, sessions still closing (a closing session
+keeps its slot until its stage cleanup succeeds) and opens in flight, so
+concurrent opens can never exceed `max_sessions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from services.worker.session.engine_session import EngineSession
+from services.worker.session.input_pipeline import InputPipeline
+from services.worker.session.lease import LeaseConflict, LeaseState
+from services.worker.session.ledgers import InputLedger
+from services.worker.session.runner import Dispatched, SessionRunner
+from services.worker.session.vad import SileroOnnxBackend, VadBackend, VadUnavailable
+from shared.contracts import (
+    DuplexModelPlugin,
+    DuplexRuntimeConfigError,
+    DuplexSessionConfig,
+    DuplexSessionError,
+    OpenResult,
+    SessionEventSink,
+    SessionHost,
+    SessionRuntimeConfig,
+    StagePort,
+)
+from shared.protocol.duplex import (
+    AppendAudio,
+    CloseSession,
+    Commit,
+    DuplexCommand,
+    DuplexEvent,
+    DuplexSessionCreated,
+    RealtimeProtocolError,
+    SessionClosed,
+    SessionExpired,
+)
+
+log = logging.getLogger(__name__)
+
+#: session.closed reason after a lease expiry (session.expired carries the why).
+EXPIRED_CLOSE_REASON = "timeout"
+
+
+def new_session_id() -> str:
+    return "duplex-" + uuid.uuid4().hex
+
+
+def _reserved_input_bytes(command: AppendAudio) -> int:
+    """Audio bytes plus decoded video frame bytes: both wait in memory until processed."""
+    return len(command.audio) + sum(len(frame) * 3 // 4 for frame in command.video_frames)
+
+
+class SessionManager(SessionHost):
+    def __init__(
+        self,
+        plugin: DuplexModelPlugin,
+        runtime: SessionRuntimeConfig,
+        sink: SessionEventSink,
+        *,
+        port: StagePort | None = None,
+        vad_backend: Callable[[], VadBackend] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plugin = plugin
+        self.runtime = runtime
+        self.sink = sink
+        self.port = port or plugin.create_stage_port(runtime)
+        self.capabilities = plugin.capabilities(runtime.max_sessions)
+        self.clock = clock
+        self.executor = ThreadPoolExecutor(
+            runtime.executor_threads, thread_name_prefix="duplex-session"
+        )
+        self._vad_backend = vad_backend or (
+            lambda: SileroOnnxBackend.shared(runtime.server_vad_model_path)
+        )
+        self._runners: dict[str, SessionRunner] = {}
+        self._closing: dict[str, EngineSession] = {}
+        self._opening = 0
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ admission
+
+    @property
+    def slots_in_use(self) -> int:
+        return len(self._runners) + len(self._closing) + self._opening
+
+    def session_ids(self) -> list[str]:
+        return list(self._runners)
+
+    def runner(self, session_id: str) -> SessionRunner:
+        runner = self._runners.get(session_id)
+        if runner is None:
+            if session_id in self._closing:
+                raise DuplexSessionError("session_closed", f"session {session_id} is closing")
+            raise DuplexSessionError("unknown_session", f"no session {session_id}")
+        return runner
+
+    async def open(
+        self,
+        session: Mapping[str, Any],
+        *,
+        session_id: str | None = None,
+        resume_token: str | None = None,
+        attachment_generation: int | None = None,
+    ) -> OpenResult:
+        limit = self.runtime.max_sessions
+        if self.slots_in_use >= limit:
+            log.info("admission refused: %d/%d slots in use", self.slots_in_use, limit)
+            raise DuplexSessionError(
+                "resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}"
+            )
+        session_id = session_id or new_session_id()
+        if session_id in self._runners or session_id in self._closing:
+            raise DuplexSessionError("session_exists", f"session {session_id} already exists")
+        self._opening += 1  # the slot is held across the awaits below
+        try:
+            config = self._read_config(session)
+            try:
+                self.plugin.validate_client_extra_body(config.extra_body)
+                runtime_config = await self.plugin.prepare_runtime_config(config)
+            except DuplexRuntimeConfigError as exc:
+                raise DuplexSessionError(exc.code, exc.message) from None
+            pipeline = InputPipeline(self.plugin.input_sample_rate_hz, self._vad_backend)
+            try:
+                pipeline.configure_vad(config.turn_detection, 0)
+            except VadUnavailable as exc:
+                raise DuplexSessionError("server_vad_unavailable", str(exc)) from None
+            engine_session = EngineSession(
+                session_id=session_id,
+                config=config,
+                runtime_config=runtime_config,
+                capabilities=self.capabilities,
+                lease=LeaseState(
+                    self.runtime.idle_ttl_s,
+                    self.runtime.disconnect_grace_s,
+                    last_activity=self.clock(),
+                ),
+                input=InputLedger(self.plugin.input_sample_rate_hz),
+            )
+            runner = SessionRunner(
+                engine_session,
+                self.plugin,
+                self.port,
+                self._emitter(session_id),
+                self.executor,
+                pipeline,
+            )
+            await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
+            self._runners[session_id] = runner
+        finally:
+            self._opening -= 1
+        created = DuplexSessionCreated(
+            session=engine_session.session_object(),
+            attachment_generation=attachment_generation,
+            resume_token=resume_token,
+        )
+        runner.start(created)
+        return OpenResult(
+            session_id, self.capabilities, engine_session.lease.generation, created.session
+        )
+
+    def _read_config(self, session: Mapping[str, Any]) -> DuplexSessionConfig:
+        try:
+            return DuplexSessionConfig.from_realtime(session)
+        except RealtimeProtocolError as exc:
+            raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
+
+    def _emitter(self, session_id: str) -> Callable[[DuplexEvent], None]:
+        sink = self.sink
+
+        def emit(event: DuplexEvent) -> None:
+            sink.emit(session_id, event)
+
+        return emit
+
+    # ------------------------------------------------------------ commands
+
+    async def submit(self, session_id: str, command: DuplexCommand) -> None:
+        runner = self.runner(session_id)
+        if isinstance(command, CloseSession):
+            await self.close(session_id, command.reason)
+            return
+        session = runner.session
+        reserved = 0
+        if isinstance(command, AppendAudio):
+            reserved = _reserved_input_bytes(command)
+            pending = session.pending_input_bytes + session.input.buffered_bytes + reserved
+            if pending > self.runtime.max_pending_input_bytes_per_session:
+                runner.error(
+                    "input_backpressure",
+                    f"pending input {pending} bytes is over the session's "
+                    f"{self.runtime.max_pending_input_bytes_per_session}; commit or clear first",
+                    command.event_id,
+                )
+                return
+            session.pending_input_bytes += reserved
+        elif isinstance(command, Commit):
+            if session.pending_commits >= self.runtime.max_pending_turns_per_session:
+                runner.error(
+                    "input_backpressure",
+                    f"{session.pending_commits} commits pending "
+                    f"(max {self.runtime.max_pending_turns_per_session})",
+                    command.event_id,
+                )
+                return
+            session.pending_commits += 1
+            reserved = 1
+        runner.submit(Dispatched(command, reserved))
+
+    # ------------------------------------------------------------ lease
+
+    async def touch(self, session_id: str) -> None:
+        self.runner(session_id).session.lease.touch(self.clock())
+
+    async def detach(self, session_id: str, expected_generation: int) -> None:
+        try:
+            self.runner(session_id).session.lease.detach(expected_generation, self.clock())
+        except LeaseConflict as exc:
+            raise DuplexSessionError("session_resume_conflict", str(exc)) from None
+
+    async def resume(self, session_id: str, expected_generation: int) -> int:
+        try:
+            return self.runner(session_id).session.lease.resume(expected_generation, self.clock())
+        except LeaseConflict as exc:
+            raise DuplexSessionError("session_resume_conflict", str(exc)) from None
+
+    def session_object(self, session_id: str) -> dict[str, Any]:
+        return self.runner(session_id).session.session_object()
+
+    # ------------------------------------------------------------ close
+
+    async def close(self, session_id: str, reason: str = "client_close") -> None:
+        runner = self._runners.pop(session_id, None)
+        if runner is None:
+            return  # idempotent: already closing, closed or never known
+        session = runner.session
+        session.state = "closing"
+        session.lease.mark_terminal()
+        self._closing[session_id] = session
+        cleaned = False
+        try:
+            await runner.stop(reason)
+            cleaned = await self._cleanup(session_id)
+        finally:
+            # emitted after the cleanup attempt, even when it failed (the slot stays held)
+            session.state = "closed"
+            self.sink.emit(
+                session_id,
+                SessionClosed(
+                    session_id=session_id,
+                    reason=reason,
+                    event={"type": "session.closed", "cleaned": cleaned},
+                ),
+            )
+        if cleaned:
+            self._closing.pop(session_id, None)
+
+    async def _cleanup(self, session_id: str) -> bool:
+        try:
+            await self.port.cleanup(session_id)
+        except Exception:
+            log.exception("stage cleanup of %s failed; the reaper retries it", session_id)
+            return False
+        return True
+
+    async def expire(self, session_id: str, reason: str) -> None:
+        """A lease expired: `session.expired`, then close."""
+        if session_id not in self._runners:
+            return
+        self.sink.emit(session_id, SessionExpired(session_id=session_id, reason=reason))
+        await self.close(session_id, EXPIRED_CLOSE_REASON)
+
+    # ------------------------------------------------------------ reaper
+
+    async def reap_once(self) -> list[tuple[str, str]]:
+        """Expire due leases and retry failed cleanups; returns what expired."""
+        now = self.clock()
+        due = [
+            (sid, reason)
+            for sid, runner in list(self._runners.items())
+            if (reason := runner.session.lease.expiry(now, busy=runner.session.busy)) is not None
+        ]
+        for session_id, reason in due:
+            await self.expire(session_id, reason)
+        for session_id in list(self._closing):
+            if await self._cleanup(session_id):
+                self._closing.pop(session_id, None)
+        return due
+
+    async def reaper_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.runtime.reaper_interval_s)
+            try:
+                await self.reap_once()
+            except Exception:  # the reaper survives its own failures
+                log.exception("session reaper tick failed")
+
+    def start(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self.reaper_loop(), name="session-reaper")
+
+    async def shutdown(self, reason: str = "shutdown") -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        await asyncio.gather(*(self.close(sid, reason) for sid in list(self._runners)))
+        await self.port.shutdown()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ chat
+
+    async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        if not self.capabilities.supports_chat_completions:
+            raise DuplexSessionError(
+                "bad_event", f"{self.plugin.plugin_id} does not serve chat completions"
+            )
+        return await self.plugin.chat_completion(messages)

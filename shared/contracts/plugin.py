@@ -1,0 +1,171 @@
+"""`DuplexModelPlugin`: the one class a model provides.
+
+It merges the three halves of the seed's design:
+
+- session policy: capabilities, validation of client `extra_body`, the
+  server-owned runtime config of a session;
+- engine policy: which stage requests to submit for a response (turn-based
+  models) or for each input unit (model-native models), sampling defaults;
+- data plane: turning raw stage outputs into what the runner projects
+  (audio, text, listen, done).
+
+What the echo model and a vLLM-backed model need is here; the seed's hooks for
+sliding windows, input clocks and partial Talker forwarding are not (no plugin
+of ours needs them yet).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shared.contracts.config import (
+    DuplexCapabilities,
+    DuplexSessionConfig,
+    ResponseCreateOptions,
+    SessionRuntimeConfig,
+)
+from shared.contracts.stages import DuplexFence, StageOutput, StagePlan, StagePort
+
+
+class DuplexRuntimeConfigError(Exception):
+    """The plugin refused a session's configuration; `code` is a contract error code."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+@dataclasses.dataclass
+class CommittedTurn:
+    """A committed user turn: its audio at the plugin's input rate, and any text."""
+
+    turn_id: int
+    item_id: str
+    audio: np.ndarray
+    sample_rate_hz: int
+    text: str = ""
+
+    @property
+    def duration_ms(self) -> int:
+        """Whole milliseconds of committed audio."""
+        return (len(self.audio) * 1000) // self.sample_rate_hz
+
+
+@dataclasses.dataclass
+class ResponsePlanRequest:
+    """What a turn-based plugin needs to plan one response."""
+
+    fence: DuplexFence
+    request_id: str
+    response_id: str
+    turn: CommittedTurn
+    config: DuplexSessionConfig
+    runtime_config: Mapping[str, Any]
+    options: ResponseCreateOptions
+    history: Sequence[Mapping[str, Any]]
+
+
+class DuplexModelPlugin(abc.ABC):
+    """One per model; selected by `duplex worker --plugin <plugin_id>`."""
+
+    plugin_id: ClassVar[str]
+    #: input audio is converted to mono float32 at this rate before the plugin sees it
+    input_sample_rate_hz: ClassVar[int] = 16_000
+    #: the model's native output rate (the session's output format may resample it)
+    output_sample_rate_hz: ClassVar[int] = 24_000
+    #: roles of the session's stage requests, in pipeline order
+    stage_roles: ClassVar[tuple[str, ...]] = ("stage0",)
+    #: runtime-config keys the server owns; a client sending them is refused
+    private_runtime_config_keys: ClassVar[frozenset[str]] = frozenset()
+
+    # ------------------------------------------------------------ session policy
+
+    @abc.abstractmethod
+    def capabilities(self, max_sessions: int) -> DuplexCapabilities:
+        """What this model supports when a worker serves `max_sessions` sessions."""
+
+    def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:
+        """Refuse server-owned keys in a client's `extra_body`."""
+        private = sorted(set(extra_body) & self.private_runtime_config_keys)
+        if private:
+            raise DuplexRuntimeConfigError(
+                "invalid_duplex_runtime_config",
+                f"extra_body keys {private} are set by the server",
+                param="extra_body",
+            )
+
+    async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
+        """The server-owned runtime config of a new session (may fetch reference
+        audio, resolve voices, ...). Raise `DuplexRuntimeConfigError` to refuse."""
+        return {}
+
+    def runtime_config_for_update(
+        self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig
+    ) -> dict[str, Any]:
+        """The runtime config after an accepted `session.update`."""
+        return dict(runtime_config)
+
+    # ------------------------------------------------------------ engine policy
+
+    @abc.abstractmethod
+    def create_stage_port(self, runtime: SessionRuntimeConfig) -> StagePort:
+        """The stages of this model, shared by every session of one worker."""
+
+    def configure_sampling_params(
+        self, runtime_config: Mapping[str, Any], defaults: Sequence[Any]
+    ) -> tuple[Any, ...]:
+        """Sampling parameters per stage, from the stages' defaults."""
+        return tuple(defaults)
+
+    @abc.abstractmethod
+    def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
+        """The stage submission that produces one response to a committed turn."""
+
+    def plan_append(
+        self, fence: DuplexFence, request_id: str, audio: np.ndarray, config: DuplexSessionConfig
+    ) -> StagePlan | None:
+        """Model-native models: the submission for one input unit. Turn-based: None."""
+        return None
+
+    # ------------------------------------------------------------ data plane
+
+    def project(self, output: StageOutput) -> StageOutput | None:
+        """Raw stage output -> what the runner projects (None drops it)."""
+        return output
+
+    def user_transcript(self, turn: CommittedTurn) -> str | None:
+        """The user's transcript of a turn, when the model produces one."""
+        return None
+
+    async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """`POST /v1/chat/completions` for models with `supports_chat_completions`."""
+        raise NotImplementedError(f"{self.plugin_id} does not serve chat completions")
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last user message of an OpenAI chat request."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return ""
+
+
+__all__ = [
+    "CommittedTurn",
+    "DuplexModelPlugin",
+    "DuplexRuntimeConfigError",
+    "ResponsePlanRequest",
+    "last_user_text",
+]

@@ -1,0 +1,127 @@
+"""The stage port: how a session's runner drives the model stages.
+
+A session owns "resumable stage requests": long-lived requests whose ids are
+derived from the session's fence, so aborting everything an old epoch started
+is one call. The runner never talks to an engine directly; it plans, submits
+and aborts through a `StagePort`, and receives `StageOutput`s in its mailbox.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class DuplexFence:
+    """The identity a stage request is bound to. Cancels advance `epoch`."""
+
+    session_id: str
+    epoch: int
+    turn_id: int
+
+
+def stage_request_id(fence: DuplexFence, role: str) -> str:
+    """`duplex-s.<urlsafe-b64 session id, unpadded>.e.<epoch>.r.<role>` (contract 5)."""
+    encoded = base64.urlsafe_b64encode(fence.session_id.encode()).decode().rstrip("=")
+    return f"duplex-s.{encoded}.e.{fence.epoch}.r.{role}"
+
+
+def parse_stage_request_id(request_id: str) -> tuple[str, int, str]:
+    """(session_id, epoch, role) of a stage request id."""
+    prefix, encoded, e, epoch, r, role = request_id.split(".", 5)
+    if (prefix, e, r) != ("duplex-s", "e", "r"):
+        raise ValueError(f"not a duplex stage request id: {request_id!r}")
+    padded = encoded + "=" * (-len(encoded) % 4)
+    return base64.urlsafe_b64decode(padded).decode(), int(epoch), role
+
+
+@dataclasses.dataclass
+class StagePlan:
+    """One submission to a stage request: the plugin decides `payload`."""
+
+    request_id: str
+    fence: DuplexFence
+    role: str
+    payload: Any
+    final: bool = True
+
+
+@dataclasses.dataclass
+class StageOutput:
+    """One output of a stage request, delivered to the owning session's mailbox.
+
+    `kind`: "audio" (mono float32 `audio` at `sample_rate_hz`, optional `text`
+    for its transcript), "text", "listen" (the model decided not to speak),
+    "done" (the request's turn is complete) or "error" (`error_code`, `message`).
+    """
+
+    request_id: str
+    fence: DuplexFence
+    kind: str
+    audio: np.ndarray | None = None
+    sample_rate_hz: int | None = None
+    text: str = ""
+    error_code: str | None = None
+    message: str = ""
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+OutputSink = Callable[[StageOutput], None]
+
+
+class StageCleanupError(RuntimeError):
+    """A session's stage cleanup failed; the manager keeps its slot and retries."""
+
+
+class StagePort(abc.ABC):
+    """ensure / submit initial / submit update / abort / cleanup of a session's stage requests.
+
+    Implementations: a plugin's local CPU stages (echo), the vLLM engine stage.
+    Every method is called from the worker's event loop.
+    """
+
+    @abc.abstractmethod
+    def bind(self, session_id: str, sink: OutputSink) -> None:
+        """Route every output of `session_id`'s requests to `sink` (non-blocking)."""
+
+    @abc.abstractmethod
+    async def ensure(self, fence: DuplexFence, role: str) -> str:
+        """Reserve the request id for (fence, role) without starting work; idempotent."""
+
+    @abc.abstractmethod
+    async def submit_initial(self, plan: StagePlan) -> None:
+        """Start the reserved request with its first input."""
+
+    @abc.abstractmethod
+    async def submit_update(self, plan: StagePlan) -> None:
+        """Feed a running request its next input (resumable requests)."""
+
+    @abc.abstractmethod
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        """Stop generation of these requests now; no output of theirs follows."""
+
+    @abc.abstractmethod
+    async def cleanup(self, session_id: str) -> None:
+        """Abort whatever `session_id` still runs and release its reserved ids.
+        Raises `StageCleanupError` when it could not; the caller retries."""
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release engine resources when the worker stops."""
+
+
+__all__ = [
+    "DuplexFence",
+    "OutputSink",
+    "StageCleanupError",
+    "StageOutput",
+    "StagePlan",
+    "StagePort",
+    "parse_stage_request_id",
+    "stage_request_id",
+]
