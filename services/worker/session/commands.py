@@ -16,6 +16,7 @@ from shared.protocol.duplex import (
     CancelResponse,
     ClearInput,
     ClearOutputAudio,
+    CloseSession,
     Commit,
     ConversationItemAdded,
     ConversationItemCreated,
@@ -207,7 +208,8 @@ async def _create_response(runner: SessionRunner, command: CreateResponse) -> No
             "response_already_active", f"response {session.active.response_id} is active"
         )
     if not session.pending_turns:
-        if any(item.get("role") == "user" for item in session.conversation.items):
+        if session.unanswered_items:
+            session.unanswered_items = 0  # the refusal consumes the items
             raise DuplexSessionError(
                 "text_only_turn_unsupported", "this model answers committed audio, not items"
             )
@@ -266,6 +268,12 @@ async def _update(runner: SessionRunner, command: UpdateSession) -> None:
     runner.emit(SessionUpdated(session=session.session_object()))
 
 
+async def _close(runner: SessionRunner, command: CloseSession) -> None:
+    """Commands queued before the close have run; the manager closes the session."""
+    if runner.on_close is not None:
+        runner.on_close(runner.session.session_id, command.reason)
+
+
 async def _heartbeat(runner: SessionRunner, command: Heartbeat) -> None:
     runner.emit(SessionHeartbeatAck(session_id=runner.session.session_id))
 
@@ -278,6 +286,8 @@ async def _create_item(runner: SessionRunner, command: CreateItem) -> None:
     if any(existing.get("id") == item["id"] for existing in conversation.items):
         raise DuplexSessionError("bad_event", f"item {item['id']!r} already exists")
     previous = conversation.add(item, command.previous_item_id)
+    if item.get("role") == "user":
+        runner.session.unanswered_items += 1
     for event_type in (ConversationItemAdded, ConversationItemCreated, ConversationItemDone):
         runner.emit(event_type(previous_item_id=previous, item=item))
 
@@ -383,6 +393,7 @@ _HANDLERS = {
     BargeIn: _barge_in,
     UpdateSession: _update,
     Heartbeat: _heartbeat,
+    CloseSession: _close,
     CreateItem: _create_item,
     DeleteItem: _delete_item,
     TruncateItem: _truncate_item,

@@ -47,6 +47,8 @@ class EngineSession:
     pending_input_bytes: int = 0
     pending_commits: int = 0
     audio_started: bool = False
+    #: user items created by the client since the last response (a text-only turn)
+    unanswered_items: int = 0
     overlap_reported: str | None = None  # response id whose overlap was reported
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 EXPIRED_DISCONNECT_GRACE = "disconnect_grace_expired"
 EXPIRED_IDLE_TTL = "idle_ttl_expired"
@@ -21,17 +22,21 @@ class LeaseState:
     disconnect_grace_s: float
     generation: int = 0
     detached_at: float | None = None
-    last_activity: float = dataclasses.field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic
+    last_activity: float = dataclasses.field(default=0.0)
     terminal: bool = False
 
+    def __post_init__(self) -> None:
+        self.last_activity = self.last_activity or self.clock()
+
     def touch(self, now: float | None = None) -> None:
-        self.last_activity = time.monotonic() if now is None else now
+        self.last_activity = self.clock() if now is None else now
 
     def detach(self, expected_generation: int, now: float | None = None) -> None:
         """Fenced: a newer attachment is never detached by an older connection."""
         if self.terminal or expected_generation != self.generation:
             raise LeaseConflict(f"lease generation is {self.generation}, not {expected_generation}")
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         self.detached_at = now
         self.last_activity = now
 

@@ -34,7 +34,6 @@ from shared.contracts import (
 )
 from shared.protocol.duplex import (
     AppendAudio,
-    CloseSession,
     Commit,
     DuplexCommand,
     DuplexEvent,
@@ -86,6 +85,7 @@ class SessionManager(SessionHost):
         self._closing: dict[str, EngineSession] = {}
         self._opening = 0
         self._reaper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ admission
 
@@ -140,9 +140,7 @@ class SessionManager(SessionHost):
                 runtime_config=runtime_config,
                 capabilities=self.capabilities,
                 lease=LeaseState(
-                    self.runtime.idle_ttl_s,
-                    self.runtime.disconnect_grace_s,
-                    last_activity=self.clock(),
+                    self.runtime.idle_ttl_s, self.runtime.disconnect_grace_s, clock=self.clock
                 ),
                 input=InputLedger(self.plugin.input_sample_rate_hz),
             )
@@ -153,6 +151,7 @@ class SessionManager(SessionHost):
                 self._emitter(session_id),
                 self.executor,
                 pipeline,
+                on_close=self._close_later,
             )
             await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
             self._runners[session_id] = runner
@@ -186,9 +185,6 @@ class SessionManager(SessionHost):
 
     async def submit(self, session_id: str, command: DuplexCommand) -> None:
         runner = self.runner(session_id)
-        if isinstance(command, CloseSession):
-            await self.close(session_id, command.reason)
-            return
         session = runner.session
         reserved = 0
         if isinstance(command, AppendAudio):
@@ -237,6 +233,15 @@ class SessionManager(SessionHost):
         return self.runner(session_id).session.session_object()
 
     # ------------------------------------------------------------ close
+
+    def _close_later(self, session_id: str, reason: str) -> None:
+        """`session.close` reached the front of the runner's mailbox: close from
+        outside the runner (closing stops it)."""
+        task = asyncio.create_task(
+            self.close(session_id, reason), name=f"session-close:{session_id}"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def close(self, session_id: str, reason: str = "client_close") -> None:
         runner = self._runners.pop(session_id, None)
@@ -314,6 +319,7 @@ class SessionManager(SessionHost):
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
         await asyncio.gather(*(self.close(sid, reason) for sid in list(self._runners)))
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.port.shutdown()
         self.executor.shutdown(wait=False, cancel_futures=True)
 

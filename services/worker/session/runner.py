@@ -99,6 +99,7 @@ class SessionRunner:
         emit: Emit,
         executor: Executor,
         pipeline: InputPipeline,
+        on_close: Callable[[str, str], None] | None = None,
     ) -> None:
         self.session = session
         self.plugin = plugin
@@ -106,6 +107,7 @@ class SessionRunner:
         self._emit_event = emit
         self.executor = executor
         self.pipeline = pipeline
+        self.on_close = on_close
         self._mailbox: asyncio.Queue[Any] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._tracked: set[asyncio.Task[None]] = set()
@@ -346,6 +348,7 @@ class SessionRunner:
             await self.advance_epoch("new_response")
         if turn in session.pending_turns:
             session.pending_turns.remove(turn)
+        session.unanswered_items = 0
         fence = dataclasses.replace(session.fence, turn_id=turn.turn_id)
         request_id = await self.port.ensure(fence, self.plugin.stage_roles[0])
         output_format = options.output_audio_format or session.config.output_audio_format
