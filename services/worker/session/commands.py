@@ -181,14 +181,15 @@ async def _clear_input(runner: SessionRunner, command: ClearInput) -> None:
 
 
 async def _cancel_input(runner: SessionRunner, command: CancelInput) -> None:
+    _reset_input(runner)  # first: appends in flight must not survive into the new epoch
     await runner.advance_epoch("input_cancelled")
-    _reset_input(runner)
     runner.emit(InputAudioBufferCleared())
 
 
 def _reset_input(runner: SessionRunner) -> None:
     session = runner.session
     session.input_generation += 1  # appends in flight from before the clear are dropped
+    session.pending_input_bytes = session.pending_commits = 0  # and their reservations with them
     session.input.clear()
     runner.pipeline.reset(session.input.stream_ms)
 

@@ -4,10 +4,17 @@ Everything that changes the session passes through one mailbox, in order:
 client commands, stage outputs, and internal items (finished appends and
 commits, VAD turns). Slow work (decode, resample, VAD) runs in tracked tasks
 on the executor and comes back to the mailbox as an internal item carrying the
-`(epoch, input_generation)` it started under; a stale item is dropped and its
-reservation released. Cancels advance the epoch, cancel the tracked tasks,
-emit the cancelled terminal chain and then abort the stage request, so nothing
-of the old epoch can be emitted after its terminal event.
+input generation it started under; a stale item is dropped and its
+reservation released.
+
+Two fences, because a duplex session has two independent streams:
+- the response epoch: response.cancel, output_audio_buffer.clear, barge_in and
+  input.cancel advance it, emit the cancelled terminal chain and then abort the
+  stage request, so nothing of the old epoch is emitted after its terminal
+  event (late stage outputs are consumed and dropped);
+- the input generation: input_audio_buffer.clear and input.cancel advance it,
+  dropping appends still in flight. A barge-in does NOT drop them: the speech
+  that interrupted the model is the user's next turn.
 """
 
 from __future__ import annotations
@@ -222,7 +229,7 @@ class SessionRunner:
             delivered = True
         finally:
             if not delivered:  # stale or cancelled: roll back the reservation
-                self.session.pending_input_bytes -= ready.reserved
+                self._release(ready.generation, input_bytes=ready.reserved)
 
     def schedule_commit(self, command: Commit, *, reserved: bool = False) -> None:
         if not reserved:  # VAD commits are not dispatched, so nothing reserved them
@@ -245,16 +252,25 @@ class SessionRunner:
             delivered = True
         finally:
             if not delivered:
-                self.session.pending_commits -= 1
+                self._release(generation, commits=1)
 
     def _is_stale(self, epoch: int, generation: int) -> bool:
-        return epoch != self.session.epoch or generation != self.session.input_generation
+        """Input work is fenced by the input generation only (see the module docstring);
+        `epoch` is kept on the item for diagnostics."""
+        return generation != self.session.input_generation
+
+    def _release(self, generation: int, *, input_bytes: int = 0, commits: int = 0) -> None:
+        """Give back a dispatch reservation. An input clear already zeroed the
+        reservations of older generations, so theirs are not given back twice."""
+        if generation == self.session.input_generation:
+            self.session.pending_input_bytes -= input_bytes
+            self.session.pending_commits -= commits
 
     # ------------------------------------------------------------ input
 
     async def _append_ready(self, ready: _AppendReady) -> None:
         session = self.session
-        session.pending_input_bytes -= ready.reserved
+        self._release(ready.generation, input_bytes=ready.reserved)
         if self._is_stale(ready.epoch, ready.generation):
             return
         if ready.error is not None:
@@ -313,7 +329,7 @@ class SessionRunner:
         )
 
     async def _commit_ready(self, ready: _CommitReady) -> None:
-        self.session.pending_commits -= 1
+        self._release(ready.generation, commits=1)
         if self._is_stale(ready.epoch, ready.generation):
             return
         self.session.input.append(ready.tail)
@@ -333,7 +349,6 @@ class SessionRunner:
         """Cancel, barge-in, output clear, input cancel: one atomic step on the loop."""
         session = self.session
         session.epoch += 1
-        self._cancel_tracked()
         response = session.active
         if response is not None:
             self.finish(response, CANCELLED, reason)
