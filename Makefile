@@ -13,9 +13,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall whenever pyproject.toml changes.
-$(STAMP): pyproject.toml | $(BIN)/python
+# silero-vad ships the VAD's ONNX model but hard-requires torch, which we never
+# import: it is installed without its dependencies (pip cannot say that in
+# pyproject.toml). Reinstall whenever pyproject.toml or this file changes.
+SILERO_VAD := silero-vad==6.2.3
+
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -4,7 +4,7 @@ import asyncio
 
 from plugins.echo import EchoStagePort
 from shared.contracts import StageOutput
-from tests.worker.conftest import appends, make_harness, send_all, sine, types
+from tests.sessions import appends, make_harness, send_all, sine, types
 
 CANCELLED_CHAIN = [
     "response.output_audio.done",

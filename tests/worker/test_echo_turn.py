@@ -14,7 +14,7 @@ from shared.protocol.duplex import (
     pcm16_to_float,
     ulaw_to_int16,
 )
-from tests.worker.conftest import appends, send_all, sine, types
+from tests.sessions import appends, send_all, sine, types
 
 RESPONSE_START = [
     "response.created",

@@ -7,7 +7,7 @@ import pytest
 from plugins.echo import EchoPlugin, EchoStagePort
 from shared.contracts import DuplexSessionError, StageCleanupError
 from shared.protocol.duplex import AppendAudio, Commit, Heartbeat
-from tests.worker.conftest import FAST, appends, make_harness, send_all, sine, types
+from tests.sessions import FAST, appends, make_harness, send_all, sine, types
 
 
 async def refused(coro) -> DuplexSessionError:

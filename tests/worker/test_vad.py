@@ -10,7 +10,7 @@ from services.worker.session.vad import (
     silero_model_path,
 )
 from shared.contracts import TurnDetection
-from tests.worker.conftest import appends, make_harness, send_all, speech_wav, types
+from tests.sessions import appends, make_harness, send_all, speech_wav, types
 
 VAD_SESSION = {"turn_detection": {"type": "server_vad"}, "extra_body": {"pace": 1}}
 

@@ -46,6 +46,7 @@ from services.worker.session.response import (
 from shared.contracts import (
     CommittedTurn,
     DuplexModelPlugin,
+    DuplexRuntimeConfigError,
     DuplexSessionError,
     ResponseCreateOptions,
     ResponsePlanRequest,
@@ -166,7 +167,7 @@ class SessionRunner:
             event_id = getattr(getattr(item, "command", item), "event_id", None)
             try:
                 await self._handle(item)
-            except (DuplexSessionError, RealtimeProtocolError) as exc:
+            except (DuplexSessionError, RealtimeProtocolError, DuplexRuntimeConfigError) as exc:
                 code, message = exc.code, exc.message
                 self.error(code, message, getattr(exc, "related_event_id", None) or event_id)
             except asyncio.CancelledError:

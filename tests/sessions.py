@@ -1,4 +1,4 @@
-"""A SessionManager with the echo model, driven by the inline client."""
+"""Helpers for session tests: a SessionManager with the echo model, driven by the inline client."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import wave
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from plugins.echo import EchoPlugin
 from services.worker.session.manager import SessionManager
@@ -15,7 +14,7 @@ from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import AppendAudio, float_to_pcm16
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parent / "data"
 FAST = {"extra_body": {"pace": 0}}
 
 
@@ -44,13 +43,6 @@ def make_harness(plugin=None, port=None, **runtime) -> Harness:
     config = SessionRuntimeConfig(**{"max_sessions": 4, **runtime})
     manager = SessionManager(plugin or EchoPlugin(), config, router, port=port, clock=clock)
     return Harness(manager, InlineDuplexClient(manager, router), router, clock)
-
-
-@pytest.fixture
-async def harness():
-    h = make_harness()
-    yield h
-    await h.manager.shutdown()
 
 
 def sine(rate: int, seconds: float, hz: float = 440.0, amplitude: float = 0.3) -> np.ndarray:

@@ -1,0 +1,70 @@
+"""Contract types: fences and request ids, runtime config defaults, capabilities, lease."""
+
+import pytest
+
+from services.worker.session.lease import LeaseConflict, LeaseState
+from shared.contracts import (
+    DuplexCapabilities,
+    DuplexFence,
+    SessionRuntimeConfig,
+    parse_stage_request_id,
+    stage_request_id,
+)
+
+
+def test_stage_request_ids_derive_from_the_fence():
+    fence = DuplexFence("duplex-0123abcd", epoch=3, turn_id=9)
+    request_id = stage_request_id(fence, "stage0")
+    assert request_id == "duplex-s.ZHVwbGV4LTAxMjNhYmNk.e.3.r.stage0"  # urlsafe base64, unpadded
+    assert parse_stage_request_id(request_id) == ("duplex-0123abcd", 3, "stage0")
+    with pytest.raises(ValueError):
+        parse_stage_request_id("other.x.e.1.r.stage0")
+
+
+def test_runtime_config_defaults_are_the_contracts():
+    config = SessionRuntimeConfig()
+    assert (config.idle_ttl_s, config.disconnect_grace_s, config.reaper_interval_s) == (
+        300.0,
+        30.0,
+        5.0,
+    )
+    assert config.max_pending_input_bytes_per_session == 16 * 1024 * 1024
+    assert config.max_pending_turns_per_session == 4
+    assert config.max_pending_output_bytes_per_session == 2 * 1024 * 1024
+    assert config.max_pending_output_events_per_session == 512
+    assert (config.output_reserve_bytes, config.output_reserve_events) == (64 * 1024, 8)
+    assert config.resume_replay_max_bytes_per_session == 8 * 1024 * 1024
+    assert SessionRuntimeConfig(idle_ttl_s=None).idle_ttl_s is None
+    for bad in (
+        {"max_sessions": 0},
+        {"disconnect_grace_s": -1},
+        {"max_pending_turns_per_session": 0},
+    ):
+        with pytest.raises(ValueError):
+            SessionRuntimeConfig(**bad)
+
+
+def test_capabilities_render_for_the_wire():
+    wire = DuplexCapabilities(supports_model_native_turn_policy=True).to_realtime()
+    assert wire["implementation_level"] == "model_native_duplex"
+    assert wire["required_input_modalities"] == ["audio"] and wire["input_modes"] == [
+        "append_audio_chunk"
+    ]
+    assert DuplexCapabilities().to_realtime()["implementation_level"] == "turn_based_duplex"
+
+
+def test_lease_generation_cas_and_expiry():
+    now = [0.0]
+    lease = LeaseState(idle_ttl_s=10, disconnect_grace_s=5, clock=lambda: now[0])
+    assert lease.generation == 0 and lease.expiry(9.9, busy=False) is None
+    assert lease.expiry(10, busy=False) == "idle_ttl_expired"
+    assert lease.expiry(10, busy=True) is None  # active operations keep it alive
+    lease.detach(0, now=1)
+    assert lease.expiry(6, busy=True) == "disconnect_grace_expired"
+    with pytest.raises(LeaseConflict):
+        lease.resume(1)
+    assert lease.resume(0, now=2) == 1 and lease.detached_at is None
+    with pytest.raises(LeaseConflict):
+        lease.detach(0)  # an older connection cannot detach the newer attachment
+    lease.mark_terminal()
+    assert lease.generation == 2 and lease.expiry(1e9, busy=False) is None
