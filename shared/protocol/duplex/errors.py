@@ -158,6 +158,7 @@ _PLUGIN: list[tuple[str, str]] = [
     ("invalid_sliding_window_config", "window settings are invalid"),
     ("input_clock_unsupported", "this model has no input clock"),
     ("nemotron_function_call_parse_error", "a Nemotron tool call could not be parsed"),
+    ("barge_in_unsupported", "barge_in to a model without supports_barge_in"),
 ]
 
 # Architecture additions (../shared/docs/architecture.md section 8).
