@@ -1,40 +1,34 @@
-"""`duplex`: the one entry point (serve, api, worker, sessions).
-
-Each subcommand is wired to its process as that process lands; until then it
-says plainly what it will do and exits non-zero instead of pretending to serve.
-"""
+"""`duplex`: the one entry point (serve, api, worker, sessions)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
 
 EXIT_NOT_AVAILABLE = 3
 
-_PLANNED = {
-    "serve": (
-        "run everything in one process: the API on --host/--port, one worker with the "
-        "CPU 'echo' model, and an embedded Redis (fakeredis) unless DUPLEX_REDIS_URL is set"
-    ),
-    "api": "run a stateless API pod (FastAPI + uvicorn) against DUPLEX_REDIS_URL",
-    "worker": "run a worker pod serving --plugin sessions, registered in DUPLEX_REDIS_URL",
-    "sessions": "list, show, tail or close live sessions over Redis",
-}
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duplex", description="Serve full-duplex speech models.")
+    parser.add_argument("--log-level", default="INFO")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help=_PLANNED["serve"])
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--plugin", default="echo")
-    api = commands.add_parser("api", help=_PLANNED["api"])
-    api.add_argument("--host", default="0.0.0.0")
-    api.add_argument("--port", type=int, default=8000)
-    worker = commands.add_parser("worker", help=_PLANNED["worker"])
-    worker.add_argument("--plugin", default="echo")
-    sessions = commands.add_parser("sessions", help=_PLANNED["sessions"])
+    serve = commands.add_parser(
+        "serve", help="API + worker in one process (embedded Redis unless DUPLEX_REDIS_URL)"
+    )
+    serve.add_argument("--host", default=None, help="default 127.0.0.1")
+    serve.add_argument("--port", type=int, default=None, help="default 8000")
+    serve.add_argument("--plugin", default=None, help="model plugin (default echo)")
+    serve.add_argument("--max-sessions", type=int, default=None)
+    api = commands.add_parser("api", help="a stateless API pod (needs DUPLEX_REDIS_URL)")
+    api.add_argument("--host", default=None)
+    api.add_argument("--port", type=int, default=None)
+    worker = commands.add_parser("worker", help="a worker pod (needs DUPLEX_REDIS_URL)")
+    worker.add_argument("--plugin", default=None)
+    worker.add_argument("--worker-id", default=None)
+    worker.add_argument("--max-sessions", type=int, default=None)
+    sessions = commands.add_parser("sessions", help="inspect live sessions over Redis")
     sessions.add_argument("action", choices=["ls", "show", "tail", "close"])
     sessions.add_argument("session_id", nargs="?")
     return parser
@@ -42,13 +36,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    print(
-        f"duplex {args.command}: not available yet in this build.\n"
-        f"  It will {_PLANNED[args.command]}.\n"
-        "  What exists today is the wire codec (shared.protocol.duplex); see README.md.",
-        file=sys.stderr,
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return EXIT_NOT_AVAILABLE
+    from services import serve
+    from shared.settings import ApiSettings, WorkerSettings
+
+    try:
+        if args.command == "serve":
+            api = ApiSettings.from_env(host=args.host, port=args.port)
+            worker = WorkerSettings.from_env(plugin=args.plugin, max_sessions=args.max_sessions)
+            asyncio.run(serve.run_serve(api, worker))
+        elif args.command == "api":
+            asyncio.run(
+                serve.run_api(ApiSettings.from_env(host=args.host or "0.0.0.0", port=args.port))
+            )
+        elif args.command == "worker":
+            settings = WorkerSettings.from_env(
+                plugin=args.plugin, worker_id=args.worker_id, max_sessions=args.max_sessions
+            )
+            asyncio.run(serve.run_worker(settings))
+        else:
+            print(
+                "duplex sessions: not available yet (it lands with the scale-out issue).",
+                file=sys.stderr,
+            )
+            return EXIT_NOT_AVAILABLE
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -164,6 +164,10 @@ _PLUGIN: list[tuple[str, str]] = [
 # Architecture additions (../shared/docs/architecture.md section 8).
 _DISTRIBUTED: list[tuple[str, str]] = [
     ("worker_lost", "the worker serving the session died; the session is closed, open a new one"),
+    (
+        "output_overflow",
+        "the client read events too slowly (2 MiB / 512 queued); the session is closed",
+    ),
 ]
 
 _ALL: list[ErrorCode] = [

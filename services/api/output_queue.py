@@ -1,0 +1,103 @@
+"""A connection's bounded send queue, with the seed's overflow policy.
+
+- Ordinary events fit within `max_bytes` / `max_events` (2 MiB / 512 by default;
+  bytes are the compact JSON, base64 audio included).
+- Errors and response endings may also use a reserve (64 KiB / 8 events), so a
+  slow consumer still learns how its response ended.
+- The final closure notice (session.closed / session.expired / session.replaced)
+  has its own slot and is never refused.
+- When an ordinary event does not fit, the queue is `overflowed`: later
+  ordinary events are suppressed (the connection then closes the session).
+- An accepted cancel removes the still-queued audio deltas of that response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+
+PRIORITY_TYPES = frozenset(
+    {"error", "response.done", "rate_limits.updated", "session.resync_required"}
+)
+CLOSURE_TYPES = frozenset({"session.closed", "session.expired", "session.replaced"})
+AUDIO_DELTA = "response.output_audio.delta"
+
+
+@dataclasses.dataclass
+class OutItem:
+    data: bytes
+    wire_type: str
+    response_id: str | None = None
+    seq: int | None = None
+
+
+class OutputQueue:
+    def __init__(
+        self, max_bytes: int, max_events: int, reserve_bytes: int, reserve_events: int
+    ) -> None:
+        self.max_bytes, self.max_events = max_bytes, max_events
+        self.reserve_bytes, self.reserve_events = reserve_bytes, reserve_events
+        self._items: collections.deque[OutItem] = collections.deque()
+        self._closure: OutItem | None = None
+        self.bytes = 0
+        self.overflowed = False
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items) + (self._closure is not None)
+
+    def put(self, item: OutItem) -> bool:
+        """Queue an item; False when it was refused (overflow or suppressed)."""
+        if item.wire_type in CLOSURE_TYPES:
+            if self._closure is None:
+                self._closure = item
+                self._ready.set()
+            return True
+        priority = item.wire_type in PRIORITY_TYPES
+        if self.overflowed and not priority:
+            return False
+        size = len(item.data)
+        extra_bytes = self.reserve_bytes if priority else 0
+        extra_events = self.reserve_events if priority else 0
+        if (
+            self.bytes + size > self.max_bytes + extra_bytes
+            or len(self._items) + 1 > self.max_events + extra_events
+        ):
+            if not priority:
+                self.overflowed = True
+            return False
+        if item.wire_type == "response.done" and b'"status":"cancelled"' in item.data:
+            self.drop_audio(item.response_id)
+        self._items.append(item)
+        self.bytes += size
+        self._ready.set()
+        return True
+
+    def drop_audio(self, response_id: str | None) -> int:
+        """Remove queued audio deltas of a cancelled response; other events keep FIFO order."""
+        if response_id is None:
+            return 0
+        kept = collections.deque()
+        dropped = 0
+        for item in self._items:
+            if item.wire_type == AUDIO_DELTA and item.response_id == response_id:
+                self.bytes -= len(item.data)
+                dropped += 1
+            else:
+                kept.append(item)
+        self._items = kept
+        return dropped
+
+    async def get(self) -> OutItem:
+        """The next item; the closure notice comes after everything queued before it."""
+        while True:
+            if self._items:
+                item = self._items.popleft()
+                self.bytes -= len(item.data)
+                return item
+            if self._closure is not None:
+                item, self._closure = self._closure, None
+                return item
+            self._ready.clear()
+            await self._ready.wait()

@@ -1,0 +1,62 @@
+"""Which worker serves a new session: live workers of the model, least loaded first.
+
+(Consistent hashing with bounded loads replaces the ordering in the
+scale-out issue; the walk-on-refusal loop in the connection stays.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import orjson
+
+from shared.redis.keys import KeySchema
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    model: str
+    max_sessions: int
+    active: int
+    capabilities: dict[str, Any]
+
+
+class WorkerDirectory:
+    def __init__(self, client: Any, keys: KeySchema, heartbeat_ttl_s: float) -> None:
+        self.client = client
+        self.keys = keys
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+
+    async def live_workers(self) -> list[WorkerInfo]:
+        since = int((time.time() - self.heartbeat_ttl_s) * 1000)
+        ids = await self.client.zrangebyscore(self.keys.workers(), since, "+inf")
+        if not ids:
+            return []
+        pipeline = self.client.pipeline(transaction=False)
+        for worker_id in ids:
+            pipeline.hgetall(self.keys.worker(worker_id.decode()))
+        out = []
+        for worker_id, raw in zip(ids, await pipeline.execute(), strict=True):
+            if not raw:
+                continue
+            out.append(
+                WorkerInfo(
+                    worker_id=worker_id.decode(),
+                    model=raw[b"model"].decode(),
+                    max_sessions=int(raw.get(b"max_sessions", b"0")),
+                    active=int(raw.get(b"active", b"0")),
+                    capabilities=orjson.loads(raw.get(b"capabilities", b"{}")),
+                )
+            )
+        return out
+
+    async def models(self) -> list[str]:
+        return sorted({worker.model for worker in await self.live_workers()})
+
+    async def candidates(self, model: str | None) -> list[WorkerInfo]:
+        """Workers that serve `model` (any model when None), least loaded first."""
+        workers = [w for w in await self.live_workers() if model is None or w.model == model]
+        return sorted(workers, key=lambda w: (w.active / max(w.max_sessions, 1), w.worker_id))

@@ -1,0 +1,212 @@
+"""The worker process: registry + heartbeat, the inbox consumer, the session manager.
+
+One consumer task reads the worker's inbox stream with XREADGROUP BLOCK and
+dispatches each entry in order; entries are acknowledged after dispatch.
+Commands carry (attachment generation, seq) from the API connection that sent
+them, so a redelivered command is recognised and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import orjson
+from redis import exceptions as redis_errors
+
+from services.worker.plugins import load_plugin
+from services.worker.publisher import RedisEventPublisher
+from services.worker.session.manager import SessionManager
+from shared.contracts import DuplexSessionError, SessionRuntimeConfig
+from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
+from shared.redis.keys import INBOX_GROUP, KeySchema
+from shared.redis.messages import (
+    CHAT,
+    CLOSE,
+    COMMAND,
+    OPEN,
+    TOUCH,
+    InboxMessage,
+    command_from_message,
+)
+from shared.redis.store import SessionStore
+from shared.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+READ_BLOCK_MS = 1000
+READ_COUNT = 256
+REPLY_TTL_S = 60
+
+
+class WorkerProcess:
+    def __init__(
+        self, settings: WorkerSettings, redis: Any, runtime: SessionRuntimeConfig | None = None
+    ) -> None:
+        self.settings = settings
+        self.redis = redis  # a RedisHandle
+        self.keys = KeySchema(settings.key_prefix)
+        self.store = SessionStore(redis.client, self.keys)
+        self.plugin = load_plugin(settings.plugin)
+        self.runtime = runtime or SessionRuntimeConfig(max_sessions=settings.max_sessions)
+        self.publisher = RedisEventPublisher(
+            self.store,
+            max_bytes=self.runtime.resume_replay_max_bytes_per_session,
+            ttl_s=self.runtime.resume_replay_ttl_s,
+            closed_ttl_s=settings.closed_ttl_s,
+        )
+        self.manager = SessionManager(self.plugin, self.runtime, self.publisher)
+        self.inbox = self.keys.inbox(settings.worker_id)
+        self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+
+    @property
+    def worker_id(self) -> str:
+        return self.settings.worker_id
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        client = self.redis.client
+        await self.store.scripts.ensure_loaded(client)
+        with contextlib.suppress(redis_errors.ResponseError):  # BUSYGROUP: it exists
+            await client.xgroup_create(self.inbox, INBOX_GROUP, id="0", mkstream=True)
+        await self._register()
+        self.publisher.start()
+        self.manager.start()
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat"),
+            asyncio.create_task(self._consume_loop(), name="worker-inbox"),
+        ]
+        log.info(
+            "worker %s serving %s (max %d sessions)",
+            self.worker_id,
+            self.plugin.plugin_id,
+            self.runtime.max_sessions,
+        )
+
+    async def stop(self) -> None:
+        """SIGTERM: stop reading, close every session (session.closed{shutdown}), deregister."""
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.manager.shutdown("shutdown")
+        await self.publisher.stop()
+        with contextlib.suppress(Exception):
+            await self.redis.client.zrem(self.keys.workers(), self.worker_id)
+            await self.redis.client.delete(self.keys.worker(self.worker_id))
+
+    async def _register(self) -> None:
+        caps = self.manager.capabilities
+        await self.redis.client.hset(
+            self.keys.worker(self.worker_id),
+            mapping={
+                "model": self.plugin.plugin_id,
+                "max_sessions": self.runtime.max_sessions,
+                "active": len(self.manager.session_ids()),
+                "capabilities": orjson.dumps(caps.to_realtime()),
+                "version": VERSION,
+                "started_at": int(time.time() * 1000),
+            },
+        )
+        await self._beat()
+
+    async def _beat(self) -> None:
+        client = self.redis.client
+        pipeline = client.pipeline(transaction=False)
+        pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
+        pipeline.hset(self.keys.worker(self.worker_id), "active", self.manager.slots_in_use)
+        await pipeline.execute()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            try:
+                await self._beat()
+            except Exception:
+                log.exception("worker heartbeat failed")
+
+    # ------------------------------------------------------------ inbox
+
+    async def _consume_loop(self) -> None:
+        reader = self.redis.new_client()
+        last_id = "0"  # first our own pending entries (a restart), then new ones
+        while True:
+            try:
+                reply = await reader.xreadgroup(
+                    INBOX_GROUP,
+                    self.worker_id,
+                    {self.inbox: last_id},
+                    count=READ_COUNT,
+                    block=READ_BLOCK_MS,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reading the inbox failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            entries = reply[0][1] if reply else []
+            if not entries and last_id == "0":
+                last_id = ">"
+                continue
+            for entry_id, fields in entries:
+                try:
+                    await self.dispatch(InboxMessage.from_fields(fields))
+                except Exception:
+                    log.exception("inbox entry %r failed", entry_id)
+            if entries:
+                await self.redis.client.xack(
+                    self.inbox, INBOX_GROUP, *[entry_id for entry_id, _ in entries]
+                )
+
+    def _fresh(self, message: InboxMessage) -> bool:
+        """False for a command already applied (redelivery)."""
+        mark = (message.attachment, message.seq)
+        if mark <= self._applied.get(message.session_id, (0, 0)):
+            return False
+        self._applied[message.session_id] = mark
+        return True
+
+    async def dispatch(self, message: InboxMessage) -> None:
+        sid = message.session_id
+        try:
+            if message.kind == OPEN:
+                await self.manager.open(message.payload.get("session") or {}, session_id=sid)
+            elif message.kind == COMMAND:
+                if self._fresh(message):
+                    await self.manager.submit(sid, command_from_message(message))
+            elif message.kind == CLOSE:
+                await self.manager.close(sid, message.payload.get("reason", "client_close"))
+                self._applied.pop(sid, None)
+            elif message.kind == TOUCH:
+                await self.manager.touch(sid)
+            elif message.kind == CHAT:
+                await self._chat(message)
+        except (DuplexSessionError, RealtimeProtocolError) as exc:
+            event_id = (
+                message.payload.get("event_id") if isinstance(message.payload, dict) else None
+            )
+            error = DuplexErrorEvent.for_code(exc.code, exc.message, related_event_id=event_id)
+            self.publisher.emit(sid, error)
+
+    async def _chat(self, message: InboxMessage) -> None:
+        reply_key = self.keys.reply(message.session_id)
+        try:
+            text = await self.manager.chat_completion(message.payload.get("messages") or [])
+            reply = {"ok": True, "text": text}
+        except DuplexSessionError as exc:
+            reply = {"ok": False, "code": exc.code, "message": exc.message}
+        except Exception as exc:
+            log.exception("chat completion failed")
+            reply = {"ok": False, "code": "internal_error", "message": str(exc)}
+        pipeline = self.redis.client.pipeline(transaction=False)
+        pipeline.rpush(reply_key, orjson.dumps(reply))
+        pipeline.expire(reply_key, REPLY_TTL_S)
+        await pipeline.execute()

@@ -1,0 +1,67 @@
+"""Every Redis key duplex-serve uses, built here and nowhere else.
+
+Each key of one session carries the session id as the Redis Cluster hash tag
+(`{SID}`), so a session's scripts touch one slot. Documented for operators in
+docs/redis-keys.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DEFAULT_PREFIX = "duplex"
+#: consumer group of every worker inbox
+INBOX_GROUP = "runners"
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySchema:
+    prefix: str = DEFAULT_PREFIX
+
+    # -- one session (hash tag = session id)
+    def session(self, session_id: str) -> str:
+        """hash: state, worker, generations, token digest, journal counters, session object."""
+        return f"{self.prefix}:session:{{{session_id}}}"
+
+    def events(self, session_id: str) -> str:
+        """stream: the event journal, entry id <seq>-1, fields type + data."""
+        return f"{self.prefix}:session:{{{session_id}}}:events"
+
+    def live(self, session_id: str) -> str:
+        """channel: live delivery of the session's events and takeover notices."""
+        return f"{self.prefix}:session:{{{session_id}}}:live"
+
+    # -- workers
+    def inbox(self, worker_id: str) -> str:
+        """stream: commands for every session pinned to the worker (group `runners`)."""
+        return f"{self.prefix}:worker:{{{worker_id}}}:inbox"
+
+    def worker(self, worker_id: str) -> str:
+        """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at."""
+        return f"{self.prefix}:worker:{{{worker_id}}}"
+
+    def workers(self) -> str:
+        """zset: worker id -> last heartbeat (ms)."""
+        return f"{self.prefix}:workers"
+
+    # -- API pods
+    def api(self, pod_id: str) -> str:
+        """hash: an API pod's address and start time."""
+        return f"{self.prefix}:api:{{{pod_id}}}"
+
+    def apis(self) -> str:
+        """zset: API pod id -> last heartbeat (ms)."""
+        return f"{self.prefix}:apis"
+
+    def api_sessions(self, pod_id: str) -> str:
+        """set: sessions attached through this API pod (for the dead-pod sweep)."""
+        return f"{self.prefix}:api:{{{pod_id}}}:sessions"
+
+    # -- leases and replies
+    def leases(self) -> str:
+        """zset: session id -> next lease deadline (ms): disconnect grace."""
+        return f"{self.prefix}:leases"
+
+    def reply(self, request_id: str) -> str:
+        """list: the one reply to a request an API pod made of a worker (chat)."""
+        return f"{self.prefix}:reply:{{{request_id}}}"

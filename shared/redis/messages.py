@@ -1,0 +1,74 @@
+"""Messages between API pods and workers: worker inbox entries and live-channel control notices.
+
+Inbox entries are flat stream fields. A command travels as its wire JSON,
+except that an append's audio travels raw in its own field (not base64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+
+from shared.protocol.duplex import AppendAudio, DuplexCommand, parse_client_event
+
+OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
+#: live-channel messages that start with this byte are control notices, not events
+CONTROL_PREFIX = b"!"
+TAKEOVER = b"!takeover "
+
+
+@dataclasses.dataclass
+class InboxMessage:
+    kind: str
+    session_id: str
+    attachment: int = 0  # the sender's attachment generation
+    seq: int = 0  # per-attachment command seq: redelivered commands are recognised by it
+    payload: dict[str, Any] = dataclasses.field(default_factory=dict)
+    audio: bytes = b""
+
+    def to_fields(self) -> dict[str, bytes | str | int]:
+        fields: dict[str, bytes | str | int] = {
+            "k": self.kind,
+            "s": self.session_id,
+            "a": self.attachment,
+            "q": self.seq,
+            "p": orjson.dumps(self.payload),
+        }
+        if self.audio:
+            fields["b"] = self.audio
+        return fields
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes]) -> InboxMessage:
+        return cls(
+            kind=fields[b"k"].decode(),
+            session_id=fields[b"s"].decode(),
+            attachment=int(fields.get(b"a", b"0")),
+            seq=int(fields.get(b"q", b"0")),
+            payload=orjson.loads(fields.get(b"p", b"{}")),
+            audio=fields.get(b"b", b""),
+        )
+
+
+def command_message(
+    session_id: str, attachment: int, seq: int, command: DuplexCommand
+) -> InboxMessage:
+    payload = command.to_dict()
+    audio = b""
+    if isinstance(command, AppendAudio):
+        payload.pop("audio", None)
+        audio = command.audio
+    return InboxMessage(COMMAND, session_id, attachment, seq, payload, audio)
+
+
+def command_from_message(message: InboxMessage) -> DuplexCommand:
+    command = parse_client_event(message.payload)
+    if isinstance(command, AppendAudio) and message.audio:
+        command = dataclasses.replace(command, audio=message.audio)
+    return command
+
+
+def takeover_notice(attachment_generation: int) -> bytes:
+    return TAKEOVER + str(attachment_generation).encode()

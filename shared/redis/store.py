@@ -1,0 +1,180 @@
+"""Typed wrappers over the session scripts and reads (one method per Redis operation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as redis_errors
+
+from shared.redis.keys import KeySchema
+from shared.redis.scripts import Scripts
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def token_digest(token: str) -> str:
+    """Only the SHA-256 of a resume token is ever stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class SessionStoreError(Exception):
+    """A script refused: `code` is the contract error code."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message or code
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishItem:
+    """One event to publish: its rendered JSON, its type, and whether it is journaled."""
+
+    data: bytes
+    wire_type: str
+    journaled: bool = True
+    session_json: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeGranted:
+    attachment_generation: int
+    lease_generation: int
+    worker_id: str
+    next_seq: int
+    session: bytes
+    model: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeResync:
+    reason: str  # journal_gap | journal_overflow
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class SessionStore:
+    def __init__(
+        self, client: Any, keys: KeySchema | None = None, scripts: Scripts | None = None
+    ) -> None:
+        self.client = client
+        self.keys = keys or KeySchema()
+        self.scripts = scripts or Scripts()
+
+    def _session_keys(self, session_id: str) -> list[str]:
+        return [self.keys.session(session_id), self.keys.events(session_id)]
+
+    async def open(
+        self, session_id: str, worker_id: str, model: str, token_sha: str, config_json: str
+    ) -> None:
+        try:
+            await self.scripts.session_open(
+                self.client,
+                self._session_keys(session_id),
+                [worker_id, model, token_sha, now_ms(), config_json],
+            )
+        except redis_errors.ResponseError as exc:
+            raise SessionStoreError(str(exc).split()[0], str(exc)) from None
+
+    def queue_publish(
+        self,
+        pipeline: Any,
+        session_id: str,
+        items: Sequence[PublishItem],
+        *,
+        max_bytes: int,
+        ttl_ms: int,
+        closed_ttl_ms: int,
+    ) -> None:
+        args: list[Any] = [self.keys.live(session_id), max_bytes, ttl_ms, now_ms(), closed_ttl_ms]
+        for item in items:
+            args += ["1" if item.journaled else "0", item.wire_type, item.data, item.session_json]
+        self.scripts.event_publish.queue(pipeline, self._session_keys(session_id), args)
+
+    async def publish(
+        self,
+        session_id: str,
+        items: Sequence[PublishItem],
+        *,
+        max_bytes: int,
+        ttl_ms: int,
+        closed_ttl_ms: int,
+    ) -> list[int]:
+        """Publish one session's events in one round trip; returns their seqs (0 = unjournaled)."""
+        await self.scripts.event_publish.ensure_loaded(self.client)
+        pipeline = self.client.pipeline(transaction=False)
+        self.queue_publish(
+            pipeline,
+            session_id,
+            items,
+            max_bytes=max_bytes,
+            ttl_ms=ttl_ms,
+            closed_ttl_ms=closed_ttl_ms,
+        )
+        return [int(seq) for seq in (await pipeline.execute())[0]]
+
+    async def detach(self, session_id: str, attachment_generation: int, grace_ms: int) -> int:
+        keys = [self.keys.session(session_id), self.keys.leases()]
+        return int(
+            await self.scripts.lease_detach(
+                self.client, keys, [session_id, attachment_generation, now_ms(), grace_ms]
+            )
+        )
+
+    async def resume(
+        self, session_id: str, token: str, new_token: str, last_seq: int
+    ) -> ResumeGranted | ResumeResync:
+        keys = [*self._session_keys(session_id), self.keys.leases()]
+        args = [session_id, token_digest(token), token_digest(new_token), last_seq, now_ms()]
+        try:
+            reply = await self.scripts.lease_resume(self.client, keys, args)
+        except redis_errors.ResponseError as exc:
+            raise SessionStoreError(str(exc).split()[0], str(exc)) from None
+        if _text(reply[0]) == "resync":
+            return ResumeResync(_text(reply[1]))
+        return ResumeGranted(
+            attachment_generation=int(reply[1]),
+            lease_generation=int(reply[2]),
+            worker_id=_text(reply[3]),
+            next_seq=int(reply[4]),
+            session=reply[5] if isinstance(reply[5], bytes) else str(reply[5]).encode(),
+            model=_text(reply[6]),
+        )
+
+    async def touch(self, session_id: str) -> bool:
+        return bool(
+            await self.scripts.lease_touch(self.client, [self.keys.session(session_id)], [now_ms()])
+        )
+
+    async def claim_expiry(self, session_id: str) -> str | None:
+        """Claim a due lease; returns the worker to close the session on (janitor)."""
+        keys = [self.keys.session(session_id), self.keys.leases()]
+        worker = await self.scripts.lease_expire(self.client, keys, [session_id, now_ms()])
+        return _text(worker) if worker else None
+
+    async def ack(self, session_id: str, seq: int) -> int:
+        return int(
+            await self.scripts.journal_ack(self.client, self._session_keys(session_id), [seq])
+        )
+
+    async def meta(self, session_id: str) -> dict[str, str]:
+        raw = await self.client.hgetall(self.keys.session(session_id))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    async def journal(
+        self, session_id: str, after_seq: int, until_seq: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        """(seq, event JSON) of journal entries with after_seq < seq <= until_seq."""
+        end = "+" if until_seq is None else f"{until_seq}-1"
+        entries = await self.client.xrange(self.keys.events(session_id), f"({after_seq}-1", end)
+        return [
+            (int(_text(entry_id).split("-")[0]), fields[b"data"]) for entry_id, fields in entries
+        ]

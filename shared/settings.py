@@ -1,0 +1,103 @@
+"""Settings of each process kind, from flags and DUPLEX_* environment variables.
+
+One dataclass per process kind (arq's style): defaults here, overridden by the
+environment, overridden by command-line flags. Secrets never appear in repr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+
+ENV_PREFIX = "DUPLEX_"
+
+
+def _env(name: str, default: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    return (os.environ if env is None else env).get(ENV_PREFIX + name, default)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclasses.dataclass
+class RedisSettings:
+    #: None means an embedded fakeredis (only `duplex serve` allows that)
+    redis_url: str | None = None
+    key_prefix: str = "duplex"
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: float = 5.0
+
+    def __repr__(self) -> str:
+        from shared.redis.connection import redact
+
+        url = redact(self.redis_url) if self.redis_url else None
+        return f"{type(self).__name__}(redis_url={url!r}, key_prefix={self.key_prefix!r})"
+
+    @classmethod
+    def redis_from_env(cls, env: Mapping[str, str] | None = None) -> dict:
+        values: dict = {}
+        if (url := _env("REDIS_URL", env=env)) is not None:
+            values["redis_url"] = url or None
+        if (prefix := _env("KEY_PREFIX", env=env)) is not None:
+            values["key_prefix"] = prefix
+        if (interval := _env("HEARTBEAT_INTERVAL_S", env=env)) is not None:
+            values["heartbeat_interval_s"] = float(interval)
+        if (ttl := _env("HEARTBEAT_TTL_S", env=env)) is not None:
+            values["heartbeat_ttl_s"] = float(ttl)
+        return values
+
+
+@dataclasses.dataclass(repr=False)
+class WorkerSettings(RedisSettings):
+    plugin: str = "echo"
+    worker_id: str = dataclasses.field(default_factory=default_worker_id)
+    max_sessions: int = 64
+    #: how long a closed session's keys stay readable (late resumes get session_resume_expired)
+    closed_ttl_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> WorkerSettings:
+        values = cls.redis_from_env(env)
+        if (plugin := _env("PLUGIN", env=env)) is not None:
+            values["plugin"] = plugin
+        if (worker_id := _env("WORKER_ID", env=env)) is not None:
+            values["worker_id"] = worker_id
+        if (max_sessions := _env("MAX_SESSIONS", env=env)) is not None:
+            values["max_sessions"] = int(max_sessions)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclasses.dataclass(repr=False)
+class ApiSettings(RedisSettings):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    pod_id: str = dataclasses.field(
+        default_factory=lambda: f"api-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    )
+    api_keys: frozenset[str] = frozenset()
+    config_timeout_s: float = 10.0
+    open_timeout_s: float = 10.0
+    disconnect_grace_s: float = 30.0
+    chat_timeout_s: float = 30.0
+
+    def __repr__(self) -> str:
+        keys = f"<{len(self.api_keys)} keys>" if self.api_keys else "none"
+        redis = super().__repr__()
+        return f"ApiSettings(host={self.host!r}, port={self.port}, api_keys={keys}, redis={redis})"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> ApiSettings:
+        values = cls.redis_from_env(env)
+        if keys := _env("API_KEYS", env=env):
+            values["api_keys"] = frozenset(k.strip() for k in keys.split(",") if k.strip())
+        if (pod := _env("POD_ID", env=env)) is not None:
+            values["pod_id"] = pod
+        if (grace := _env("DISCONNECT_GRACE_S", env=env)) is not None:
+            values["disconnect_grace_s"] = float(grace)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
