@@ -10,6 +10,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
+from shared.protocol.duplex import new_event_id
 from shared.redis.keys import KeySchema
 from shared.redis.scripts import Scripts
 
@@ -94,7 +95,14 @@ class SessionStore:
         ttl_ms: int,
         closed_ttl_ms: int,
     ) -> None:
-        args: list[Any] = [self.keys.live(session_id), max_bytes, ttl_ms, now_ms(), closed_ttl_ms]
+        args: list[Any] = [
+            self.keys.live(session_id),
+            max_bytes,
+            ttl_ms,
+            now_ms(),
+            closed_ttl_ms,
+            new_event_id(),
+        ]
         for item in items:
             args += ["1" if item.journaled else "0", item.wire_type, item.data, item.session_json]
         self.scripts.event_publish.queue(pipeline, self._session_keys(session_id), args)

@@ -6,6 +6,7 @@
 -- KEYS[2] duplex:session:{SID}:events   journal stream
 -- ARGV[1] live channel   ARGV[2] journal max bytes   ARGV[3] journal TTL (ms)
 -- ARGV[4] now (ms)       ARGV[5] closed-session key TTL (ms)
+-- ARGV[6] an event id for the session.resync_required notice, should the journal overflow
 -- then per event, 4 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated)
 -- returns one seq per event (0 = not journaled); {-1} when the session is gone
@@ -15,7 +16,7 @@ if redis.call('EXISTS', meta) == 0 then
   return {-1}
 end
 local seqs = {}
-for i = 6, #ARGV, 4 do
+for i = 7, #ARGV, 4 do
   local journaled, etype, data, session = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   if session ~= '' then
     redis.call('HSET', meta, 'session', session)
@@ -33,9 +34,8 @@ for i = 6, #ARGV, 4 do
       redis.call('HSET', meta, 'journal_overflow', 1, 'journal_bytes', 0)
       redis.call('DEL', journal)
       local sid = string.match(meta, '{(.-)}')
-      local notice = '{"type":"session.resync_required","event_id":"event_' ..
-        string.sub(redis.sha1hex(meta .. seq), 1, 32) .. '","session_id":"' .. sid ..
-        '","reason":"journal_overflow"}'
+      local notice = '{"type":"session.resync_required","event_id":"' .. ARGV[6] ..
+        '","session_id":"' .. sid .. '","reason":"journal_overflow"}'
       redis.call('PUBLISH', channel, notice)
       seq = 0
       out = data

@@ -1,0 +1,237 @@
+"""Contract tests of every Lua script, on a real redis-server and on fakeredis."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from shared.redis.keys import KeySchema
+from shared.redis.store import (
+    PublishItem,
+    ResumeGranted,
+    ResumeResync,
+    SessionStore,
+    SessionStoreError,
+    token_digest,
+)
+
+SID = "duplex-test1"
+KEYS = KeySchema()
+
+
+def event(wire_type: str, n: int, pad: int = 0) -> PublishItem:
+    body = {"type": wire_type, "event_id": f"event_{n:032x}", "n": n, "pad": "x" * pad}
+    return PublishItem(orjson.dumps(body), wire_type)
+
+
+async def opened(client, token: str = "tok-1", sid: str = SID) -> SessionStore:
+    store = SessionStore(client)
+    await store.open(sid, "worker-a", "echo", token_digest(token), '{"model":"echo"}')
+    created = PublishItem(
+        b'{"type":"session.created","event_id":"e0","session":{}}', "session.created", False, b"{}"
+    )
+    await store.publish(sid, [created], max_bytes=1 << 20, ttl_ms=60_000, closed_ttl_ms=60_000)
+    return store
+
+
+async def publish(store, items, max_bytes=1 << 20, sid=SID):
+    return await store.publish(sid, items, max_bytes=max_bytes, ttl_ms=60_000, closed_ttl_ms=5_000)
+
+
+async def test_open_creates_the_meta_hash_once(redis_client):
+    store = await opened(redis_client)
+    meta = await store.meta(SID)
+    assert meta["state"] == "active" and meta["worker"] == "worker-a" and meta["model"] == "echo"
+    assert (meta["lease_generation"], meta["attachment_generation"], meta["next_seq"]) == (
+        "0",
+        "1",
+        "0",
+    )
+    assert meta["resume_token_sha256"] == token_digest("tok-1") and "tok-1" not in str(meta)
+    with pytest.raises(SessionStoreError) as info:
+        await store.open(SID, "worker-b", "echo", "", "{}")
+    assert info.value.code == "session_exists"
+
+
+async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
+    store = await opened(redis_client)
+    pubsub = redis_client.pubsub()
+    await pubsub.subscribe(KEYS.live(SID))
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    assert await publish(store, [event("a", 1), event("b", 2)]) == [1, 2]
+    assert await publish(
+        store, [PublishItem(b'{"type":"x"}', "x", journaled=False), event("c", 3)]
+    ) == [0, 3]
+    journal = await store.journal(SID, 0)
+    assert [seq for seq, _ in journal] == [1, 2, 3]
+    assert [orjson.loads(data)["server_event_seq"] for _, data in journal] == [1, 2, 3]
+    assert orjson.loads(journal[0][1])["n"] == 1  # the event itself is untouched
+    assert [seq for seq, _ in await store.journal(SID, 1, 2)] == [2]
+    live = []
+    while len(live) < 4:
+        message = await pubsub.get_message(timeout=1)
+        if message and message["type"] == "message":
+            live.append(orjson.loads(message["data"]))
+    assert [m.get("server_event_seq") for m in live] == [
+        1,
+        2,
+        None,
+        3,
+    ]  # live order = publish order
+    await pubsub.aclose()
+    meta = await store.meta(SID)
+    assert meta["next_seq"] == "3" and int(meta["journal_bytes"]) == sum(len(d) for _, d in journal)
+
+
+async def test_journal_is_pruned_to_its_byte_cap(redis_client):
+    store = await opened(redis_client)
+    items = [event("a", n, pad=100) for n in range(1, 11)]
+    size = len(items[0].data) + len(',"server_event_seq":1')
+    await publish(store, items, max_bytes=size * 4 + 10)
+    journal = await store.journal(SID, 0)
+    assert [seq for seq, _ in journal] == [7, 8, 9, 10]
+    meta = await store.meta(SID)
+    assert meta["journal_first_seq"] == "7" and int(meta["journal_bytes"]) <= size * 4 + 10
+
+
+async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client):
+    store = await opened(redis_client)
+    await publish(store, [event("a", 1)])
+    pubsub = redis_client.pubsub()
+    await pubsub.subscribe(KEYS.live(SID))
+    await pubsub.get_message(timeout=1)
+    assert await publish(store, [event("big", 2, pad=5000), event("after", 3)], max_bytes=1000) == [
+        0,
+        0,
+    ]
+    meta = await store.meta(SID)
+    assert meta["journal_overflow"] == "1" and await store.journal(SID, 0) == []
+    received = []
+    while len(received) < 3:
+        message = await pubsub.get_message(timeout=1)
+        if message and message["type"] == "message":
+            received.append(orjson.loads(message["data"]))
+    assert (
+        received[0]["type"] == "session.resync_required"
+        and received[0]["reason"] == "journal_overflow"
+    )
+    assert received[0]["session_id"] == SID
+    assert [r.get("server_event_seq") for r in received[1:]] == [None, None]  # live, unsequenced
+    await pubsub.aclose()
+    with pytest.raises(AssertionError):
+        assert isinstance(await store.resume(SID, "tok-1", "tok-2", 1), ResumeGranted)
+    assert await store.resume(SID, "tok-1", "tok-2", 1) == ResumeResync("journal_overflow")
+
+
+async def test_session_closed_marks_the_hash_and_expires_the_keys(redis_client):
+    store = await opened(redis_client)
+    await publish(
+        store, [event("a", 1), PublishItem(b'{"type":"session.closed"}', "session.closed")]
+    )
+    meta = await store.meta(SID)
+    assert meta["state"] == "closed"
+    assert 0 < await redis_client.pttl(KEYS.session(SID)) <= 5_000
+    assert await publish(store, [event("late", 9)], sid="duplex-gone") == [
+        -1
+    ]  # no meta: nothing happens
+    assert await redis_client.exists(KEYS.events("duplex-gone")) == 0
+
+
+async def test_detach_is_fenced_on_the_attachment_generation(redis_client):
+    store = await opened(redis_client)
+    assert await store.detach("duplex-unknown", 1, 30_000) == -1
+    assert (
+        await store.detach(SID, 2, 30_000) == 0
+    )  # an older connection of a newer attachment: no-op
+    assert (await store.meta(SID))["state"] == "active"
+    assert await store.detach(SID, 1, 30_000) == 1
+    meta = await store.meta(SID)
+    assert meta["state"] == "detached" and "detached_at" in meta
+    deadline = await redis_client.zscore(KEYS.leases(), SID)
+    assert deadline == pytest.approx(int(meta["detached_at"]) + 30_000)
+
+
+async def test_resume_checks_the_token_rotates_it_and_bumps_the_generations(redis_client):
+    store = await opened(redis_client)
+    await publish(store, [event("a", 1), event("b", 2)])
+    await store.detach(SID, 1, 30_000)
+    with pytest.raises(SessionStoreError) as info:
+        await store.resume(SID, "wrong", "tok-2", 0)
+    assert info.value.code == "invalid_resume_token"
+    granted = await store.resume(SID, "tok-1", "tok-2", 1)
+    assert isinstance(granted, ResumeGranted)
+    assert (granted.attachment_generation, granted.lease_generation, granted.worker_id) == (
+        2,
+        1,
+        "worker-a",
+    )
+    assert granted.next_seq == 2 and granted.model == "echo"
+    meta = await store.meta(SID)
+    assert meta["state"] == "active" and "detached_at" not in meta
+    assert await redis_client.zscore(KEYS.leases(), SID) is None
+    with pytest.raises(SessionStoreError) as info:
+        await store.resume(SID, "tok-1", "tok-3", 2)  # the rotated-out token: it lost the race
+    assert info.value.code == "session_resume_conflict"
+    assert isinstance(await store.resume(SID, "tok-2", "tok-3", 2), ResumeGranted)
+    with pytest.raises(SessionStoreError) as info:
+        await store.resume(SID, "tok-3", "tok-4", 99)
+    assert info.value.code == "invalid_session_resume"
+    with pytest.raises(SessionStoreError) as info:
+        await store.resume("duplex-unknown", "tok", "tok-2", 0)
+    assert info.value.code == "session_resume_expired"
+
+
+async def test_concurrent_resumes_have_exactly_one_winner(redis_client):
+    store = await opened(redis_client)
+    results = await asyncio.gather(
+        *(store.resume(SID, "tok-1", f"new-{i}", 0) for i in range(5)), return_exceptions=True
+    )
+    winners = [r for r in results if isinstance(r, ResumeGranted)]
+    losers = [r for r in results if isinstance(r, SessionStoreError)]
+    assert len(winners) == 1 and len(losers) == 4
+    assert {loser.code for loser in losers} == {"session_resume_conflict"}
+
+
+async def test_resume_from_before_the_retained_journal_is_a_gap(redis_client):
+    store = await opened(redis_client)
+    await publish(store, [event("a", n, pad=100) for n in range(1, 11)], max_bytes=600)
+    first = int((await store.meta(SID))["journal_first_seq"])
+    assert await store.resume(SID, "tok-1", "tok-2", first - 2) == ResumeResync("journal_gap")
+    assert isinstance(await store.resume(SID, "tok-1", "tok-2", first - 1), ResumeGranted)
+
+
+async def test_touch_never_recreates_a_session(redis_client):
+    store = await opened(redis_client)
+    assert await store.touch(SID) is True
+    assert await store.touch("duplex-unknown") is False
+    assert await redis_client.exists(KEYS.session("duplex-unknown")) == 0
+
+
+async def test_expiry_is_claimed_once_and_only_when_due(redis_client):
+    store = await opened(redis_client)
+    await store.detach(SID, 1, 0)
+    await asyncio.sleep(0.01)
+    assert await store.claim_expiry(SID) == "worker-a"
+    assert (await store.meta(SID))["state"] == "closing"
+    assert await store.claim_expiry(SID) is None  # another janitor: nothing left to claim
+    other = await opened(redis_client, sid="duplex-test2")
+    await other.detach("duplex-test2", 1, 60_000)
+    assert await other.claim_expiry("duplex-test2") is None  # not due yet
+
+
+async def test_ack_trims_the_journal(redis_client):
+    store = await opened(redis_client)
+    await publish(store, [event("a", n) for n in range(1, 6)])
+    before = int((await store.meta(SID))["journal_bytes"])
+    assert await store.ack(SID, 3) == 4
+    assert [seq for seq, _ in await store.journal(SID, 0)] == [4, 5]
+    assert int((await store.meta(SID))["journal_bytes"]) < before
+    assert await store.ack(SID, 6) == -1  # past the head
+    assert await store.ack("duplex-unknown", 1) == -2
+    assert await store.resume(SID, "tok-1", "tok-2", 2) == ResumeResync("journal_gap")
+
+
+async def test_scripts_reload_after_a_script_flush(redis_client):
+    store = await opened(redis_client)
+    await redis_client.script_flush()
+    assert await store.touch(SID) is True  # NOSCRIPT -> loaded again, transparently
