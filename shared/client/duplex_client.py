@@ -88,6 +88,8 @@ class DuplexClient:
         self.attachment_generation = 0
         self.last_seq = 0
         self.resumes = 0
+        #: every server_event_seq as received from the wire, duplicates included (diagnostics)
+        self.wire_seqs: list[int] = []
         self._url_index = 0
         self._ws: Any = None
         self._connected = asyncio.Event()
@@ -201,6 +203,7 @@ class DuplexClient:
     def _deliver(self, data: dict[str, Any]) -> None:
         seq = server_event_seq(data)
         if seq is not None:
+            self.wire_seqs.append(seq)
             if seq <= self.last_seq:
                 return  # replayed twice: already delivered
             self.last_seq = seq
