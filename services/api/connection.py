@@ -333,6 +333,11 @@ class RealtimeConnection:
             return
         if isinstance(command, Heartbeat):
             await self.pod.store.touch(self.session_id)
+        if isinstance(command, UpdateSession):
+            # appends sent right after this update use its formats: adopt them now, not when
+            # session.updated comes back (the worker refuses an invalid update on its own)
+            with contextlib.suppress(RealtimeProtocolError):
+                self.defaults = self.defaults.updated(command.patch)
         started = time.perf_counter()
         self.command_seq += 1
         try:

@@ -250,6 +250,9 @@ class DuplexClient:
     async def send(self, command: DuplexCommand | Mapping[str, Any]) -> None:
         if not isinstance(command, DuplexCommand):
             command = parse_client_event(command, CommandContext(self._defaults))
+        if isinstance(command, UpdateSession):  # later appends use the new formats at once
+            with contextlib.suppress(Exception):
+                self._defaults = self._defaults.updated(command.patch)
         await self._send_raw(command)
 
     async def append_audio(

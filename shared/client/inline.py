@@ -7,6 +7,7 @@ same commands and events the wire carries, without the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -17,7 +18,9 @@ from shared.protocol.duplex import (
     DuplexCommand,
     DuplexEvent,
     InputAudioDefaults,
+    RealtimeProtocolError,
     SessionClosed,
+    UpdateSession,
     parse_client_event,
 )
 
@@ -62,6 +65,9 @@ class InlineSession:
         """A typed command, or a client event as JSON or dict (read with the session's formats)."""
         if not isinstance(command, DuplexCommand):
             command = parse_client_event(command, CommandContext(self._defaults))
+        if isinstance(command, UpdateSession):  # later appends use the new formats at once
+            with contextlib.suppress(RealtimeProtocolError):
+                self._defaults = self._defaults.updated(command.patch)
         await self.host.submit(self.session_id, command)
 
     async def recv(self, timeout: float = DEFAULT_TIMEOUT_S) -> DuplexEvent:

@@ -1,0 +1,85 @@
+"""`duplex serve` on its own, and API keys."""
+
+import httpx
+import orjson
+import pytest
+import websockets
+
+from shared.client.duplex_client import DuplexClient, realtime_url
+from tests.e2e.processes import start_serve
+
+KEY = "sk-test-123"
+
+
+def test_serve_says_where_it_listens_and_exits_on_sigterm(serve):
+    assert httpx.get(f"{serve.base}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{serve.base}/health/ready").json() == {"ready": True, "reason": "ok"}
+    assert f"http://127.0.0.1:{serve.port}" in serve.logs() and "Redis: embedded" in serve.logs()
+    metrics = httpx.get(f"{serve.base}/metrics").text
+    assert (
+        "duplex_active_websocket_sessions" in metrics and "duplex_command_seconds_bucket" in metrics
+    )
+
+
+def test_serve_stops_cleanly():
+    process = start_serve("serve-stop")
+    process.wait_ready()
+    assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    process = start_serve("serve-keys", DUPLEX_API_KEYS=f"other-key,{KEY}")
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+def test_http_routes_need_the_key(keyed):
+    assert httpx.get(f"{keyed.base}/health").status_code == 200  # health stays open for probes
+    assert httpx.get(f"{keyed.base}/v1/models").status_code == 401
+    wrong = httpx.get(f"{keyed.base}/v1/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    ok = httpx.get(f"{keyed.base}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200
+
+
+async def test_websocket_needs_the_key_before_any_session(keyed):
+    with pytest.raises(websockets.InvalidStatus) as info:
+        async with websockets.connect(realtime_url(keyed.base)):
+            pass
+    assert info.value.response.status_code == 403
+    client = DuplexClient([keyed.base], api_key=KEY, heartbeat_s=None)
+    await client.connect({"extra_body": {"pace": 0}})
+    await client.close()
+    # browsers cannot set headers: the key rides in a subprotocol (or ?api_key=)
+    protocols = ["realtime", f"openai-insecure-api-key.{KEY}"]
+    async with websockets.connect(realtime_url(keyed.base), subprotocols=protocols) as ws:
+        await ws.send('{"type":"session.update","session":{}}')
+        assert orjson.loads(await ws.recv())["type"] == "session.created"
+    async with websockets.connect(realtime_url(keyed.base) + f"&api_key={KEY}") as ws:
+        await ws.send('{"type":"session.update","session":{}}')
+        assert orjson.loads(await ws.recv())["type"] == "session.created"
+
+
+async def test_handshake_rules(serve):
+    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?duplex=0") as ws:
+        reply = orjson.loads(await ws.recv())
+        assert "not available" in reply["error"]["message"]
+    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/duplex?model=echo") as ws:
+        created = orjson.loads(await ws.recv())  # ?model= with autostart opens before any message
+        assert created["type"] == "session.created" and created["session"]["model"] == "echo"
+        assert created["attachment_generation"] == 1 and len(created["resume_token"]) >= 40
+    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?autostart=0") as ws:
+        await ws.send('{"type":"session.heartbeat","event_id":"h1"}')
+        reply = orjson.loads(await ws.recv())
+        assert (
+            reply["error"]["code"] == "invalid_session_config"
+            and reply["error"]["event_id"] == "h1"
+        )
+    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime") as ws:
+        await ws.send('{"type":"session.heartbeat"}')  # any other first event autostarts
+        kinds = [orjson.loads(await ws.recv())["type"] for _ in range(2)]
+        assert kinds == ["session.created", "session.heartbeat_ack"]
