@@ -112,9 +112,10 @@ def render(results: dict[str, dict[str, float]], args: argparse.Namespace) -> st
     return "\n".join(
         [
             BEGIN,
-            f"Measured {when} on {platform.machine()} (Python {platform.python_version()}), one client, "
-            f"sequential, `python -m bench.redis_path --opens {args.opens} --events {args.events}`: "
-            "a real redis-server, one `duplex worker --plugin echo` and one `duplex api` on this machine.",
+            f"Measured {when} on {platform.machine()}, Python {platform.python_version()}, "
+            "one client, sequential:",
+            f"`python -m bench.redis_path --opens {args.opens} --events {args.events}`",
+            "(a real redis-server, one `duplex worker --plugin echo`, one `duplex api`).",
             "",
             *rows,
             END,
