@@ -99,5 +99,7 @@ class ApiSettings(RedisSettings):
             values["pod_id"] = pod
         if (grace := _env("DISCONNECT_GRACE_S", env=env)) is not None:
             values["disconnect_grace_s"] = float(grace)
+        if (config_timeout := _env("CONFIG_TIMEOUT_S", env=env)) is not None:
+            values["config_timeout_s"] = float(config_timeout)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

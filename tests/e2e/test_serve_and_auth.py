@@ -29,7 +29,9 @@ def test_serve_stops_cleanly():
 
 @pytest.fixture(scope="module")
 def keyed():
-    process = start_serve("serve-keys", DUPLEX_API_KEYS=f"other-key,{KEY}")
+    process = start_serve(
+        "serve-keys", DUPLEX_API_KEYS=f"other-key,{KEY}", DUPLEX_CONFIG_TIMEOUT_S="0.5"
+    )
     try:
         process.wait_ready()
         yield process
@@ -83,3 +85,10 @@ async def test_handshake_rules(serve):
         await ws.send('{"type":"session.heartbeat"}')  # any other first event autostarts
         kinds = [orjson.loads(await ws.recv())["type"] for _ in range(2)]
         assert kinds == ["session.created", "session.heartbeat_ack"]
+
+
+async def test_config_timeout(keyed):
+    async with websockets.connect(realtime_url(keyed.base) + f"&api_key={KEY}") as ws:
+        reply = orjson.loads(await ws.recv())  # we send nothing
+        assert reply["error"]["code"] == "config_timeout"
+        await ws.wait_closed()

@@ -1,0 +1,87 @@
+"""The worker process over an embedded Redis: registry, inbox dispatch, redelivery."""
+
+import asyncio
+
+import orjson
+
+from services.worker.process import WorkerProcess
+from shared.protocol.duplex import CloseSession, Heartbeat
+from shared.redis.connection import connect
+from shared.redis.keys import KeySchema
+from shared.redis.messages import OPEN, InboxMessage, command_message
+from shared.redis.store import SessionStore
+from shared.settings import WorkerSettings
+
+
+async def test_registers_dispatches_once_and_deregisters():
+    handle = connect(None)
+    settings = WorkerSettings(worker_id="w1", max_sessions=2, heartbeat_interval_s=0.05)
+    worker = WorkerProcess(settings, handle)
+    keys = KeySchema()
+    client = handle.client
+    await worker.start()
+    try:
+        info = await client.hgetall(keys.worker("w1"))
+        assert info[b"model"] == b"echo" and info[b"max_sessions"] == b"2"
+        assert orjson.loads(info[b"capabilities"])["supports_session_resume"] is True
+        assert await client.zscore(keys.workers(), "w1") is not None
+
+        store = SessionStore(client, keys)
+        await store.open("duplex-s1", "w1", "echo", "", "{}")
+        pubsub = handle.new_client().pubsub()
+        await pubsub.subscribe(keys.live("duplex-s1"))
+        await worker.dispatch(InboxMessage(OPEN, "duplex-s1", 1, 0, {"session": {}}))
+        heartbeat = command_message("duplex-s1", 1, 1, Heartbeat(event_id="h1"))
+        await worker.dispatch(heartbeat)
+        await worker.dispatch(heartbeat)  # a redelivery of the same (attachment, seq)
+        await worker.dispatch(
+            command_message("duplex-s1", 2, 1, Heartbeat(event_id="h2"))
+        )  # a newer attachment
+        await worker.dispatch(
+            command_message("duplex-s1", 2, 2, CloseSession())
+        )  # after the queued ones
+        received = []
+        while not received or received[-1]["type"] != "session.closed":
+            message = await pubsub.get_message(timeout=2)
+            if message and message["type"] == "message":
+                received.append(orjson.loads(message["data"]))
+        kinds = [m["type"] for m in received]
+        assert kinds == [
+            "session.created",
+            "session.heartbeat_ack",
+            "session.heartbeat_ack",
+            "session.closed",
+        ]
+        assert [m.get("server_event_seq") for m in received] == [None, 1, 2, 3]
+        assert (await store.meta("duplex-s1"))["state"] == "closed"
+        await pubsub.aclose()
+    finally:
+        await worker.stop()
+    assert await client.zscore(keys.workers(), "w1") is None
+    assert await client.exists(keys.worker("w1")) == 0
+
+
+async def test_a_refused_open_is_published_as_an_error():
+    handle = connect(None)
+    worker = WorkerProcess(WorkerSettings(worker_id="w2", max_sessions=1), handle)
+    keys = KeySchema()
+    await worker.start()
+    try:
+        store = SessionStore(handle.client, keys)
+        pubsub = handle.new_client().pubsub()
+        for sid in ("duplex-a", "duplex-b"):
+            await store.open(sid, "w2", "echo", "", "{}")
+            await pubsub.subscribe(keys.live(sid))
+            await worker.dispatch(InboxMessage(OPEN, sid, 1, 0, {"session": {}}))
+        replies = {}
+        while len(replies) < 2:
+            message = await pubsub.get_message(timeout=2)
+            if message and message["type"] == "message":
+                replies[message["channel"].decode()] = orjson.loads(message["data"])
+        refused = replies[keys.live("duplex-b")]
+        assert refused["type"] == "error" and refused["error"]["code"] == "resource_exhausted"
+        assert refused["error"]["retryable"] is True
+        await pubsub.aclose()
+    finally:
+        await worker.stop()
+    await asyncio.sleep(0)
