@@ -22,6 +22,7 @@ import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from shared.client.receiving import receive_until
 from shared.protocol.duplex import (
     AppendAudio,
     CommandContext,
@@ -228,14 +229,8 @@ class DuplexClient:
             yield await self.recv(timeout=None)
 
     async def until(self, wire_type: str, timeout: float = 30.0) -> list[DuplexEvent]:
-        out: list[DuplexEvent] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            event = await self.recv(max(0.0, deadline - loop.time()))
-            out.append(event)
-            if event.wire_type == wire_type:
-                return out
+        """Every event up to and including the first of `wire_type`."""
+        return await receive_until(self.recv, wire_type, timeout)
 
     # ------------------------------------------------------------ commands
 

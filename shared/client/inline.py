@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from shared.client.receiving import receive_until
 from shared.contracts import SessionEventSink, SessionHost
 from shared.protocol.duplex import (
     CloseSession,
@@ -88,14 +89,7 @@ class InlineSession:
 
     async def until(self, wire_type: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[DuplexEvent]:
         """Every event up to and including the first of `wire_type`."""
-        out: list[DuplexEvent] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            event = await self.recv(max(0.0, deadline - loop.time()))
-            out.append(event)
-            if event.wire_type == wire_type:
-                return out
+        return await receive_until(self.recv, wire_type, timeout)
 
     async def events(self) -> AsyncIterator[DuplexEvent]:
         while not self.closed:

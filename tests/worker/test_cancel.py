@@ -5,16 +5,9 @@ import asyncio
 from plugins.echo import EchoStagePort
 from shared.contracts import StageOutput
 from tests.sessions import appends, make_harness, send_all, sine, types
+from tests.worker.test_echo_turn import RESPONSE_END
 
-CANCELLED_CHAIN = [
-    "response.output_audio.done",
-    "response.output_audio_transcript.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-    "rate_limits.updated",
-]
+CANCELLED_CHAIN = RESPONSE_END  # a cancel closes what was opened, in the same order
 REAL_TIME = {"extra_body": {"pace": 1}}
 
 
