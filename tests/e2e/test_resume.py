@@ -154,3 +154,26 @@ async def test_resume_of_a_closed_session_is_expired(cluster):
         assert exc.code == "session_resume_expired"
     else:
         raise AssertionError("a closed session must not resume")
+
+
+async def test_a_worker_stops_cleanly_on_sigterm(cluster):
+    import redis.asyncio as redis_async
+
+    from shared.redis.keys import KeySchema
+    from tests.e2e.processes import start_worker
+
+    keys = KeySchema(cluster.prefix)
+    client = redis_async.Redis.from_url(cluster.redis_url)
+    worker = start_worker(cluster.redis_url, cluster.prefix, "worker-sigterm")
+    try:
+        for _ in range(100):
+            if await client.zscore(keys.workers(), "worker-sigterm") is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert await client.hget(keys.worker("worker-sigterm"), "model") == b"echo"
+        assert worker.stop() == 0
+        assert await client.zscore(keys.workers(), "worker-sigterm") is None  # deregistered
+        assert await client.exists(keys.worker("worker-sigterm")) == 0
+    finally:
+        worker.kill()
+        await client.aclose()
