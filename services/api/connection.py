@@ -174,19 +174,25 @@ class RealtimeConnection:
     async def _open(self, session: dict[str, Any]) -> None:
         pod = self.pod
         model = session.get("model") or self.model
-        candidates = await pod.directory.candidates(model)
+        session_id = pod.new_session_id()
+        candidates = await pod.directory.candidates(model, session_id)
         if not candidates:
             served = await pod.directory.models()
             if model and served and model not in served:
                 self._error(
                     "invalid_session_config", f"model {model!r} is not served; try {served}"
                 )
+            elif model in served or (not model and served):
+                self._error(
+                    "resource_exhausted",
+                    "duplex_session_capacity_exhausted: every worker of this model is full",
+                    retryable=True,
+                )
             else:
                 self._error(
                     "resource_exhausted", "no live worker serves this model", retryable=True
                 )
             raise HandshakeFailed
-        session_id = pod.new_session_id()
         token = secrets.token_urlsafe(32)
         await pod.hub.subscribe(pod.keys.live(session_id), self._on_live)
         self.session_id = session_id
@@ -199,6 +205,7 @@ class RealtimeConnection:
                 worker.model,
                 token_digest(token) if resumable else "",
                 orjson.dumps(payload).decode(),
+                pod.settings.pod_id,
             )
             await self._xadd(
                 worker.worker_id, InboxMessage(OPEN, session_id, 1, 0, {"session": payload})
@@ -212,6 +219,7 @@ class RealtimeConnection:
                     reply["attachment_generation"] = 1
                 self._observe_session(reply.get("session"))
                 self.queue.put(OutItem(orjson.dumps(reply), "session.created"))
+                await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), session_id)
                 pod.metrics.sessions_opened.inc()
                 return
             await pod.client.delete(pod.keys.session(session_id), pod.keys.events(session_id))
@@ -245,7 +253,11 @@ class RealtimeConnection:
         new_token = secrets.token_urlsafe(32)
         try:
             result = await pod.store.resume(
-                sid, request.resume_token, new_token, request.last_received_server_event_seq
+                sid,
+                request.resume_token,
+                new_token,
+                request.last_received_server_event_seq,
+                pod.settings.pod_id,
             )
         except SessionStoreError as exc:
             await pod.hub.unsubscribe(pod.keys.live(sid), self._on_live)
@@ -258,6 +270,7 @@ class RealtimeConnection:
         self.session_id, self.worker_id = sid, result.worker_id
         self.generation, self.resumable = result.attachment_generation, True
         await pod.client.publish(pod.keys.live(sid), TAKEOVER + str(self.generation).encode())
+        await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), sid)
         session = orjson.loads(result.session) if result.session else {}
         self._observe_session(session)
         self.created_sent = True  # a resumed session is past its creation
@@ -463,6 +476,7 @@ class RealtimeConnection:
             return
         with contextlib.suppress(Exception):
             await pod.hub.unsubscribe(pod.keys.live(sid), self._on_live)
+            await pod.client.srem(pod.keys.api_sessions(pod.settings.pod_id), sid)
         if self.replaced or self.closed:
             return
         try:

@@ -1,8 +1,5 @@
-"""Which worker serves a new session: live workers of the model, least loaded first.
-
-(Consistent hashing with bounded loads replaces the ordering in the
-scale-out issue; the walk-on-refusal loop in the connection stays.)
-"""
+"""Which worker serves a new session: the live workers of its model, in the
+order consistent hashing with bounded loads gives (services/api/ring.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from services.api.ring import DEFAULT_EPSILON, HashRing, bounded_order
 from shared.redis.keys import KeySchema
 
 
@@ -25,10 +23,13 @@ class WorkerInfo:
 
 
 class WorkerDirectory:
-    def __init__(self, client: Any, keys: KeySchema, heartbeat_ttl_s: float) -> None:
+    def __init__(
+        self, client: Any, keys: KeySchema, heartbeat_ttl_s: float, epsilon: float = DEFAULT_EPSILON
+    ) -> None:
         self.client = client
         self.keys = keys
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.epsilon = epsilon
 
     async def live_workers(self) -> list[WorkerInfo]:
         since = int((time.time() - self.heartbeat_ttl_s) * 1000)
@@ -56,7 +57,18 @@ class WorkerDirectory:
     async def models(self) -> list[str]:
         return sorted({worker.model for worker in await self.live_workers()})
 
-    async def candidates(self, model: str | None) -> list[WorkerInfo]:
-        """Workers that serve `model` (any model when None), least loaded first."""
-        workers = [w for w in await self.live_workers() if model is None or w.model == model]
-        return sorted(workers, key=lambda w: (w.active / max(w.max_sessions, 1), w.worker_id))
+    async def candidates(self, model: str | None, key: str = "") -> list[WorkerInfo]:
+        """Workers that serve `model` (any model when None) and have room, in the order
+        to try them for the session `key`."""
+        workers = {
+            w.worker_id: w for w in await self.live_workers() if model is None or w.model == model
+        }
+        ring = HashRing(sorted(workers))
+        order = bounded_order(
+            ring,
+            key,
+            {wid: w.active for wid, w in workers.items()},
+            {wid: w.max_sessions for wid, w in workers.items()},
+            self.epsilon,
+        )
+        return [workers[wid] for wid in order]

@@ -58,6 +58,7 @@ class WorkerProcess:
             max_bytes=self.runtime.resume_replay_max_bytes_per_session,
             ttl_s=self.runtime.resume_replay_ttl_s,
             closed_ttl_s=settings.closed_ttl_s,
+            sessions_key=self.keys.worker_sessions(settings.worker_id),
         )
         self.manager = SessionManager(self.plugin, self.runtime, self.publisher)
         self.inbox = self.keys.inbox(settings.worker_id)
@@ -103,26 +104,33 @@ class WorkerProcess:
             await self.redis.client.delete(self.keys.worker(self.worker_id))
 
     async def _register(self) -> None:
-        caps = self.manager.capabilities
-        await self.redis.client.hset(
+        self._started_at = int(time.time() * 1000)
+        self._capabilities = orjson.dumps(self.manager.capabilities.to_realtime())
+        await self._beat()
+
+    async def _beat(self) -> None:
+        """The whole registration, every beat: a Redis that restarted empty learns it again."""
+        client = self.redis.client
+        pipeline = client.pipeline(transaction=False)
+        pipeline.hset(
             self.keys.worker(self.worker_id),
             mapping={
                 "model": self.plugin.plugin_id,
                 "max_sessions": self.runtime.max_sessions,
-                "active": len(self.manager.session_ids()),
-                "capabilities": orjson.dumps(caps.to_realtime()),
+                "active": self.manager.slots_in_use,
+                "capabilities": self._capabilities,
                 "version": VERSION,
-                "started_at": int(time.time() * 1000),
+                "started_at": self._started_at,
             },
         )
-        await self._beat()
-
-    async def _beat(self) -> None:
-        client = self.redis.client
-        pipeline = client.pipeline(transaction=False)
         pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
-        pipeline.hset(self.keys.worker(self.worker_id), "active", self.manager.slots_in_use)
         await pipeline.execute()
+
+    async def _report_load(self) -> None:
+        """Placement reads `active`: keep it current between heartbeats."""
+        await self.redis.client.hset(
+            self.keys.worker(self.worker_id), "active", self.manager.slots_in_use
+        )
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -148,8 +156,20 @@ class WorkerProcess:
                 )
             except asyncio.CancelledError:
                 raise
+            except redis_errors.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    # the group is gone (Redis restarted empty): make it again and go on
+                    with contextlib.suppress(Exception):
+                        await self.redis.client.xgroup_create(
+                            self.inbox, INBOX_GROUP, id="0", mkstream=True
+                        )
+                else:
+                    log.exception("reading the inbox failed; retrying")
+                    await asyncio.sleep(0.5)
+                continue
             except Exception:
-                log.exception("reading the inbox failed; retrying")
+                # connection lost: redis-py reconnects on the next call; back off meanwhile
+                log.warning("reading the inbox failed; retrying in 0.5 s", exc_info=True)
                 await asyncio.sleep(0.5)
                 continue
             entries = reply[0][1] if reply else []
@@ -179,12 +199,15 @@ class WorkerProcess:
         try:
             if message.kind == OPEN:
                 await self.manager.open(message.payload.get("session") or {}, session_id=sid)
+                await self.redis.client.sadd(self.keys.worker_sessions(self.worker_id), sid)
+                await self._report_load()
             elif message.kind == COMMAND:
                 if self._fresh(message):
                     await self.manager.submit(sid, command_from_message(message))
             elif message.kind == CLOSE:
                 await self.manager.close(sid, message.payload.get("reason", "client_close"))
                 self._applied.pop(sid, None)
+                await self._report_load()
             elif message.kind == TOUCH:
                 await self.manager.touch(sid)
             elif message.kind == CHAT:

@@ -25,9 +25,16 @@ _CARRIES_SESSION = frozenset({"session.created", "session.updated"})
 
 class RedisEventPublisher(SessionEventSink):
     def __init__(
-        self, store: SessionStore, *, max_bytes: int, ttl_s: float, closed_ttl_s: float
+        self,
+        store: SessionStore,
+        *,
+        max_bytes: int,
+        ttl_s: float,
+        closed_ttl_s: float,
+        sessions_key: str | None = None,
     ) -> None:
         self.store = store
+        self.sessions_key = sessions_key  # the worker's set of sessions: closed ones leave it
         self.max_bytes = max_bytes
         self.ttl_ms = int(ttl_s * 1000)
         self.closed_ttl_ms = int(closed_ttl_s * 1000)
@@ -82,6 +89,8 @@ class RedisEventPublisher(SessionEventSink):
         await self.store.scripts.event_publish.ensure_loaded(client)
         pipeline = client.pipeline(transaction=False)
         for session_id, items in batch.items():
+            if self.sessions_key and items[-1].wire_type == "session.closed":
+                pipeline.srem(self.sessions_key, session_id)
             self.store.queue_publish(
                 pipeline,
                 session_id,

@@ -40,6 +40,10 @@ class KeySchema:
         """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at."""
         return f"{self.prefix}:worker:{{{worker_id}}}"
 
+    def worker_sessions(self, worker_id: str) -> str:
+        """set: sessions the worker holds (for the dead-worker sweep)."""
+        return f"{self.prefix}:worker:{{{worker_id}}}:sessions"
+
     def workers(self) -> str:
         """zset: worker id -> last heartbeat (ms)."""
         return f"{self.prefix}:workers"
@@ -61,6 +65,10 @@ class KeySchema:
     def leases(self) -> str:
         """zset: session id -> next lease deadline (ms): disconnect grace."""
         return f"{self.prefix}:leases"
+
+    def arq_queue(self) -> str:
+        """arq's queue of the janitor jobs (arq adds its own keys beside it)."""
+        return f"{self.prefix}:janitor"
 
     def reply(self, request_id: str) -> str:
         """list: the one reply to a request an API pod made of a worker (chat)."""

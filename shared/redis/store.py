@@ -74,14 +74,17 @@ class SessionStore:
         return [self.keys.session(session_id), self.keys.events(session_id)]
 
     async def open(
-        self, session_id: str, worker_id: str, model: str, token_sha: str, config_json: str
+        self,
+        session_id: str,
+        worker_id: str,
+        model: str,
+        token_sha: str,
+        config_json: str,
+        pod_id: str = "",
     ) -> None:
         try:
-            await self.scripts.session_open(
-                self.client,
-                self._session_keys(session_id),
-                [worker_id, model, token_sha, now_ms(), config_json],
-            )
+            args = [worker_id, model, token_sha, now_ms(), config_json, pod_id]
+            await self.scripts.session_open(self.client, self._session_keys(session_id), args)
         except redis_errors.ResponseError as exc:
             raise SessionStoreError(str(exc).split()[0], str(exc)) from None
 
@@ -138,10 +141,17 @@ class SessionStore:
         )
 
     async def resume(
-        self, session_id: str, token: str, new_token: str, last_seq: int
+        self, session_id: str, token: str, new_token: str, last_seq: int, pod_id: str = ""
     ) -> ResumeGranted | ResumeResync:
         keys = [*self._session_keys(session_id), self.keys.leases()]
-        args = [session_id, token_digest(token), token_digest(new_token), last_seq, now_ms()]
+        args = [
+            session_id,
+            token_digest(token),
+            token_digest(new_token),
+            last_seq,
+            now_ms(),
+            pod_id,
+        ]
         try:
             reply = await self.scripts.lease_resume(self.client, keys, args)
         except redis_errors.ResponseError as exc:
