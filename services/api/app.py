@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from services.api.connection import RealtimeConnection
+from services.api.janitor import Janitor
 from services.api.live import LiveHub
 from services.api.metrics import ApiMetrics
 from services.api.placement import WorkerDirectory
@@ -52,6 +53,7 @@ class ApiPod:
         self.directory = WorkerDirectory(self.client, self.keys, settings.heartbeat_ttl_s)
         self.hub = LiveHub(redis.new_client(), self.keys.api(settings.pod_id))
         self.metrics = ApiMetrics()
+        self.janitor = Janitor(self)
         self._heartbeat: asyncio.Task[None] | None = None
 
     def new_session_id(self) -> str:
@@ -62,8 +64,10 @@ class ApiPod:
         await self.hub.start()
         await self._beat()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="api-heartbeat")
+        await self.janitor.start()
 
     async def stop(self) -> None:
+        await self.janitor.stop()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

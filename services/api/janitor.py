@@ -1,0 +1,181 @@
+"""Janitor jobs: arq cron jobs that run inside every API pod, each tick executed once.
+
+arq enqueues a cron job under an id made of its name and its tick, so of all
+the pods only one runs a given tick. Every second:
+
+- expire_leases: detached sessions past their disconnect grace get
+  `session.expired{disconnect_grace_expired}` in their journal, then are closed
+  by their worker. (Idle TTL expiry is the worker's own reaper: it sees every
+  command.)
+- sweep_dead_apis: sessions attached through an API pod whose heartbeat is
+  older than the TTL enter disconnect grace, so their clients can resume
+  elsewhere.
+- sweep_dead_workers: every session of a worker whose heartbeat is older than
+  the TTL gets `error{worker_lost, retryable}` and `session.closed{worker_lost}`
+  in its journal; the worker's registration, inbox and session set are removed.
+
+Failed stage cleanups are retried by each worker's own reaper: the stages live
+in the worker process, so no other process can retry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import arq.worker
+from arq import cron
+from arq.connections import ArqRedis
+
+from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
+from shared.redis.messages import CLOSE, InboxMessage
+from shared.redis.store import PublishItem
+
+if TYPE_CHECKING:
+    from services.api.app import ApiPod
+
+log = logging.getLogger(__name__)
+
+EVERY_SECOND = set(range(60))
+EXPIRED_CLOSE_REASON = "timeout"
+
+
+async def _no_redis_info(*args: Any, **kwargs: Any) -> None:
+    """fakeredis has no INFO; arq only logs it."""
+
+
+class Janitor:
+    def __init__(self, pod: ApiPod) -> None:
+        self.pod = pod
+        self._worker: arq.worker.Worker | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ jobs
+
+    def _publish_args(self) -> dict[str, int]:
+        runtime = self.pod.runtime
+        return {
+            "max_bytes": runtime.resume_replay_max_bytes_per_session,
+            "ttl_ms": int(runtime.resume_replay_ttl_s * 1000),
+            "closed_ttl_ms": 60_000,
+        }
+
+    async def expire_leases(self, ctx: dict[str, Any] | None = None) -> list[str]:
+        pod, expired = self.pod, []
+        now = int(time.time() * 1000)
+        for raw in await pod.client.zrangebyscore(pod.keys.leases(), "-inf", now):
+            session_id = raw.decode()
+            worker_id = await pod.store.claim_expiry(session_id)
+            if worker_id is None:
+                continue  # resumed meanwhile, or another tick took it
+            event = SessionExpired(session_id=session_id, reason="disconnect_grace_expired")
+            await pod.store.publish(
+                session_id, [PublishItem(event.to_json(), event.wire_type)], **self._publish_args()
+            )
+            message = InboxMessage(CLOSE, session_id, 0, 0, {"reason": EXPIRED_CLOSE_REASON})
+            await pod.client.xadd(pod.keys.inbox(worker_id), message.to_fields())
+            expired.append(session_id)
+        if expired:
+            log.info("expired %d sessions past their disconnect grace", len(expired))
+        return expired
+
+    async def sweep_dead_apis(self, ctx: dict[str, Any] | None = None) -> list[str]:
+        pod, detached = self.pod, []
+        cutoff = int((time.time() - pod.settings.heartbeat_ttl_s) * 1000)
+        grace_ms = int(pod.settings.disconnect_grace_s * 1000)
+        for raw in await pod.client.zrangebyscore(pod.keys.apis(), "-inf", f"({cutoff}"):
+            dead = raw.decode()
+            members = await pod.client.smembers(pod.keys.api_sessions(dead))
+            for member in members:
+                session_id = member.decode()
+                meta = await pod.store.meta(session_id)
+                if meta.get("pod") == dead and meta.get("state") == "active":
+                    await pod.store.detach(session_id, int(meta["attachment_generation"]), grace_ms)
+                    detached.append(session_id)
+            await pod.client.delete(pod.keys.api_sessions(dead))
+            await pod.client.zrem(pod.keys.apis(), dead)
+            log.warning(
+                "API pod %s is dead: %d of its sessions wait for a resume", dead, len(detached)
+            )
+        return detached
+
+    async def sweep_dead_workers(self, ctx: dict[str, Any] | None = None) -> list[str]:
+        pod, lost = self.pod, []
+        cutoff = int((time.time() - pod.settings.heartbeat_ttl_s) * 1000)
+        for raw in await pod.client.zrangebyscore(pod.keys.workers(), "-inf", f"({cutoff}"):
+            dead = raw.decode()
+            for member in await pod.client.smembers(pod.keys.worker_sessions(dead)):
+                session_id = member.decode()
+                error = DuplexErrorEvent.for_code(
+                    "worker_lost", f"worker {dead} stopped answering; open a new session"
+                )
+                closed = SessionClosed(session_id=session_id, reason="worker_lost")
+                items = [PublishItem(e.to_json(), e.wire_type) for e in (error, closed)]
+                await pod.store.publish(session_id, items, **self._publish_args())
+                await pod.client.zrem(pod.keys.leases(), session_id)
+                lost.append(session_id)
+            await pod.client.delete(
+                pod.keys.worker_sessions(dead), pod.keys.worker(dead), pod.keys.inbox(dead)
+            )
+            await pod.client.zrem(pod.keys.workers(), dead)
+            log.warning("worker %s is dead: %d sessions closed with worker_lost", dead, len(lost))
+        return lost
+
+    # ------------------------------------------------------------ arq
+
+    async def start(self) -> None:
+        pod = self.pod
+        if pod.redis.server is not None:
+            arq.worker.log_redis_info = _no_redis_info  # type: ignore[assignment]
+        pool = ArqRedis(connection_pool=pod.redis.new_client().connection_pool)
+        jobs = [
+            cron(
+                self.expire_leases, name="expire_leases", second=EVERY_SECOND, run_at_startup=False
+            ),
+            cron(
+                self.sweep_dead_apis,
+                name="sweep_dead_apis",
+                second=EVERY_SECOND,
+                run_at_startup=False,
+            ),
+            cron(
+                self.sweep_dead_workers,
+                name="sweep_dead_workers",
+                second=EVERY_SECOND,
+                run_at_startup=False,
+            ),
+        ]
+        self._worker = arq.worker.Worker(
+            functions=[],
+            cron_jobs=jobs,
+            redis_pool=pool,
+            handle_signals=False,
+            queue_name=pod.keys.arq_queue(),
+            keep_result=0,
+            poll_delay=0.2,
+            max_jobs=4,
+        )
+        self._task = asyncio.create_task(self._run(), name="janitor")
+
+    async def _run(self) -> None:
+        assert self._worker is not None
+        while True:
+            try:
+                await self._worker.async_run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("janitor stopped; restarting in 1 s")
+                await asyncio.sleep(1)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._worker is not None:
+            with contextlib.suppress(Exception):
+                await self._worker.close()
