@@ -23,22 +23,24 @@ class RedisServer:
             raise RuntimeError(
                 "redis-server is missing: `make test` installs it (apt-get install redis-server)"
             )
+        self.binary = binary
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="duplex-redis-"))
+        self._start()
+
+    def _start(self) -> None:
+        arguments = [
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
         self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-            ],
+            [self.binary, *arguments, "--dir", str(self.dir)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -55,6 +57,13 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Kill the server (losing everything: no persistence), start it again on the same port."""
+        self.process.kill()
+        self.process.wait(5)
+        time.sleep(down_s)
+        self._start()
 
     def stop(self) -> None:
         self.process.terminate()

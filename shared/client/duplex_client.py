@@ -91,6 +91,8 @@ class DuplexClient:
         self.resumes = 0
         #: every server_event_seq as received from the wire, duplicates included (diagnostics)
         self.wire_seqs: list[int] = []
+        #: close codes of the connections the server closed (1012: reconnect and resume)
+        self.close_codes: list[int] = []
         self._url_index = 0
         self._ws: Any = None
         self._connected = asyncio.Event()
@@ -190,9 +192,11 @@ class DuplexClient:
                     self._deliver(orjson.loads(raw))
                 if self._closing:
                     return
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
                 if self._closing:
                     return
+                if exc.rcvd is not None:
+                    self.close_codes.append(exc.rcvd.code)
             self._connected.clear()
             try:
                 await self._resume()
