@@ -28,9 +28,22 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--plugin", default=None)
     worker.add_argument("--worker-id", default=None)
     worker.add_argument("--max-sessions", type=int, default=None)
-    sessions = commands.add_parser("sessions", help="inspect live sessions over Redis")
+    sessions = commands.add_parser(
+        "sessions", help="inspect live sessions over Redis (DUPLEX_REDIS_URL)"
+    )
     sessions.add_argument("action", choices=["ls", "show", "tail", "close"])
     sessions.add_argument("session_id", nargs="?")
+    sessions.add_argument(
+        "--json", action="store_true", dest="as_json", help="ls: one JSON record a line"
+    )
+    sessions.add_argument(
+        "--reason", default="admin_close", help="close: the session.closed reason"
+    )
+    sessions.add_argument("--limit", type=int, default=None, help="tail: stop after N events")
+    workers = commands.add_parser(
+        "workers", help="live workers, their load and capacity (DUPLEX_REDIS_URL)"
+    )
+    workers.add_argument("--json", action="store_true", dest="as_json")
     return parser
 
 
@@ -57,14 +70,35 @@ def main(argv: list[str] | None = None) -> int:
             )
             asyncio.run(serve.run_worker(settings))
         else:
-            print(
-                "duplex sessions: not available yet (it lands with the scale-out issue).",
-                file=sys.stderr,
-            )
-            return EXIT_NOT_AVAILABLE
+            return _admin(args)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from services import admin
+    from shared.redis.connection import connect
+    from shared.settings import RedisSettings
+
+    settings = RedisSettings(**RedisSettings.redis_from_env())
+    if not settings.redis_url:
+        print(
+            f"duplex {args.command} needs DUPLEX_REDIS_URL (an embedded Redis has no port)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_AVAILABLE
+    action = "workers" if args.command == "workers" else args.action
+    options = {"as_json": args.as_json}
+    if args.command == "sessions":
+        options.update(reason=args.reason, limit=args.limit)
+    return admin.main(
+        connect(settings.redis_url),
+        settings.key_prefix,
+        action,
+        getattr(args, "session_id", None),
+        **options,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover
