@@ -133,17 +133,21 @@ class SessionStore:
         return [int(seq) for seq in (await pipeline.execute())[0]]
 
     async def detach(self, session_id: str, attachment_generation: int, grace_ms: int) -> int:
-        keys = [self.keys.session(session_id), self.keys.leases()]
-        return int(
-            await self.scripts.lease_detach(
-                self.client, keys, [session_id, attachment_generation, now_ms(), grace_ms]
-            )
+        """1 detached; 0 a newer attachment holds it; -1 unknown; -2 closed."""
+        args = [attachment_generation, now_ms(), grace_ms]
+        deadline = int(
+            await self.scripts.lease_detach(self.client, [self.keys.session(session_id)], args)
         )
+        if deadline <= 0:
+            return deadline
+        # the index of due leases lives in another slot: written after the script
+        await self.client.zadd(self.keys.leases(), {session_id: deadline})
+        return 1
 
     async def resume(
         self, session_id: str, token: str, new_token: str, last_seq: int, pod_id: str = ""
     ) -> ResumeGranted | ResumeResync:
-        keys = [*self._session_keys(session_id), self.keys.leases()]
+        keys = self._session_keys(session_id)
         args = [
             session_id,
             token_digest(token),
@@ -158,6 +162,7 @@ class SessionStore:
             raise SessionStoreError(str(exc).split()[0], str(exc)) from None
         if _text(reply[0]) == "resync":
             return ResumeResync(_text(reply[1]))
+        await self.client.zrem(self.keys.leases(), session_id)  # not detached any more
         return ResumeGranted(
             attachment_generation=int(reply[1]),
             lease_generation=int(reply[2]),
@@ -174,8 +179,12 @@ class SessionStore:
 
     async def claim_expiry(self, session_id: str) -> str | None:
         """Claim a due lease; returns the worker to close the session on (janitor)."""
-        keys = [self.keys.session(session_id), self.keys.leases()]
-        worker = await self.scripts.lease_expire(self.client, keys, [session_id, now_ms()])
+        worker = await self.scripts.lease_expire(
+            self.client, [self.keys.session(session_id)], [now_ms()]
+        )
+        await self.client.zrem(
+            self.keys.leases(), session_id
+        )  # claimed, resumed or gone: unindexed
         return _text(worker) if worker else None
 
     async def ack(self, session_id: str, seq: int) -> int:

@@ -1,10 +1,11 @@
 -- lease_detach.lua: a connection dropped; start the disconnect grace period.
 -- Fenced: only the attachment that still holds the session may detach it.
+-- Touches one slot (Redis Cluster): the caller indexes the deadline in
+-- duplex:leases afterwards; the deadline itself lives in the hash.
 -- KEYS[1] duplex:session:{SID}   meta hash
--- KEYS[2] duplex:leases          lease deadlines (zset: session id -> ms)
--- ARGV[1] session id   ARGV[2] attachment generation the connection held
--- ARGV[3] now (ms)     ARGV[4] disconnect grace (ms)
--- returns 1 detached; 0 a newer attachment holds it (no-op); -1 unknown; -2 closed
+-- ARGV[1] attachment generation the connection held   ARGV[2] now (ms)   ARGV[3] disconnect grace (ms)
+-- returns the lease deadline (ms) when detached; 0 a newer attachment holds it (no-op);
+--         -1 unknown; -2 closed
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return -1
@@ -12,9 +13,10 @@ end
 if state == 'closed' or state == 'closing' then
   return -2
 end
-if redis.call('HGET', KEYS[1], 'attachment_generation') ~= ARGV[2] then
+if redis.call('HGET', KEYS[1], 'attachment_generation') ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'detached', 'detached_at', ARGV[3], 'last_activity', ARGV[3])
-redis.call('ZADD', KEYS[2], tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
-return 1
+local deadline = tonumber(ARGV[2]) + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'detached', 'detached_at', ARGV[2], 'last_activity', ARGV[2],
+  'lease_deadline', deadline)
+return deadline

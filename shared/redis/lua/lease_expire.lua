@@ -1,16 +1,14 @@
 -- lease_expire.lua: claim one due lease for expiry (the janitor then closes it via the worker).
--- Claiming removes the deadline, so of several janitors exactly one expires the session.
+-- Claiming moves the session to "closing", so of several janitors exactly one expires it;
+-- a session resumed meanwhile is no longer detached and is left alone.
 -- KEYS[1] duplex:session:{SID}   meta hash
--- KEYS[2] duplex:leases          lease deadlines
--- ARGV[1] session id   ARGV[2] now (ms)
+-- ARGV[1] now (ms)
 -- returns the worker id to close it on, or false when not due / already claimed / resumed
-local deadline = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not deadline or tonumber(deadline) > tonumber(ARGV[2]) then
+if redis.call('HGET', KEYS[1], 'state') ~= 'detached' then
   return false
 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'detached' then
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'lease_deadline') or '0')
+if deadline > tonumber(ARGV[1]) then
   return false
 end
 redis.call('HSET', KEYS[1], 'state', 'closing')

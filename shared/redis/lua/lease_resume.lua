@@ -4,7 +4,7 @@
 -- two concurrent resumes exactly one wins.
 -- KEYS[1] duplex:session:{SID}          meta hash
 -- KEYS[2] duplex:session:{SID}:events   journal stream
--- KEYS[3] duplex:leases                 lease deadlines
+-- (one slot: the caller drops the deadline from duplex:leases afterwards)
 -- ARGV[1] session id   ARGV[2] SHA-256 of the presented token   ARGV[3] SHA-256 of the new token
 -- ARGV[4] last received server_event_seq   ARGV[5] now (ms)   ARGV[6] the API pod attaching it
 -- returns {"ok", attachment_generation, lease_generation, worker, next_seq, session JSON, model}
@@ -53,7 +53,6 @@ local lease = redis.call('HINCRBY', meta, 'lease_generation', 1)
 local attachment = redis.call('HINCRBY', meta, 'attachment_generation', 1)
 redis.call('HSET', meta, 'previous_token_sha256', ARGV[2], 'resume_token_sha256', ARGV[3],
   'state', 'active', 'last_activity', ARGV[5], 'pod', ARGV[6])
-redis.call('HDEL', meta, 'detached_at')
-redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', meta, 'detached_at', 'lease_deadline')
 return {'ok', attachment, lease, redis.call('HGET', meta, 'worker'), next_seq,
   redis.call('HGET', meta, 'session') or '', redis.call('HGET', meta, 'model')}
