@@ -51,7 +51,7 @@ class ApiPod:
         self.store = SessionStore(self.client, self.keys)
         self.runtime = runtime or SessionRuntimeConfig()
         self.directory = WorkerDirectory(self.client, self.keys, settings.heartbeat_ttl_s)
-        self.hub = LiveHub(redis.new_client(), self.keys.api(settings.pod_id))
+        self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
         self.metrics = ApiMetrics()
         self.janitor = Janitor(self)
         self._heartbeat: asyncio.Task[None] | None = None

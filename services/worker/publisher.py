@@ -85,21 +85,12 @@ class RedisEventPublisher(SessionEventSink):
     async def _send(self, batch: dict[str, list[PublishItem]]) -> None:
         if not batch:
             return
-        client = self.store.client
-        await self.store.scripts.event_publish.ensure_loaded(client)
-        pipeline = client.pipeline(transaction=False)
-        for session_id, items in batch.items():
-            if self.sessions_key and items[-1].wire_type == "session.closed":
-                pipeline.srem(self.sessions_key, session_id)
-            self.store.queue_publish(
-                pipeline,
-                session_id,
-                items,
-                max_bytes=self.max_bytes,
-                ttl_ms=self.ttl_ms,
-                closed_ttl_ms=self.closed_ttl_ms,
-            )
-        await pipeline.execute()
+        await self.store.publish_many(
+            batch, max_bytes=self.max_bytes, ttl_ms=self.ttl_ms, closed_ttl_ms=self.closed_ttl_ms
+        )
+        closed = [sid for sid, items in batch.items() if items[-1].wire_type == "session.closed"]
+        if closed and self.sessions_key:
+            await self.store.client.srem(self.sessions_key, *closed)
         self.published += sum(len(items) for items in batch.values())
 
     async def flush(self, timeout: float = 5.0) -> None:

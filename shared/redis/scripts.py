@@ -30,9 +30,8 @@ class LuaScript:
         pipeline.evalsha(self.sha, len(keys), *keys, *args)
 
     async def ensure_loaded(self, client: Any) -> None:
-        exists = await client.script_exists(self.sha)
-        if not exists[0]:
-            await client.script_load(self.source)
+        """Load the script (on a cluster: on every primary). Idempotent."""
+        await client.script_load(self.source)
 
 
 class Scripts:

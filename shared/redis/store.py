@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
 
 from shared.protocol.duplex import new_event_id
 from shared.redis.keys import KeySchema
@@ -88,16 +90,14 @@ class SessionStore:
         except redis_errors.ResponseError as exc:
             raise SessionStoreError(str(exc).split()[0], str(exc)) from None
 
-    def queue_publish(
+    def _publish_call(
         self,
-        pipeline: Any,
         session_id: str,
         items: Sequence[PublishItem],
-        *,
         max_bytes: int,
         ttl_ms: int,
         closed_ttl_ms: int,
-    ) -> None:
+    ) -> tuple[list[str], list[Any]]:
         args: list[Any] = [
             self.keys.live(session_id),
             max_bytes,
@@ -108,7 +108,7 @@ class SessionStore:
         ]
         for item in items:
             args += ["1" if item.journaled else "0", item.wire_type, item.data, item.session_json]
-        self.scripts.event_publish.queue(pipeline, self._session_keys(session_id), args)
+        return self._session_keys(session_id), args
 
     async def publish(
         self,
@@ -120,17 +120,39 @@ class SessionStore:
         closed_ttl_ms: int,
     ) -> list[int]:
         """Publish one session's events in one round trip; returns their seqs (0 = unjournaled)."""
-        await self.scripts.event_publish.ensure_loaded(self.client)
-        pipeline = self.client.pipeline(transaction=False)
-        self.queue_publish(
-            pipeline,
-            session_id,
-            items,
-            max_bytes=max_bytes,
-            ttl_ms=ttl_ms,
-            closed_ttl_ms=closed_ttl_ms,
-        )
-        return [int(seq) for seq in (await pipeline.execute())[0]]
+        keys, args = self._publish_call(session_id, items, max_bytes, ttl_ms, closed_ttl_ms)
+        return [int(seq) for seq in await self.scripts.event_publish(self.client, keys, args)]
+
+    async def publish_many(
+        self,
+        batch: Mapping[str, Sequence[PublishItem]],
+        *,
+        max_bytes: int,
+        ttl_ms: int,
+        closed_ttl_ms: int,
+    ) -> None:
+        """Publish several sessions' events: one pipelined round trip on one Redis; on a
+        cluster (which refuses scripts in pipelines) concurrent calls, one per session."""
+        calls = [
+            self._publish_call(sid, items, max_bytes, ttl_ms, closed_ttl_ms)
+            for sid, items in batch.items()
+        ]
+        script = self.scripts.event_publish
+        if isinstance(self.client, RedisCluster):
+            await asyncio.gather(*(script(self.client, keys, args) for keys, args in calls))
+            return
+        for attempt in range(2):
+            pipeline = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                script.queue(pipeline, keys, args)
+            try:
+                await pipeline.execute()
+                return
+            except redis_errors.NoScriptError:
+                if attempt:
+                    raise
+                # nothing ran (every call is the same missing script): load it, send again
+                await script.ensure_loaded(self.client)
 
     async def detach(self, session_id: str, attachment_generation: int, grace_ms: int) -> int:
         """1 detached; 0 a newer attachment holds it; -1 unknown; -2 closed."""
