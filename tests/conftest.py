@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.redis_cluster import RedisClusterServers
 from tests.redis_server import RedisServer
 from tests.sessions import make_harness
 
@@ -22,14 +23,29 @@ def redis_server():
     server.stop()
 
 
-@pytest.fixture(params=["redis-server", "fakeredis"])
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """One 3-master Redis Cluster for the whole run, on free loopback ports."""
+    servers = RedisClusterServers()
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(params=["redis-server", "redis-cluster", "fakeredis"])
 async def redis_client(request):
-    """The same tests against a real Redis and the embedded fakeredis, flushed per test."""
+    """The same tests against a real Redis, a Redis Cluster and fakeredis, flushed per test."""
     if request.param == "redis-server":
         import redis.asyncio as redis_async
 
         client = redis_async.Redis.from_url(request.getfixturevalue("redis_server").url)
         await client.flushdb()
+    elif request.param == "redis-cluster":
+        from shared.redis.connection import connect
+
+        handle = connect(request.getfixturevalue("redis_cluster").url)
+        client = handle.client
+        await client.flushdb(target_nodes="primaries")
+        client.pubsub_client = handle.pubsub_client  # tests subscribe through one node
     else:
         import fakeredis
 

@@ -116,6 +116,11 @@ class RealtimeConnection:
             await self._reader(writer)
         except (HandshakeFailed, WebSocketDisconnect):
             pass
+        except Exception:
+            log.exception("connection of session %s failed", self.session_id)
+            self._error(
+                "internal_error", "the server failed on this connection; resume or reconnect"
+            )
         finally:
             if pump is not None:
                 pump.cancel()
@@ -196,6 +201,9 @@ class RealtimeConnection:
         token = secrets.token_urlsafe(32)
         await pod.hub.subscribe(pod.keys.live(session_id), self._on_live)
         self.session_id = session_id
+        # indexed under this pod before the client can know the session: should the pod
+        # die right after, the dead-pod sweep finds it (it checks the hash's `pod` field)
+        await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), session_id)
         for worker in candidates:
             resumable = bool(worker.capabilities.get("supports_session_resume"))
             payload = {**session, "model": worker.model}
@@ -219,24 +227,26 @@ class RealtimeConnection:
                     reply["attachment_generation"] = 1
                 self._observe_session(reply.get("session"))
                 self.queue.put(OutItem(orjson.dumps(reply), "session.created"))
-                await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), session_id)
                 pod.metrics.sessions_opened.inc()
                 return
             await pod.client.delete(pod.keys.session(session_id), pod.keys.events(session_id))
             code = (reply or {}).get("error", {}).get("code") if reply else None
             if code == "resource_exhausted":
                 continue  # a race with another pod: walk on to the next worker
-            self.session_id = None
-            await pod.hub.unsubscribe(pod.keys.live(session_id), self._on_live)
+            await self._abandon_open(session_id)
             if reply is None:
                 self._error("timeout", "the worker did not answer the open in time", retryable=True)
             else:
                 self._enqueue_raw(orjson.dumps(reply), reply)
             raise HandshakeFailed
-        self.session_id = None
-        await pod.hub.unsubscribe(pod.keys.live(session_id), self._on_live)
+        await self._abandon_open(session_id)
         self._error("resource_exhausted", "every worker of this model is full", retryable=True)
         raise HandshakeFailed
+
+    async def _abandon_open(self, session_id: str) -> None:
+        self.session_id = None
+        await self.pod.hub.unsubscribe(self.pod.keys.live(session_id), self._on_live)
+        await self.pod.client.srem(self.pod.keys.api_sessions(self.pod.settings.pod_id), session_id)
 
     async def _first_reply(self) -> dict[str, Any] | None:
         try:
@@ -269,8 +279,8 @@ class RealtimeConnection:
             raise HandshakeFailed
         self.session_id, self.worker_id = sid, result.worker_id
         self.generation, self.resumable = result.attachment_generation, True
-        await pod.client.publish(pod.keys.live(sid), TAKEOVER + str(self.generation).encode())
         await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), sid)
+        await pod.hub.publish(pod.keys.live(sid), TAKEOVER + str(self.generation).encode())
         session = orjson.loads(result.session) if result.session else {}
         self._observe_session(session)
         self.created_sent = True  # a resumed session is past its creation

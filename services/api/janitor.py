@@ -47,6 +47,29 @@ async def _no_redis_info(*args: Any, **kwargs: Any) -> None:
     """fakeredis has no INFO; arq only logs it."""
 
 
+_ARQ_KEY_NAMES = (
+    "job_key_prefix",
+    "in_progress_key_prefix",
+    "result_key_prefix",
+    "retry_key_prefix",
+    "abort_jobs_ss",
+)
+
+
+def _tag_arq_keys(tag: str) -> None:
+    """Put every arq key in one cluster slot by prefixing it with a hash tag
+    (arq copies its key constants into each module, so each copy is patched)."""
+    import arq.connections
+    import arq.constants
+    import arq.jobs
+
+    for module in (arq.constants, arq.connections, arq.jobs, arq.worker):
+        for name in _ARQ_KEY_NAMES:
+            value = getattr(module, name, None)
+            if isinstance(value, str) and not value.startswith("{"):
+                setattr(module, name, tag + value)
+
+
 class Janitor:
     def __init__(self, pod: ApiPod) -> None:
         self.pod = pod
@@ -126,11 +149,25 @@ class Janitor:
 
     # ------------------------------------------------------------ arq
 
-    async def start(self) -> None:
+    async def _arq_pool(self) -> tuple[ArqRedis, str]:
+        """arq's connection and queue name. On Redis Cluster, arq's keys get one hash
+        tag (arq itself knows nothing of clusters) and arq talks to the node that
+        serves that tag's slot."""
         pod = self.pod
         if pod.redis.server is not None:
             arq.worker.log_redis_info = _no_redis_info  # type: ignore[assignment]
-        pool = ArqRedis(connection_pool=pod.redis.new_client().connection_pool)
+        if not pod.redis.cluster:
+            return ArqRedis(
+                connection_pool=pod.redis.new_client().connection_pool
+            ), pod.keys.arq_queue()
+        tag = "{" + pod.keys.arq_queue() + "}"
+        _tag_arq_keys(tag)
+        await pod.client.initialize()
+        node = pod.client.get_node_from_key(tag)
+        return ArqRedis(host=node.host, port=node.port), tag + ":queue"
+
+    async def start(self) -> None:
+        pool, queue_name = await self._arq_pool()
         jobs = [
             cron(
                 self.expire_leases, name="expire_leases", second=EVERY_SECOND, run_at_startup=False
@@ -153,7 +190,7 @@ class Janitor:
             cron_jobs=jobs,
             redis_pool=pool,
             handle_signals=False,
-            queue_name=pod.keys.arq_queue(),
+            queue_name=queue_name,
             keep_result=0,
             poll_delay=0.2,
             max_jobs=4,

@@ -19,6 +19,7 @@ Callback = Callable[[bytes], None]
 
 class LiveHub:
     def __init__(self, client: Any, pod_channel: str) -> None:
+        self.client = client
         self.pubsub = client.pubsub()
         self.pod_channel = pod_channel
         self._subscribers: dict[str, set[Callback]] = {}
@@ -34,6 +35,10 @@ class LiveHub:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.pubsub.aclose()
+
+    async def publish(self, channel: str, data: bytes) -> None:
+        """A control notice (a cluster client has no PUBLISH: this node's connection does)."""
+        await self.client.publish(channel, data)
 
     async def subscribe(self, channel: str, callback: Callback) -> None:
         callbacks = self._subscribers.setdefault(channel, set())

@@ -21,15 +21,18 @@ class Cluster:
         return api
 
 
-@pytest.fixture(scope="module")
-def cluster(redis_server):
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def cluster(request):
+    """The same e2e suite on one Redis and on a 3-master Redis Cluster."""
+    name = "redis_server" if request.param == "redis" else "redis_cluster"
+    backend = request.getfixturevalue(name)
     prefix = f"duplex-test-{uuid.uuid4().hex[:8]}"
-    worker = start_worker(redis_server.url, prefix)
-    apis = [start_api(redis_server.url, prefix, f"api-{i}") for i in range(2)]
+    worker = start_worker(backend.url, prefix)
+    apis = [start_api(backend.url, prefix, f"api-{i}") for i in range(2)]
     try:
         for api in apis:
             api.wait_ready()
-        yield Cluster(redis_server.url, prefix, worker, apis)
+        yield Cluster(backend.url, prefix, worker, apis)
     finally:
         for process in [*apis, worker]:
             process.stop()

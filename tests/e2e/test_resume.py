@@ -157,13 +157,12 @@ async def test_resume_of_a_closed_session_is_expired(cluster):
 
 
 async def test_a_worker_stops_cleanly_on_sigterm(cluster):
-    import redis.asyncio as redis_async
-
+    from shared.redis.connection import connect
     from shared.redis.keys import KeySchema
     from tests.e2e.processes import start_worker
 
     keys = KeySchema(cluster.prefix)
-    client = redis_async.Redis.from_url(cluster.redis_url)
+    client = connect(cluster.redis_url).client
     worker = start_worker(cluster.redis_url, cluster.prefix, "worker-sigterm")
     try:
         for _ in range(100):

@@ -24,6 +24,12 @@ def event(wire_type: str, n: int, pad: int = 0) -> PublishItem:
     return PublishItem(orjson.dumps(body), wire_type)
 
 
+def pubsub_of(client):
+    """Cluster clients have no pubsub(): subscribe through one node (PUBLISH reaches all)."""
+    factory = getattr(client, "pubsub_client", None)
+    return (factory() if factory else client).pubsub()
+
+
 async def opened(client, token: str = "tok-1", sid: str = SID) -> SessionStore:
     store = SessionStore(client)
     await store.open(sid, "worker-a", "echo", token_digest(token), '{"model":"echo"}')
@@ -55,7 +61,7 @@ async def test_open_creates_the_meta_hash_once(redis_client):
 
 async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
     store = await opened(redis_client)
-    pubsub = redis_client.pubsub()
+    pubsub = pubsub_of(redis_client)
     await pubsub.subscribe(KEYS.live(SID))
     await pubsub.get_message(timeout=1)  # the subscribe confirmation
     assert await publish(store, [event("a", 1), event("b", 2)]) == [1, 2]
@@ -97,7 +103,7 @@ async def test_journal_is_pruned_to_its_byte_cap(redis_client):
 async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client):
     store = await opened(redis_client)
     await publish(store, [event("a", 1)])
-    pubsub = redis_client.pubsub()
+    pubsub = pubsub_of(redis_client)
     await pubsub.subscribe(KEYS.live(SID))
     await pubsub.get_message(timeout=1)
     assert await publish(store, [event("big", 2, pad=5000), event("after", 3)], max_bytes=1000) == [
@@ -233,5 +239,5 @@ async def test_ack_trims_the_journal(redis_client):
 
 async def test_scripts_reload_after_a_script_flush(redis_client):
     store = await opened(redis_client)
-    await redis_client.script_flush()
+    await redis_client.script_flush()  # on a cluster: every primary
     assert await store.touch(SID) is True  # NOSCRIPT -> loaded again, transparently
