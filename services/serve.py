@@ -29,6 +29,9 @@ def _uvicorn_server(app, settings: ApiSettings) -> uvicorn.Server:
         ws="websockets-sansio",
         log_level="warning",
         lifespan="on",
+        # SIGTERM: stop accepting, close sockets with 1012 (reconnect and resume), then
+        # wait at most this long for connections to finish before exiting
+        timeout_graceful_shutdown=settings.drain_timeout_s,
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # we own SIGTERM/SIGINT

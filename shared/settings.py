@@ -84,6 +84,7 @@ class ApiSettings(RedisSettings):
     open_timeout_s: float = 10.0
     disconnect_grace_s: float = 30.0
     chat_timeout_s: float = 30.0
+    drain_timeout_s: float = 20.0
 
     def __repr__(self) -> str:
         keys = f"<{len(self.api_keys)} keys>" if self.api_keys else "none"
@@ -101,5 +102,7 @@ class ApiSettings(RedisSettings):
             values["disconnect_grace_s"] = float(grace)
         if (config_timeout := _env("CONFIG_TIMEOUT_S", env=env)) is not None:
             values["config_timeout_s"] = float(config_timeout)
+        if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
+            values["drain_timeout_s"] = float(drain)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

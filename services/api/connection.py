@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from services.api.live import CATCH_UP
 from services.api.output_queue import CLOSURE_TYPES, OutItem, OutputQueue
 from shared.protocol.duplex import (
     CloseSession,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INBOX_MAXLEN = 100_000
-CATCH_UP = b"!catchup"
 
 
 class HandshakeFailed(Exception):
@@ -249,11 +249,16 @@ class RealtimeConnection:
         await self.pod.client.srem(self.pod.keys.api_sessions(self.pod.settings.pod_id), session_id)
 
     async def _first_reply(self) -> dict[str, Any] | None:
-        try:
-            data = await asyncio.wait_for(self.live.get(), self.pod.settings.open_timeout_s)
-        except TimeoutError:
-            return None
-        return orjson.loads(data)
+        """The worker's answer to an open: session.created or an error (control notices skipped)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.pod.settings.open_timeout_s
+        while True:
+            try:
+                data = await asyncio.wait_for(self.live.get(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return None
+            if not data.startswith(CONTROL_PREFIX):
+                return orjson.loads(data)
 
     async def _resume(self, request: SessionResume) -> None:
         pod, sid = self.pod, request.session_id

@@ -12,7 +12,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from shared.backoff import Backoff
+
 log = logging.getLogger(__name__)
+
+#: delivered to every subscriber after a reconnect: fill any gap from the journal
+CATCH_UP = b"!catchup"
 
 Callback = Callable[[bytes], None]
 
@@ -57,6 +62,7 @@ class LiveHub:
             await self.pubsub.unsubscribe(channel)
 
     async def _run(self) -> None:
+        backoff = Backoff()
         while True:
             try:
                 self.connected.set()
@@ -72,9 +78,13 @@ class LiveHub:
             except Exception:
                 # Redis went away: resubscribe everything once it is back; journals fill the gap
                 self.connected.clear()
-                log.exception("live hub lost its pub/sub connection; resubscribing")
-                await asyncio.sleep(0.5)
+                log.warning("live hub lost its pub/sub connection; resubscribing", exc_info=True)
+                await asyncio.sleep(backoff.next_delay())
                 try:
                     await self.pubsub.subscribe(self.pod_channel, *self._subscribers)
+                    backoff.reset()
+                    for callbacks in list(self._subscribers.values()):
+                        for callback in list(callbacks):
+                            callback(CATCH_UP)  # replay what was published while we were away
                 except Exception:
                     log.warning("resubscribe failed; retrying")

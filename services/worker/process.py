@@ -20,6 +20,7 @@ from redis import exceptions as redis_errors
 from services.worker.plugins import load_plugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
+from shared.backoff import Backoff
 from shared.contracts import DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
 from shared.redis.keys import INBOX_GROUP, KeySchema
@@ -92,16 +93,21 @@ class WorkerProcess:
         )
 
     async def stop(self) -> None:
-        """SIGTERM: stop reading, close every session (session.closed{shutdown}), deregister."""
+        """SIGTERM drain: leave the registry (no new sessions are placed here), stop
+        reading, end in-flight responses and close every session with reason
+        `shutdown` (clients see why), then remove the rest of the registration."""
         self._stopping.set()
+        with contextlib.suppress(Exception):
+            await self.redis.client.zrem(self.keys.workers(), self.worker_id)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.manager.shutdown("shutdown")
         await self.publisher.stop()
         with contextlib.suppress(Exception):
-            await self.redis.client.zrem(self.keys.workers(), self.worker_id)
-            await self.redis.client.delete(self.keys.worker(self.worker_id))
+            await self.redis.client.delete(
+                self.keys.worker(self.worker_id), self.keys.worker_sessions(self.worker_id)
+            )
 
     async def _register(self) -> None:
         self._started_at = int(time.time() * 1000)
@@ -145,6 +151,7 @@ class WorkerProcess:
     async def _consume_loop(self) -> None:
         reader = self.redis.new_client()
         last_id = "0"  # first our own pending entries (a restart), then new ones
+        backoff = Backoff()
         while True:
             try:
                 reply = await reader.xreadgroup(
@@ -165,13 +172,14 @@ class WorkerProcess:
                         )
                 else:
                     log.exception("reading the inbox failed; retrying")
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(backoff.next_delay())
                 continue
             except Exception:
                 # connection lost: redis-py reconnects on the next call; back off meanwhile
-                log.warning("reading the inbox failed; retrying in 0.5 s", exc_info=True)
-                await asyncio.sleep(0.5)
+                log.warning("reading the inbox failed; retrying", exc_info=True)
+                await asyncio.sleep(backoff.next_delay())
                 continue
+            backoff.reset()
             entries = reply[0][1] if reply else []
             if not entries and last_id == "0":
                 last_id = ">"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.protocol.duplex import DuplexEvent, dumps
 from shared.redis.store import PublishItem, SessionStore
@@ -44,6 +45,7 @@ class RedisEventPublisher(SessionEventSink):
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._backoff = Backoff()
         self.published = 0
 
     def emit(self, session_id: str, event: DuplexEvent) -> None:
@@ -73,12 +75,15 @@ class RedisEventPublisher(SessionEventSink):
                 raise
             except Exception:
                 # Redis is unreachable: put the batch back in front, retry after a pause
-                log.exception("publishing %d sessions' events failed; retrying", len(batch))
+                log.warning(
+                    "publishing %d sessions' events failed; retrying", len(batch), exc_info=True
+                )
                 for session_id, items in batch.items():
                     self._pending[session_id] = items + self._pending.get(session_id, [])
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self._backoff.next_delay())
                 self._wake.set()
                 continue
+            self._backoff.reset()
             if not self._pending:
                 self._idle.set()
 
