@@ -1,0 +1,148 @@
+"""How long faults take to be noticed, with the default heartbeat (1 s) and TTL (5 s).
+
+    .venv/bin/python -m bench.faults [--runs 3]
+
+worker loss   SIGKILL the worker of a live session; time until its client holds
+              error{worker_lost} (heartbeat TTL + one janitor tick)
+API pod loss  SIGKILL the API pod of a live session whose client does not
+              reconnect; time until the session is detached (resumable
+              elsewhere), and until session.expired is in its journal
+              (DUPLEX_DISCONNECT_GRACE_S=5 here; 30 s by default)
+Writes the figures to docs/benchmarks.md (between its markers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import redis.asyncio as redis_async
+
+from shared.client.duplex_client import DuplexClient
+from shared.redis.keys import KeySchema
+from tests.e2e.processes import start_api, start_worker
+from tests.redis_server import RedisServer
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- BEGIN faults -->", "<!-- END faults -->"
+GRACE_S = 5.0
+
+
+async def wait_for(predicate, timeout: float = 60.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if await predicate():
+            return time.monotonic() - started
+        await asyncio.sleep(0.02)
+    raise TimeoutError("the fault was not noticed")
+
+
+async def worker_loss(server: RedisServer, runs: int) -> list[float]:
+    samples = []
+    prefix = f"bench-faults-{uuid.uuid4().hex[:6]}"
+    api = start_api(server.url, prefix, "bench-api")
+    try:
+        for run in range(runs):
+            worker = start_worker(server.url, prefix, f"bench-worker-{run}")
+            api.wait_ready()
+            client = DuplexClient([api.base], heartbeat_s=None)
+            await client.connect({})
+            worker.kill()
+            started = time.monotonic()
+            events = await client.until("error", timeout=60)
+            samples.append(time.monotonic() - started)
+            assert events[-1].code == "worker_lost"
+            await client.close(end_session=False)
+    finally:
+        api.stop()
+    return samples
+
+
+async def api_loss(server: RedisServer, runs: int) -> tuple[list[float], list[float]]:
+    detached, expired = [], []
+    prefix = f"bench-faults-{uuid.uuid4().hex[:6]}"
+    keys = KeySchema(prefix)
+    client = redis_async.Redis.from_url(server.url)
+    env = {"DUPLEX_DISCONNECT_GRACE_S": str(GRACE_S)}
+    worker = start_worker(server.url, prefix, "bench-worker")
+    survivor = start_api(server.url, prefix, "bench-survivor", **env)
+    try:
+        survivor.wait_ready()
+        for run in range(runs):
+            victim = start_api(server.url, prefix, f"bench-victim-{run}", **env)
+            victim.wait_ready()
+            session = DuplexClient([victim.base], heartbeat_s=None)
+            await session.connect({})
+            sid = session.session_id
+            victim.kill()
+            started = time.monotonic()
+
+            async def is_detached() -> bool:
+                return await client.hget(keys.session(sid), "state") in (
+                    b"detached",
+                    b"closing",
+                    b"closed",
+                )
+
+            async def is_expired() -> bool:
+                journal = await client.xrange(keys.events(sid))
+                return any(
+                    orjson.loads(f[b"data"])["type"] == "session.expired" for _, f in journal
+                )
+
+            await wait_for(is_detached)
+            detached.append(time.monotonic() - started)
+            await wait_for(is_expired)
+            expired.append(time.monotonic() - started)
+    finally:
+        survivor.stop()
+        worker.stop()
+        await client.aclose()
+    return detached, expired
+
+
+def row(label: str, samples: list[float]) -> str:
+    return (
+        f"| {label} | {len(samples)} | {statistics.median(samples):.2f} | {min(samples):.2f} | "
+        f"{max(samples):.2f} |"
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    server = RedisServer()
+    try:
+        lost = await worker_loss(server, args.runs)
+        detached, expired = await api_loss(server, args.runs)
+    finally:
+        server.stop()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    table = "\n".join(
+        [
+            BEGIN,
+            f"Measured {when}: `python -m bench.faults --runs {args.runs}`, heartbeat 1 s, TTL 5 s, janitor tick 1 s.",
+            "",
+            "| fault -> noticed | runs | median s | min s | max s |",
+            "|---|---|---|---|---|",
+            row("worker SIGKILL -> client has error{worker_lost}", lost),
+            row("API pod SIGKILL -> session detached (resumable elsewhere)", detached),
+            row(f"API pod SIGKILL -> session.expired (grace {GRACE_S:.0f} s)", expired),
+            END,
+        ]
+    )
+    print(table)
+    document = DOC.read_text()
+    if BEGIN not in document:
+        document += f"\n## Fault detection (`bench/faults.py`)\n\n{BEGIN}\n{END}\n"
+    start, end = document.index(BEGIN), document.index(END) + len(END)
+    DOC.write_text(document[:start] + table + document[end:])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))
