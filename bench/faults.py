@@ -82,14 +82,14 @@ async def api_loss(server: RedisServer, runs: int) -> tuple[list[float], list[fl
             victim.kill()
             started = time.monotonic()
 
-            async def is_detached() -> bool:
+            async def is_detached(sid: str = sid) -> bool:
                 return await client.hget(keys.session(sid), "state") in (
                     b"detached",
                     b"closing",
                     b"closed",
                 )
 
-            async def is_expired() -> bool:
+            async def is_expired(sid: str = sid) -> bool:
                 journal = await client.xrange(keys.events(sid))
                 return any(
                     orjson.loads(f[b"data"])["type"] == "session.expired" for _, f in journal
@@ -124,7 +124,8 @@ async def main(args: argparse.Namespace) -> None:
     table = "\n".join(
         [
             BEGIN,
-            f"Measured {when}: `python -m bench.faults --runs {args.runs}`, heartbeat 1 s, TTL 5 s, janitor tick 1 s.",
+            f"Measured {when}: `python -m bench.faults --runs {args.runs}`,",
+            "heartbeat 1 s, heartbeat TTL 5 s, janitor tick 1 s.",
             "",
             "| fault -> noticed | runs | median s | min s | max s |",
             "|---|---|---|---|---|",
