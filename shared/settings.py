@@ -85,6 +85,8 @@ class ApiSettings(RedisSettings):
     disconnect_grace_s: float = 30.0
     chat_timeout_s: float = 30.0
     drain_timeout_s: float = 20.0
+    #: placement: a worker takes a new session while its load is under ceil((1 + eps) * average)
+    placement_epsilon: float = 0.25
 
     def __repr__(self) -> str:
         keys = f"<{len(self.api_keys)} keys>" if self.api_keys else "none"
@@ -104,5 +106,7 @@ class ApiSettings(RedisSettings):
             values["config_timeout_s"] = float(config_timeout)
         if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
             values["drain_timeout_s"] = float(drain)
+        if (epsilon := _env("PLACEMENT_EPSILON", env=env)) is not None:
+            values["placement_epsilon"] = float(epsilon)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -50,7 +50,9 @@ class ApiPod:
         self.keys = KeySchema(settings.key_prefix)
         self.store = SessionStore(self.client, self.keys)
         self.runtime = runtime or SessionRuntimeConfig()
-        self.directory = WorkerDirectory(self.client, self.keys, settings.heartbeat_ttl_s)
+        self.directory = WorkerDirectory(
+            self.client, self.keys, settings.heartbeat_ttl_s, settings.placement_epsilon
+        )
         self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
         self.metrics = ApiMetrics()
         self.janitor = Janitor(self)
