@@ -1,0 +1,39 @@
+"""Settings come from DUPLEX_* variables and flags; secrets never show in repr."""
+
+from shared.redis.connection import redact
+from shared.settings import ApiSettings, WorkerSettings
+
+
+def test_api_settings_from_env_and_overrides():
+    env = {
+        "DUPLEX_REDIS_URL": "redis://user:s3cret@redis:6379/0",
+        "DUPLEX_API_KEYS": "k1, k2,,",
+        "DUPLEX_HEARTBEAT_TTL_S": "7",
+        "DUPLEX_CONFIG_TIMEOUT_S": "2.5",
+        "DUPLEX_PLACEMENT_EPSILON": "0.5",
+    }
+    settings = ApiSettings.from_env(env, port=9000, host=None)
+    assert settings.api_keys == frozenset({"k1", "k2"})
+    assert (settings.heartbeat_ttl_s, settings.config_timeout_s, settings.placement_epsilon) == (
+        7.0,
+        2.5,
+        0.5,
+    )
+    assert (settings.port, settings.host) == (9000, "127.0.0.1")  # None overrides keep the default
+    shown = repr(settings)
+    assert (
+        "s3cret" not in shown and "k1" not in shown and "<2 keys>" in shown and "***@redis" in shown
+    )
+
+
+def test_worker_settings_from_env():
+    settings = WorkerSettings.from_env(
+        {"DUPLEX_PLUGIN": "echo", "DUPLEX_MAX_SESSIONS": "8", "DUPLEX_WORKER_ID": "w9"}
+    )
+    assert (settings.plugin, settings.max_sessions, settings.worker_id) == ("echo", 8, "w9")
+    assert WorkerSettings.from_env({}).redis_url is None  # embedded Redis only for duplex serve
+
+
+def test_redact():
+    assert redact("redis://:pw@host:1/0") == "redis://***@host:1/0"
+    assert redact("redis://host:1/0") == "redis://host:1/0"
