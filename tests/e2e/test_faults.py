@@ -1,7 +1,8 @@
 """Scale-out and faults with real processes: placement, dead workers and pods, Redis, drain.
 
-Heartbeats are fast here (0.2 s, TTL 1 s) so faults are detected in about a
-second; the janitor ticks every second.
+Heartbeats are fast here (0.2 s, TTL 2 s) so faults are detected in about
+three seconds; the janitor ticks every second. (A TTL much shorter than that
+risks declaring a worker dead while a busy 2-core machine delays its beat.)
 """
 
 import asyncio
@@ -24,9 +25,10 @@ from tests.sessions import sine
 
 FAST = {
     "DUPLEX_HEARTBEAT_INTERVAL_S": "0.2",
-    "DUPLEX_HEARTBEAT_TTL_S": "1.0",
+    "DUPLEX_HEARTBEAT_TTL_S": "2.0",
     "DUPLEX_DISCONNECT_GRACE_S": "1.0",
 }
+TTL_S = 2.0
 
 
 class Fleet:
@@ -131,7 +133,7 @@ async def test_a_killed_workers_sessions_get_worker_lost_and_others_finish(fleet
         assert error.code == "worker_lost" and error.retryable is True
         assert events[-1].reason == "worker_lost"
         assert (
-            detected_s < 1.0 + 1.0 + 1.5
+            detected_s < TTL_S + 1.0 + 3.0
         )  # heartbeat TTL + a janitor tick (+ slack for a busy machine)
         healthy_events = await healthy.until("rate_limits.updated", timeout=20)
         assert healthy_events[-2].response["status"] == "completed"
@@ -151,7 +153,7 @@ async def test_sessions_of_a_killed_api_pod_expire_after_the_grace_and_free_thei
     session_id = created["session"]["id"]
     assert (await fleet.loads())["w-1"] == 1
     victim.kill()  # its client never reconnects
-    for _ in range(100):
+    for _ in range(200):
         journal = await fleet.client.xrange(fleet.keys.events(session_id))
         kinds = [orjson.loads(fields[b"data"])["type"] for _, fields in journal]
         if "session.expired" in kinds and (await fleet.loads())["w-1"] == 0:
