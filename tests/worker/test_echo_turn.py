@@ -161,3 +161,32 @@ async def test_text_append_joins_the_turn(harness):
     await session.send({"type": "input_audio_buffer.commit"})
     events = await session.until("conversation.item.done")
     assert events[-1].item["content"] == [{"type": "input_text", "text": "hi"}]
+
+
+async def test_commands_after_a_commit_see_it_however_slow_the_audio_path(harness):
+    """response.create right behind a commit answers that commit, even when the
+    commit's audio work is still running when response.create arrives."""
+    session = await harness.open()
+    runner = harness.manager.runner(session.session_id)
+    convert = runner.pipeline.convert
+
+    def slow_convert(*args):
+        import time
+
+        time.sleep(0.02)  # a loaded machine
+        return convert(*args)
+
+    runner.pipeline.convert = slow_convert
+    await send_all(session, appends(sine(16000, 0.3), 16000))
+    await session.send({"type": "input_audio_buffer.commit"})
+    await session.send({"type": "input.text.append", "text": "late"})  # belongs to the next turn
+    await session.send({"type": "response.create"})
+    events = await session.until("rate_limits.updated")
+    assert "error" not in types(events)
+    user_item = next(e for e in events if e.wire_type == "conversation.item.added").item
+    assert user_item["content"] == [{"type": "input_audio", "transcript": None}]  # no "late" text
+    transcript = next(
+        e for e in events if e.wire_type == "response.output_audio_transcript.done"
+    ).transcript
+    assert transcript == "echo 300 ms"
+    assert runner.session.input.text == "late"

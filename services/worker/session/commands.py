@@ -50,12 +50,21 @@ if TYPE_CHECKING:
     from services.worker.session.runner import SessionRunner
 
 
-async def handle(runner: SessionRunner, command: DuplexCommand, reserved: int = 0) -> None:
+#: commands that act on the input stream: they wait for the appends and commits sent before them
+IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput)
+
+
+async def handle(
+    runner: SessionRunner, command: DuplexCommand, reserved: int = 0, *, in_order: bool = False
+) -> None:
     """Run one command. `reserved` is what the manager reserved for it at dispatch
     (input bytes for an append, a pending turn for a commit)."""
     handler = _HANDLERS.get(type(command))
     if handler is None:
         raise DuplexSessionError("unknown_event", f"{command.wire_type} is not a session command")
+    if isinstance(command, IN_INPUT_ORDER) and not in_order:
+        runner.schedule_in_order(command)
+        return
     if isinstance(command, AppendAudio | Commit):
         await handler(runner, command, reserved)
     else:
@@ -176,22 +185,24 @@ def _committed_event(session, item_id: str, *, empty: bool, no_response: bool) -
 
 
 async def _clear_input(runner: SessionRunner, command: ClearInput) -> None:
+    """Runs in input order: what was appended before it is applied, then dropped."""
     _reset_input(runner)
     runner.emit(InputAudioBufferCleared())
 
 
 async def _cancel_input(runner: SessionRunner, command: CancelInput) -> None:
-    _reset_input(runner)  # first: appends in flight must not survive into the new epoch
+    """Runs at once: input still in flight is dropped, not waited for."""
+    session = runner.session
+    session.input_generation += 1  # appends and commits in flight from before are dropped
+    session.pending_input_bytes = session.pending_commits = 0  # and their reservations with them
+    _reset_input(runner)
     await runner.advance_epoch("input_cancelled")
     runner.emit(InputAudioBufferCleared())
 
 
 def _reset_input(runner: SessionRunner) -> None:
-    session = runner.session
-    session.input_generation += 1  # appends in flight from before the clear are dropped
-    session.pending_input_bytes = session.pending_commits = 0  # and their reservations with them
-    session.input.clear()
-    runner.pipeline.reset(session.input.stream_ms)
+    runner.session.input.clear()
+    runner.pipeline.reset(runner.session.input.stream_ms)
 
 
 # ---------------------------------------------------------------- responses

@@ -91,6 +91,13 @@ class _AppendReady:
 
 
 @dataclasses.dataclass
+class _InOrder:
+    """A command that must see every earlier append and commit applied first."""
+
+    command: Any
+
+
+@dataclasses.dataclass
 class _CommitReady:
     command: Commit
     epoch: int
@@ -183,6 +190,8 @@ class SessionRunner:
             await self._append_ready(item)
         elif isinstance(item, _CommitReady):
             await self._commit_ready(item)
+        elif isinstance(item, _InOrder):
+            await handlers.handle(self, item.command, in_order=True)
         elif isinstance(item, Dispatched):
             self.session.lease.touch()
             await handlers.handle(self, item.command, item.reserved)
@@ -254,6 +263,16 @@ class SessionRunner:
         finally:
             if not delivered:
                 self._release(generation, commits=1)
+
+    def schedule_in_order(self, command: Any) -> None:
+        """Run `command` after the input work queued before it: response.create must
+        see the turn committed just before it, input text must not join an earlier
+        commit, a clear must not drop an earlier commit."""
+        self._track(self._in_order_work(command, self._tail), "in-order")
+
+    async def _in_order_work(self, command: Any, previous: asyncio.Task[None] | None) -> None:
+        await self._after_tail(previous)  # the previous work has enqueued its result by now
+        self.submit(_InOrder(command))
 
     def _is_stale(self, epoch: int, generation: int) -> bool:
         """Input work is fenced by the input generation only (see the module docstring);
