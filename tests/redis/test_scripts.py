@@ -1,6 +1,7 @@
 """Contract tests of every Lua script, on a real redis-server and on fakeredis."""
 
 import asyncio
+import uuid
 
 import orjson
 import pytest
@@ -60,19 +61,20 @@ async def test_open_creates_the_meta_hash_once(redis_client):
 
 
 async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
-    store = await opened(redis_client)
+    # a channel of its own: on a cluster, pub/sub messages of an earlier test may still be in flight
+    sid = f"duplex-{uuid.uuid4().hex}"
+    store = await opened(redis_client, sid=sid)
     pubsub = pubsub_of(redis_client)
-    await pubsub.subscribe(KEYS.live(SID))
+    await pubsub.subscribe(KEYS.live(sid))
     await pubsub.get_message(timeout=1)  # the subscribe confirmation
-    assert await publish(store, [event("a", 1), event("b", 2)]) == [1, 2]
-    assert await publish(
-        store, [PublishItem(b'{"type":"x"}', "x", journaled=False), event("c", 3)]
-    ) == [0, 3]
-    journal = await store.journal(SID, 0)
+    assert await publish(store, [event("a", 1), event("b", 2)], sid=sid) == [1, 2]
+    unjournaled = PublishItem(b'{"type":"x"}', "x", journaled=False)
+    assert await publish(store, [unjournaled, event("c", 3)], sid=sid) == [0, 3]
+    journal = await store.journal(sid, 0)
     assert [seq for seq, _ in journal] == [1, 2, 3]
     assert [orjson.loads(data)["server_event_seq"] for _, data in journal] == [1, 2, 3]
     assert orjson.loads(journal[0][1])["n"] == 1  # the event itself is untouched
-    assert [seq for seq, _ in await store.journal(SID, 1, 2)] == [2]
+    assert [seq for seq, _ in await store.journal(sid, 1, 2)] == [2]
     live = []
     while len(live) < 4:
         message = await pubsub.get_message(timeout=1)
@@ -85,7 +87,7 @@ async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
         3,
     ]  # live order = publish order
     await pubsub.aclose()
-    meta = await store.meta(SID)
+    meta = await store.meta(sid)
     assert meta["next_seq"] == "3" and int(meta["journal_bytes"]) == sum(len(d) for _, d in journal)
 
 
@@ -101,17 +103,21 @@ async def test_journal_is_pruned_to_its_byte_cap(redis_client):
 
 
 async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client):
-    store = await opened(redis_client)
-    await publish(store, [event("a", 1)])
+    # a channel of its own: on a cluster, pub/sub messages of an earlier test may still be in flight
+    sid = f"duplex-{uuid.uuid4().hex}"
+    store = await opened(redis_client, sid=sid)
+    await publish(store, [event("a", 1)], sid=sid)
     pubsub = pubsub_of(redis_client)
-    await pubsub.subscribe(KEYS.live(SID))
+    await pubsub.subscribe(KEYS.live(sid))
     await pubsub.get_message(timeout=1)
-    assert await publish(store, [event("big", 2, pad=5000), event("after", 3)], max_bytes=1000) == [
+    assert await publish(
+        store, [event("big", 2, pad=5000), event("after", 3)], max_bytes=1000, sid=sid
+    ) == [
         0,
         0,
     ]
-    meta = await store.meta(SID)
-    assert meta["journal_overflow"] == "1" and await store.journal(SID, 0) == []
+    meta = await store.meta(sid)
+    assert meta["journal_overflow"] == "1" and await store.journal(sid, 0) == []
     received = []
     while len(received) < 3:
         message = await pubsub.get_message(timeout=1)
@@ -121,12 +127,12 @@ async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client)
         received[0]["type"] == "session.resync_required"
         and received[0]["reason"] == "journal_overflow"
     )
-    assert received[0]["session_id"] == SID
+    assert received[0]["session_id"] == sid
     assert [r.get("server_event_seq") for r in received[1:]] == [None, None]  # live, unsequenced
     await pubsub.aclose()
     with pytest.raises(AssertionError):
-        assert isinstance(await store.resume(SID, "tok-1", "tok-2", 1), ResumeGranted)
-    assert await store.resume(SID, "tok-1", "tok-2", 1) == ResumeResync("journal_overflow")
+        assert isinstance(await store.resume(sid, "tok-1", "tok-2", 1), ResumeGranted)
+    assert await store.resume(sid, "tok-1", "tok-2", 1) == ResumeResync("journal_overflow")
 
 
 async def test_session_closed_marks_the_hash_and_expires_the_keys(redis_client):
