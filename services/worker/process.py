@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from redis import exceptions as redis_errors
 
+from services.worker.health import HealthServer
 from services.worker.plugins import load_plugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
@@ -66,6 +67,10 @@ class WorkerProcess:
         self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        self._last_beat_ok = False
+        self.health = (
+            HealthServer(settings.health_port, self.readiness) if settings.health_port else None
+        )
 
     @property
     def worker_id(self) -> str:
@@ -81,6 +86,8 @@ class WorkerProcess:
         await self._register()
         self.publisher.start()
         self.manager.start()
+        if self.health is not None:
+            await self.health.start()
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat"),
             asyncio.create_task(self._consume_loop(), name="worker-inbox"),
@@ -97,6 +104,8 @@ class WorkerProcess:
         reading, end in-flight responses and close every session with reason
         `shutdown` (clients see why), then remove the rest of the registration."""
         self._stopping.set()
+        if self.health is not None:
+            await self.health.stop()
         with contextlib.suppress(Exception):
             await self.redis.client.zrem(self.keys.workers(), self.worker_id)
         for task in self._tasks:
@@ -131,6 +140,16 @@ class WorkerProcess:
         )
         pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
         await pipeline.execute()
+        self._last_beat_ok = True
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: the plugin is loaded (warm-up happens at construction) and Redis took
+        the last heartbeat, so the API pods can place sessions here."""
+        if self._stopping.is_set():
+            return False, "draining"
+        if not self._last_beat_ok:
+            return False, "redis unreachable: the last heartbeat failed"
+        return True, "ok"
 
     async def _report_load(self) -> None:
         """Placement reads `active`: keep it current between heartbeats."""
@@ -144,6 +163,7 @@ class WorkerProcess:
             try:
                 await self._beat()
             except Exception:
+                self._last_beat_ok = False
                 log.exception("worker heartbeat failed")
 
     # ------------------------------------------------------------ inbox

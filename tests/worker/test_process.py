@@ -85,3 +85,24 @@ async def test_a_refused_open_is_published_as_an_error():
     finally:
         await worker.stop()
     await asyncio.sleep(0)
+
+
+async def test_health_endpoints_follow_the_worker():
+    import httpx
+
+    from tests.redis_server import free_port
+
+    port = free_port()
+    handle = connect(None)
+    worker = WorkerProcess(WorkerSettings(worker_id="w3", health_port=port), handle)
+    await worker.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            assert (await http.get("/health")).json() == {"status": "ok"}
+            ready = await http.get("/health/ready")
+            assert ready.status_code == 200 and ready.json()["ready"] is True
+            assert (await http.get("/nope")).status_code == 404
+            worker._last_beat_ok = False  # as after a failed heartbeat
+            assert (await http.get("/health/ready")).status_code == 503
+    finally:
+        await worker.stop()

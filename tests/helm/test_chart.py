@@ -1,0 +1,154 @@
+"""What matters in the rendered chart (rendered by the helm binary `make test` fetches)."""
+
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "duplex"
+PRODUCTION = CHART / "ci" / "production-values.yaml"
+HELM = os.environ.get("DUPLEX_HELM", str(ROOT / ".tools" / "helm"))
+
+
+def render(*values: Path, sets: tuple[str, ...] = ()) -> dict[tuple[str, str], dict]:
+    if not Path(HELM).exists():
+        pytest.fail(f"helm is missing at {HELM}: run `make test` (it fetches helm into .tools/)")
+    args = [HELM, "template", "duplex", str(CHART)]
+    for path in values:
+        args += ["-f", str(path)]
+    for item in sets:
+        args += ["--set", item]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(out) if doc}
+
+
+def api_routes() -> set[str]:
+    from services.api.app import create_app
+    from shared.settings import ApiSettings
+
+    return {route.path for route in create_app(ApiSettings()).routes}
+
+
+def test_hpa_targets_the_api_deployment_and_scales_on_cpu_and_sessions():
+    docs = render(PRODUCTION)
+    hpa = docs[("HorizontalPodAutoscaler", "duplex-api")]
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "duplex-api")
+    assert ("Deployment", "duplex-api") in docs
+    metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert metrics["Resource"]["resource"]["name"] == "cpu"
+    assert metrics["Pods"]["pods"]["metric"]["name"] == "duplex_active_websocket_sessions"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 30)
+    assert "replicas" not in docs[("Deployment", "duplex-api")]["spec"]  # the HPA owns it
+    fixed = render(sets=("api.autoscaling.enabled=false", "api.replicas=3"))
+    assert ("HorizontalPodAutoscaler", "duplex-api") not in fixed
+    assert fixed[("Deployment", "duplex-api")]["spec"]["replicas"] == 3
+
+
+def test_api_probes_point_at_real_routes_and_the_drain_fits_the_grace_period():
+    docs = render()
+    pod = docs[("Deployment", "duplex-api")]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    routes = api_routes()
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready" in routes
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health" in routes
+    drain = int(docs[("ConfigMap", "duplex-config")]["data"]["DUPLEX_DRAIN_TIMEOUT_S"])
+    assert pod["terminationGracePeriodSeconds"] > drain
+    assert container["args"][0] == "api"
+
+
+def test_workers_are_a_statefulset_with_gpus_stable_ids_and_warm_readiness():
+    docs = render(PRODUCTION)
+    statefulset = docs[("StatefulSet", "duplex-worker")]
+    assert statefulset["spec"]["replicas"] == 4
+    pod = statefulset["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DUPLEX_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert container["args"] == ["worker", "--plugin", "echo"]
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health/ready", "port": "health"}
+    assert ("StatefulSet", "duplex-redis") not in docs  # external Redis
+    cpu_only = render()[("StatefulSet", "duplex-worker")]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert "nvidia.com/gpu" not in cpu_only["resources"]["requests"]
+
+
+def test_secrets_stay_out_of_configmaps():
+    docs = render(PRODUCTION)
+    for (kind, _), doc in docs.items():
+        if kind == "ConfigMap":
+            text = yaml.safe_dump(doc)
+            assert "redis" not in text.lower().replace("duplex_redis", "") or "redis://" not in text
+            assert "sk-prod-example" not in text and "redis+cluster://" not in text
+    assert (
+        docs[("Secret", "duplex-redis")]["stringData"]["redisUrl"]
+        == "redis+cluster://redis-cluster.data.svc:6379"
+    )
+    assert docs[("Secret", "duplex-api-keys")]["stringData"]["apiKeys"] == "sk-prod-example"
+    env = {
+        e["name"]: e
+        for e in docs[("Deployment", "duplex-api")]["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
+    assert env["DUPLEX_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "duplex-redis"
+    assert env["DUPLEX_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "duplex-api-keys"
+
+
+def test_bundled_redis_for_development_and_a_websocket_friendly_ingress():
+    docs = render()
+    assert ("StatefulSet", "duplex-redis") in docs
+    assert (
+        docs[("Secret", "duplex-redis")]["stringData"]["redisUrl"] == "redis://duplex-redis:6379/0"
+    )
+    claim = docs[("StatefulSet", "duplex-redis")]["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    ingress = render(PRODUCTION)[("Ingress", "duplex-api")]
+    assert (
+        int(ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-read-timeout"])
+        >= 3600
+    )
+
+
+def test_schema_refuses_unknown_and_wrong_values():
+    for bad in ("workers.gpus=-1", "api.unknownKnob=1", "redis.bundled=maybe"):
+        result = subprocess.run(
+            [HELM, "template", "duplex", str(CHART), "--set", bad], capture_output=True, text=True
+        )
+        assert result.returncode != 0, bad
+    missing = subprocess.run(
+        [HELM, "template", "duplex", str(CHART), "--set", "redis.bundled=false"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and "redis.url" in missing.stderr
+
+
+def test_dockerfiles_copy_what_exists_and_run_the_console_script():
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "duplex" in script
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for name in ("api.Dockerfile", "worker.Dockerfile"):
+        text = (ROOT / "docker" / name).read_text()
+        for source in re.findall(r"^COPY (?!--from)(\S+)", text, flags=re.M):
+            assert (ROOT / source).exists(), f"{name} copies a missing {source}"
+        assert re.search(r"^USER 10001$", text, flags=re.M)  # non-root
+        assert 'ENTRYPOINT ["duplex"]' in text
+        assert text.count("FROM ") == 2  # multi-stage: no build tools in the final image
+    assert ".[vllm]" in (ROOT / "docker" / "worker.Dockerfile").read_text() and "vllm" in extras
+    assert "vllm" not in (ROOT / "docker" / "api.Dockerfile").read_text()
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "tests"} <= set(ignored)
