@@ -86,11 +86,16 @@ def test_workers_are_a_statefulset_with_gpus_stable_ids_and_warm_readiness():
 
 def test_secrets_stay_out_of_configmaps():
     docs = render(PRODUCTION)
-    for (kind, _), doc in docs.items():
-        if kind == "ConfigMap":
-            text = yaml.safe_dump(doc)
-            assert "redis" not in text.lower().replace("duplex_redis", "") or "redis://" not in text
-            assert "sk-prod-example" not in text and "redis+cluster://" not in text
+    configmaps = [doc for (kind, _), doc in docs.items() if kind == "ConfigMap"]
+    assert configmaps
+    for configmap in configmaps:
+        assert not {"DUPLEX_REDIS_URL", "DUPLEX_API_KEYS"} & set(configmap["data"])
+        for value in configmap["data"].values():
+            assert (
+                "redis://" not in value
+                and "redis+cluster://" not in value
+                and "sk-prod" not in value
+            )
     assert (
         docs[("Secret", "duplex-redis")]["stringData"]["redisUrl"]
         == "redis+cluster://redis-cluster.data.svc:6379"
