@@ -105,11 +105,11 @@ async def test_journal_is_pruned_to_its_byte_cap(redis_client):
 async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client):
     # a channel of its own: on a cluster, pub/sub messages of an earlier test may still be in flight
     sid = f"duplex-{uuid.uuid4().hex}"
+    pubsub = pubsub_of(redis_client)
+    await pubsub.subscribe(KEYS.live(sid))  # first: a cluster forwards publishes asynchronously
+    await pubsub.get_message(timeout=1)
     store = await opened(redis_client, sid=sid)
     await publish(store, [event("a", 1)], sid=sid)
-    pubsub = pubsub_of(redis_client)
-    await pubsub.subscribe(KEYS.live(sid))
-    await pubsub.get_message(timeout=1)
     assert await publish(
         store, [event("big", 2, pad=5000), event("after", 3)], max_bytes=1000, sid=sid
     ) == [
@@ -119,10 +119,18 @@ async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client)
     meta = await store.meta(sid)
     assert meta["journal_overflow"] == "1" and await store.journal(sid, 0) == []
     received = []
-    while len(received) < 3:
+    while len(received) < 5:  # session.created, a, the notice, big, after
         message = await pubsub.get_message(timeout=1)
         if message and message["type"] == "message":
             received.append(orjson.loads(message["data"]))
+    assert [r["type"] for r in received] == [
+        "session.created",
+        "a",
+        "session.resync_required",
+        "big",
+        "after",
+    ]
+    received = received[2:]
     assert (
         received[0]["type"] == "session.resync_required"
         and received[0]["reason"] == "journal_overflow"
