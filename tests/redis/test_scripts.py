@@ -63,10 +63,10 @@ async def test_open_creates_the_meta_hash_once(redis_client):
 async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
     # a channel of its own: on a cluster, pub/sub messages of an earlier test may still be in flight
     sid = f"duplex-{uuid.uuid4().hex}"
-    store = await opened(redis_client, sid=sid)
     pubsub = pubsub_of(redis_client)
-    await pubsub.subscribe(KEYS.live(sid))
+    await pubsub.subscribe(KEYS.live(sid))  # first: a cluster forwards publishes asynchronously
     await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    store = await opened(redis_client, sid=sid)
     assert await publish(store, [event("a", 1), event("b", 2)], sid=sid) == [1, 2]
     unjournaled = PublishItem(b'{"type":"x"}', "x", journaled=False)
     assert await publish(store, [unjournaled, event("c", 3)], sid=sid) == [0, 3]
@@ -76,16 +76,12 @@ async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
     assert orjson.loads(journal[0][1])["n"] == 1  # the event itself is untouched
     assert [seq for seq, _ in await store.journal(sid, 1, 2)] == [2]
     live = []
-    while len(live) < 4:
+    while len(live) < 5:
         message = await pubsub.get_message(timeout=1)
         if message and message["type"] == "message":
             live.append(orjson.loads(message["data"]))
-    assert [m.get("server_event_seq") for m in live] == [
-        1,
-        2,
-        None,
-        3,
-    ]  # live order = publish order
+    # live order = publish order; session.created (from opening) is unsequenced
+    assert [m.get("server_event_seq") for m in live] == [None, 1, 2, None, 3]
     await pubsub.aclose()
     meta = await store.meta(sid)
     assert meta["next_seq"] == "3" and int(meta["journal_bytes"]) == sum(len(d) for _, d in journal)
