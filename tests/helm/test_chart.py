@@ -157,3 +157,10 @@ def test_dockerfiles_copy_what_exists_and_run_the_console_script():
     assert "vllm" not in (ROOT / "docker" / "api.Dockerfile").read_text()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", "tests"} <= set(ignored)
+
+
+def test_optional_service_monitor_scrapes_metrics():
+    assert ("ServiceMonitor", "duplex-api") not in render()
+    monitor = render(sets=("serviceMonitor.enabled=true",))[("ServiceMonitor", "duplex-api")]
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["path"] == "/metrics" in api_routes() and endpoint["port"] == "http"
