@@ -162,9 +162,17 @@ class WorkerProcess:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
                 await self._beat()
+                self._forget_closed_sessions()
             except Exception:
                 self._last_beat_ok = False
                 log.exception("worker heartbeat failed")
+
+    def _forget_closed_sessions(self) -> None:
+        """Redelivery marks of sessions this worker no longer holds (closed by their
+        client, expired) are dropped, so the map does not grow for ever."""
+        live = set(self.manager.session_ids())
+        for session_id in [sid for sid in self._applied if sid not in live]:
+            del self._applied[session_id]
 
     # ------------------------------------------------------------ inbox
 

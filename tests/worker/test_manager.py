@@ -261,3 +261,15 @@ async def test_shutdown_closes_every_session():
     for session in (one, two):
         closed = (await session.until("session.closed"))[-1]
         assert closed.reason == "shutdown"
+
+
+async def test_a_chat_completion_holds_a_slot_while_it_runs():
+    h = make_harness(max_sessions=1)
+    try:
+        assert await h.manager.chat_completion([{"role": "user", "content": "hi"}]) == "echo: hi"
+        await h.open()
+        error = await refused(h.manager.chat_completion([{"role": "user", "content": "hi"}]))
+        assert error.code == "resource_exhausted"
+        assert h.manager.slots_in_use == 1
+    finally:
+        await h.manager.shutdown()

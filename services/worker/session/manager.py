@@ -330,4 +330,14 @@ class SessionManager(SessionHost):
             raise DuplexSessionError(
                 "bad_event", f"{self.plugin.plugin_id} does not serve chat completions"
             )
-        return await self.plugin.chat_completion(messages)
+        # a chat request is a short-lived session: it holds a slot while it runs
+        if self.slots_in_use >= self.runtime.max_sessions:
+            limit = self.runtime.max_sessions
+            raise DuplexSessionError(
+                "resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}"
+            )
+        self._opening += 1
+        try:
+            return await self.plugin.chat_completion(messages)
+        finally:
+            self._opening -= 1
