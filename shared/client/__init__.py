@@ -1,1 +1,1 @@
-"""Clients: the inline (in-process) client now; DuplexClient (WebSocket, resume) with the API."""
+"""Clients: DuplexClient (WebSocket, automatic resume) and the inline (in-process) client."""
