@@ -97,6 +97,8 @@ class ApiPod:
             await self.client.ping()
         except Exception as exc:
             return False, f"redis unreachable: {exc}"
+        if not self.hub.connected.is_set():
+            return False, "live event channel reconnecting"
         if not await self.directory.live_workers():
             return False, "no live worker"
         return True, "ok"

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.api.live import CATCH_UP
@@ -30,6 +31,7 @@ from shared.protocol.duplex import (
     CommandContext,
     DuplexErrorEvent,
     DuplexEvent,
+    DuplexSessionCreated,
     Heartbeat,
     InputAudioDefaults,
     RealtimeProtocolError,
@@ -249,16 +251,27 @@ class RealtimeConnection:
         await self.pod.client.srem(self.pod.keys.api_sessions(self.pod.settings.pod_id), session_id)
 
     async def _first_reply(self) -> dict[str, Any] | None:
-        """The worker's answer to an open: session.created or an error (control notices skipped)."""
+        """The worker's answer to an open: session.created or an error (control notices skipped).
+
+        session.created is not journaled: if its live message was missed (the pub/sub
+        connection was reconnecting), the session hash, which the same script marked
+        active with the session object, stands in for it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.pod.settings.open_timeout_s
-        while True:
+        while loop.time() < deadline:
             try:
-                data = await asyncio.wait_for(self.live.get(), max(0.0, deadline - loop.time()))
+                data = await asyncio.wait_for(
+                    self.live.get(), min(0.5, max(0.0, deadline - loop.time()))
+                )
             except TimeoutError:
-                return None
+                meta = await self.pod.store.meta(self.session_id)
+                if meta.get("state") == "active" and meta.get("session"):
+                    created = DuplexSessionCreated(session=orjson.loads(meta["session"]))
+                    return created.to_dict()
+                continue
             if not data.startswith(CONTROL_PREFIX):
                 return orjson.loads(data)
+        return None
 
     async def _resume(self, request: SessionResume) -> None:
         pod, sid = self.pod, request.session_id
@@ -350,6 +363,18 @@ class RealtimeConnection:
                 command.event_id,
             )
             return
+        try:
+            await self._deliver(command)
+        except RedisError as exc:  # Redis unreachable: the client hears it, the socket lives on
+            log.warning("command for %s not delivered: %s", self.session_id, exc)
+            self._error(
+                "internal_error",
+                "the command could not be delivered (the session store is unreachable); retry",
+                command.event_id,
+                retryable=True,
+            )
+
+    async def _deliver(self, command: Any) -> None:
         if isinstance(command, SessionEventAck):
             first = await self.pod.store.ack(self.session_id, command.server_event_seq)
             if first == -1:
@@ -368,20 +393,10 @@ class RealtimeConnection:
                 self.defaults = self.defaults.updated(command.patch)
         started = time.perf_counter()
         self.command_seq += 1
-        try:
-            await self._xadd(
-                self.worker_id,
-                command_message(self.session_id, self.generation, self.command_seq, command),
-            )
-        except Exception as exc:
-            log.warning("command for %s not delivered: %s", self.session_id, exc)
-            self._error(
-                "internal_error",
-                "the command could not be delivered; retry",
-                command.event_id,
-                retryable=True,
-            )
-            return
+        await self._xadd(
+            self.worker_id,
+            command_message(self.session_id, self.generation, self.command_seq, command),
+        )
         self.pod.metrics.command_latency.observe(time.perf_counter() - started)
         if isinstance(command, CloseSession):
             self.pod.metrics.sessions_closed.inc()

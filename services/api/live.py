@@ -30,9 +30,11 @@ class LiveHub:
         self._subscribers: dict[str, set[Callback]] = {}
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self.pubsub.subscribe(self.pod_channel)
+        self.connected.set()
         self._task = asyncio.create_task(self._run(), name="live-hub")
 
     async def stop(self) -> None:
@@ -50,7 +52,7 @@ class LiveHub:
         first = not callbacks
         callbacks.add(callback)
         if first:
-            await self.pubsub.subscribe(channel)
+            await self._change(self.pubsub.subscribe, channel)
 
     async def unsubscribe(self, channel: str, callback: Callback) -> None:
         callbacks = self._subscribers.get(channel)
@@ -59,13 +61,24 @@ class LiveHub:
         callbacks.discard(callback)
         if not callbacks:
             del self._subscribers[channel]
-            await self.pubsub.unsubscribe(channel)
+            await self._change(self.pubsub.unsubscribe, channel)
+
+    async def _change(self, operation: Callable[..., Any], *channels: str) -> None:
+        """Subscription changes, one at a time. While the connection is down they only
+        change `_subscribers`: the reconnect subscribes to exactly those (two coroutines
+        talking to a reconnecting pub/sub connection at once can lose subscriptions)."""
+        if not self.connected.is_set():
+            return
+        async with self._lock:
+            try:
+                await operation(*channels)
+            except Exception:
+                log.warning("pub/sub %s failed; the reconnect will apply it", operation.__name__)
 
     async def _run(self) -> None:
         backoff = Backoff()
         while True:
             try:
-                self.connected.set()
                 async for message in self.pubsub.listen():
                     if message.get("type") != "message":
                         continue
@@ -81,7 +94,9 @@ class LiveHub:
                 log.warning("live hub lost its pub/sub connection; resubscribing", exc_info=True)
                 await asyncio.sleep(backoff.next_delay())
                 try:
-                    await self.pubsub.subscribe(self.pod_channel, *self._subscribers)
+                    async with self._lock:
+                        await self.pubsub.subscribe(self.pod_channel, *self._subscribers)
+                    self.connected.set()  # only now: readiness depends on it
                     backoff.reset()
                     for callbacks in list(self._subscribers.values()):
                         for callback in list(callbacks):

@@ -203,7 +203,18 @@ async def test_pods_recover_when_redis_restarts():
     api = fleet.apis[0]
     try:
         await fleet.wait_workers(1)
+        connected = DuplexClient([api.base], heartbeat_s=None)
+        await connected.connect({"extra_body": {"pace": 0}})
         restarting = asyncio.get_running_loop().run_in_executor(None, server.restart, 1.0)
+        await asyncio.sleep(0.3)  # Redis is down now
+        await connected.send({"type": "session.heartbeat", "event_id": "while-down"})
+        error = (await connected.until("error", timeout=10))[-1]
+        assert (error.code, error.error_type, error.related_event_id) == (
+            "internal_error",
+            "server_error",
+            "while-down",
+        )
+        assert error.extra.get("retryable", error.retryable) is True  # the socket stays open
         states = []
         async with httpx.AsyncClient(timeout=2) as http:
             for _ in range(200):
@@ -214,6 +225,7 @@ async def test_pods_recover_when_redis_restarts():
         await restarting
         # readiness went false while Redis was down, and true again once it was back
         assert 503 in states and states[-1] == 200
+        await connected.close(end_session=False)
         client = DuplexClient([api.base], heartbeat_s=None)
         await client.connect({"extra_body": {"pace": 0}})  # a new session works on the new Redis
         await client.send({"type": "session.heartbeat"})
