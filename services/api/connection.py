@@ -430,6 +430,8 @@ class RealtimeConnection:
                     await self._replay(until_seq=None)
                 continue
             event = orjson.loads(data)
+            if event.get("type") == "session.created":
+                continue  # the open already delivered it (possibly from the session hash)
             seq = event.get("server_event_seq")
             if seq is not None:
                 if seq <= self.last_seq:
