@@ -155,6 +155,10 @@ async def test_sessions_of_a_killed_api_pod_expire_after_the_grace_and_free_thei
     victim, other = fleet.apis
     ws, created = await open_raw(victim.base)
     session_id = created["session"]["id"]
+    for _ in range(100):  # the worker reports its load just after it admits the session
+        if (await fleet.loads())["w-1"] == 1:
+            break
+        await asyncio.sleep(0.02)
     assert (await fleet.loads())["w-1"] == 1
     victim.kill()  # its client never reconnects
     for _ in range(200):
