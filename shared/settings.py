@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Mapping
 
 ENV_PREFIX = "DUPLEX_"
+#: how long a closed session's keys stay readable (a late resume gets session_resume_expired)
+CLOSED_SESSION_TTL_S = 60.0
 
 
 def _env(name: str, default: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
@@ -56,8 +58,7 @@ class WorkerSettings(RedisSettings):
     plugin: str = "echo"
     worker_id: str = dataclasses.field(default_factory=default_worker_id)
     max_sessions: int = 64
-    #: how long a closed session's keys stay readable (late resumes get session_resume_expired)
-    closed_ttl_s: float = 60.0
+    closed_ttl_s: float = CLOSED_SESSION_TTL_S
     #: /health and /health/ready for probes (0: no health port)
     health_port: int = 0
 

@@ -99,9 +99,19 @@ class RealtimeConnection:
         self.replaced = False
         self.last_seq = 0
         self.command_seq = 0
-        self.defaults = InputAudioDefaults()
+        self.defaults = InputAudioDefaults()  # sets self.context too
         self.idle_timeout_s = 300.0
         self._overflow_handled = False
+
+    @property
+    def defaults(self) -> InputAudioDefaults:
+        return self._defaults
+
+    @defaults.setter
+    def defaults(self, value: InputAudioDefaults) -> None:
+        # one parse context per change, not per frame: appends arrive every 20 ms
+        self._defaults = value
+        self.context = CommandContext(value)
 
     # ------------------------------------------------------------ main
 
@@ -158,7 +168,7 @@ class RealtimeConnection:
                 )
                 raise HandshakeFailed from None
             try:
-                event = parse_client_event(frame, CommandContext(self.defaults))
+                event = parse_client_event(frame, self.context)
             except RealtimeProtocolError as exc:
                 self._send_event(DuplexErrorEvent.from_exception(exc))
                 continue
@@ -351,10 +361,9 @@ class RealtimeConnection:
         if self.replaced or self.closed:
             return  # a superseded socket's input is ignored
         try:
-            command = parse_client_event(frame, CommandContext(self.defaults))
+            command = parse_client_event(frame, self.context)
         except RealtimeProtocolError as exc:
             self._send_event(DuplexErrorEvent.from_exception(exc))
-            self.pod.metrics.errors.labels(exc.code).inc()
             return
         if isinstance(command, SessionResume):
             self._error(
@@ -450,9 +459,9 @@ class RealtimeConnection:
             self._observe_session(event.get("session"))
         if wire_type in ("session.closed", "session.expired"):
             self.closed = True
-        accepted = self.queue.put(
-            OutItem(data, wire_type, event.get("response_id"), event.get("server_event_seq"))
-        )
+        elif wire_type == "error":  # the worker's errors count with the pod's own
+            self.pod.metrics.errors.labels(event.get("error", {}).get("code") or "unknown").inc()
+        accepted = self.queue.put(OutItem(data, wire_type, event.get("response_id")))
         self.pod.metrics.events.inc()
         if not accepted and self.queue.overflowed and not self._overflow_handled:
             self._overflow_handled = True
@@ -475,6 +484,8 @@ class RealtimeConnection:
                 self.idle_timeout_s = float(timeout)
 
     def _send_event(self, event: DuplexEvent) -> None:
+        if isinstance(event, DuplexErrorEvent):
+            self.pod.metrics.errors.labels(event.code or "unknown").inc()
         self.queue.put(OutItem(event.to_json(), event.wire_type))
 
     def _error(self, code: str, message: str, event_id: str | None = None, **extra: Any) -> None:

@@ -33,6 +33,7 @@ from arq.connections import ArqRedis
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.redis.messages import CLOSE, InboxMessage
 from shared.redis.store import PublishItem
+from shared.settings import CLOSED_SESSION_TTL_S
 
 if TYPE_CHECKING:
     from services.api.app import ApiPod
@@ -83,7 +84,7 @@ class Janitor:
         return {
             "max_bytes": runtime.resume_replay_max_bytes_per_session,
             "ttl_ms": int(runtime.resume_replay_ttl_s * 1000),
-            "closed_ttl_ms": 60_000,
+            "closed_ttl_ms": int(CLOSED_SESSION_TTL_S * 1000),
         }
 
     async def expire_leases(self, ctx: dict[str, Any] | None = None) -> list[str]:

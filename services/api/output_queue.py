@@ -29,7 +29,6 @@ class OutItem:
     data: bytes
     wire_type: str
     response_id: str | None = None
-    seq: int | None = None
 
 
 class OutputQueue:

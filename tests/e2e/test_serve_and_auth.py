@@ -85,6 +85,11 @@ async def test_handshake_rules(serve):
         await ws.send('{"type":"session.heartbeat"}')  # any other first event autostarts
         kinds = [orjson.loads(await ws.recv())["type"] for _ in range(2)]
         assert kinds == ["session.created", "session.heartbeat_ack"]
+        await ws.send('{"type":"response.cancel"}')  # the worker's error counts too
+        assert orjson.loads(await ws.recv())["error"]["code"] == "response_not_active"
+    metrics = httpx.get(f"{serve.base}/metrics").text
+    assert 'duplex_errors_total{code="invalid_session_config"}' in metrics
+    assert 'duplex_errors_total{code="response_not_active"}' in metrics
 
 
 async def test_config_timeout(keyed):

@@ -190,3 +190,19 @@ async def test_commands_after_a_commit_see_it_however_slow_the_audio_path(harnes
     ).transcript
     assert transcript == "echo 300 ms"
     assert runner.session.input.text == "late"
+
+
+async def test_f32_speech_verdict_uses_rms_of_the_decoded_input(harness):
+    session = await harness.open({"input_audio_format": "pcm_f32le", "extra_body": {"pace": 0}})
+    quiet = np.full(1600, 0.001, np.float32).astype("<f4").tobytes()
+    await session.send(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(quiet).decode()}
+    )
+    await session.send({"type": "input_audio_buffer.commit", "event_id": "quiet"})
+    events = await session.until("conversation.item.done")
+    assert "input_audio_buffer.speech_started" not in types(events)  # below overlap_silence_rms
+    loud = (0.2 * np.ones(1600, np.float32)).astype("<f4").tobytes()
+    await session.send(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(loud).decode()}
+    )
+    assert (await session.recv()).wire_type == "input_audio_buffer.speech_started"

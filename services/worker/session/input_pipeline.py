@@ -15,7 +15,7 @@ import numpy as np
 
 from services.worker.session.vad import ServerVadDetector, VadBackend, VadEvent
 from shared.contracts import TurnDetection
-from shared.protocol.duplex import AppendAudio, DuplexInputConverter, f32le_to_float, speech_verdict
+from shared.protocol.duplex import AppendAudio, DuplexInputConverter, decode_audio, speech_verdict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +59,15 @@ class InputPipeline:
     def convert(self, command: AppendAudio, silence_rms: float) -> ConvertedAppend:
         # hot path: every audio frame of every session passes here
         with self._lock:
-            samples = (
-                self._converter.convert(command.audio, command.audio_format)
-                if command.audio
-                else _EMPTY
+            decoded, rate = (
+                decode_audio(command.audio, command.audio_format) if command.audio else (_EMPTY, 0)
             )
-            raw = f32le_to_float(command.audio) if command.format == "pcm_f32le" else None
-            speech = speech_verdict(
+            samples = self._converter.resample(decoded, rate) if command.audio else _EMPTY
+            speech = speech_verdict(  # RMS is measured on the decoded input, before resampling
                 is_speech=command.is_speech,
                 hints=command.hints,
                 encoding=command.format,
-                samples=raw,
+                samples=decoded if command.format == "pcm_f32le" else None,
                 silence_rms=silence_rms,
             )
             events = (

@@ -229,9 +229,6 @@ class SessionManager(SessionHost):
         except LeaseConflict as exc:
             raise DuplexSessionError("session_resume_conflict", str(exc)) from None
 
-    def session_object(self, session_id: str) -> dict[str, Any]:
-        return self.runner(session_id).session.session_object()
-
     # ------------------------------------------------------------ close
 
     def _close_later(self, session_id: str, reason: str) -> None:

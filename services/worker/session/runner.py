@@ -83,7 +83,6 @@ class Dispatched:
 @dataclasses.dataclass
 class _AppendReady:
     command: AppendAudio
-    epoch: int
     generation: int
     reserved: int
     result: ConvertedAppend | None = None
@@ -100,7 +99,6 @@ class _InOrder:
 @dataclasses.dataclass
 class _CommitReady:
     command: Commit
-    epoch: int
     generation: int
     tail: np.ndarray
 
@@ -218,14 +216,14 @@ class SessionRunner:
             await asyncio.wait({previous})  # order only: the previous task's outcome is its own
 
     def schedule_append(self, command: AppendAudio, reserved: int) -> None:
-        ready = _AppendReady(command, self.session.epoch, self.session.input_generation, reserved)
+        ready = _AppendReady(command, self.session.input_generation, reserved)
         self._track(self._append_work(ready, self._tail), "append")
 
     async def _append_work(self, ready: _AppendReady, previous: asyncio.Task[None] | None) -> None:
         delivered = False
         try:
             await self._after_tail(previous)
-            if self._is_stale(ready.epoch, ready.generation):
+            if self._is_stale(ready.generation):
                 return
             loop = asyncio.get_running_loop()
             silence_rms = self.session.config.overlap_silence_rms
@@ -244,21 +242,20 @@ class SessionRunner:
     def schedule_commit(self, command: Commit, *, reserved: bool = False) -> None:
         if not reserved:  # VAD commits are not dispatched, so nothing reserved them
             self.session.pending_commits += 1
-        epoch, generation = self.session.epoch, self.session.input_generation
-        self._track(self._commit_work(command, epoch, generation, self._tail), "commit")
+        self._track(self._commit_work(command, self.session.input_generation, self._tail), "commit")
 
     async def _commit_work(
-        self, command: Commit, epoch: int, generation: int, previous: asyncio.Task[None] | None
+        self, command: Commit, generation: int, previous: asyncio.Task[None] | None
     ) -> None:
         delivered = False
         try:
             await self._after_tail(previous)
-            if self._is_stale(epoch, generation):
+            if self._is_stale(generation):
                 return
             tail = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.pipeline.flush
             )
-            self.submit(_CommitReady(command, epoch, generation, tail))
+            self.submit(_CommitReady(command, generation, tail))
             delivered = True
         finally:
             if not delivered:
@@ -274,9 +271,8 @@ class SessionRunner:
         await self._after_tail(previous)  # the previous work has enqueued its result by now
         self.submit(_InOrder(command))
 
-    def _is_stale(self, epoch: int, generation: int) -> bool:
-        """Input work is fenced by the input generation only (see the module docstring);
-        `epoch` is kept on the item for diagnostics."""
+    def _is_stale(self, generation: int) -> bool:
+        """Input work is fenced by the input generation, not the epoch (module docstring)."""
         return generation != self.session.input_generation
 
     def _release(self, generation: int, *, input_bytes: int = 0, commits: int = 0) -> None:
@@ -291,7 +287,7 @@ class SessionRunner:
     async def _append_ready(self, ready: _AppendReady) -> None:
         session = self.session
         self._release(ready.generation, input_bytes=ready.reserved)
-        if self._is_stale(ready.epoch, ready.generation):
+        if self._is_stale(ready.generation):
             return
         if ready.error is not None:
             raise ready.error.with_event_id(ready.command.event_id)
@@ -350,7 +346,7 @@ class SessionRunner:
 
     async def _commit_ready(self, ready: _CommitReady) -> None:
         self._release(ready.generation, commits=1)
-        if self._is_stale(ready.epoch, ready.generation):
+        if self._is_stale(ready.generation):
             return
         self.session.input.append(ready.tail)
         turn = handlers.commit_turn(self, ready.command)

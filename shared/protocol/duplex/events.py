@@ -411,17 +411,6 @@ def server_event_seq(data: Mapping[str, Any]) -> int | None:
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
 
-def with_server_event_seq(rendered: bytes, seq: int) -> bytes:
-    """Stamp `server_event_seq` on an already rendered event without re-serialising it.
-
-    Rendered events are compact JSON objects, so the last byte is `}`; the
-    audio payload inside is never parsed again.
-    """
-    if not rendered.endswith(b"}") or rendered == b"{}":
-        raise ValueError("not a rendered event object")
-    return b'%s,"%s":%d}' % (rendered[:-1], SERVER_EVENT_SEQ_KEY.encode(), seq)
-
-
 __all__ = [
     "RAW_EVENT_PREFIX",
     "SERVER_EVENT_SEQ_KEY",
@@ -473,5 +462,4 @@ __all__ = [
     "parse_server_event",
     "server_event_class",
     "server_event_seq",
-    "with_server_event_seq",
 ]

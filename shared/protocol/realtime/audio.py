@@ -302,7 +302,10 @@ class InputAudioConverter:
         self._resampler: StreamingResampler | None = None
 
     def convert(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
-        samples, rate = decode_audio(data, fmt)
+        return self.resample(*decode_audio(data, fmt))
+
+    def resample(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        """Already decoded samples at `rate` -> the target rate (stream state kept)."""
         if self._resampler is None or self._resampler.in_rate != rate:
             self._resampler = StreamingResampler(rate, self.target_rate)
         return self._resampler.process(samples)
