@@ -66,6 +66,8 @@ class WorkerProcess:
         self.inbox = self.keys.inbox(settings.worker_id)
         self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
         self._tasks: list[asyncio.Task[None]] = []
+        self._unacked: list[bytes] = []  # inbox entries handled, their XACK not yet sent
+        self._ack_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._last_beat_ok = False
         self.health = (
@@ -91,6 +93,7 @@ class WorkerProcess:
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat"),
             asyncio.create_task(self._consume_loop(), name="worker-inbox"),
+            asyncio.create_task(self._ack_loop(), name="worker-inbox-ack"),
         ]
         log.info(
             "worker %s serving %s (max %d sessions)",
@@ -111,6 +114,8 @@ class WorkerProcess:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._ack_pending()
         await self.manager.shutdown("shutdown")
         await self.publisher.stop()
         with contextlib.suppress(Exception):
@@ -218,9 +223,38 @@ class WorkerProcess:
                 except Exception:
                     log.exception("inbox entry %r failed", entry_id)
             if entries:
-                await self.redis.client.xack(
-                    self.inbox, INBOX_GROUP, *[entry_id for entry_id, _ in entries]
-                )
+                self._unacked.extend(entry_id for entry_id, _ in entries)
+                self._ack_wake.set()
+
+    async def _ack_loop(self) -> None:
+        """XACK handled entries off the read path: awaiting the ack before the next
+        XREADGROUP put a Redis round trip in front of every command (bench/profile). An ack
+        that is late or lost only leaves an entry pending, which a restarted worker skips
+        (`_fresh`) or whose session is gone with the old process."""
+        backoff = Backoff()
+        while True:
+            await self._ack_wake.wait()
+            self._ack_wake.clear()
+            try:
+                await self._ack_pending()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("acknowledging inbox entries failed; retrying", exc_info=True)
+                await asyncio.sleep(backoff.next_delay())
+                self._ack_wake.set()
+                continue
+            backoff.reset()
+
+    async def _ack_pending(self) -> None:
+        ids, self._unacked = self._unacked, []
+        if not ids:
+            return
+        try:
+            await self.redis.client.xack(self.inbox, INBOX_GROUP, *ids)
+        except BaseException:
+            self._unacked = ids + self._unacked
+            raise
 
     def _fresh(self, message: InboxMessage) -> bool:
         """False for a command already applied (redelivery)."""
