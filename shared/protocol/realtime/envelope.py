@@ -21,6 +21,24 @@ def utf8_length_exceeds(frame: str, limit: int) -> bool:
     return len(frame.encode("utf-8", "surrogatepass")) > limit
 
 
+# orjson decodes up to 1024 levels but encodes only up to 254: an event between the two was
+# accepted, then failed when the API re-encoded it for the worker (found by bench/fuzz.py).
+# No client event of the contract comes near this depth.
+MAX_JSON_DEPTH = 64
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """True when containers nest deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 def decode_client_frame(frame: str | bytes, *, max_bytes: int) -> dict[str, Any]:
     """The JSON object of one client frame.
 
@@ -44,6 +62,10 @@ def decode_client_frame(frame: str | bytes, *, max_bytes: int) -> dict[str, Any]
         ) from None
     if not isinstance(obj, dict):
         raise RealtimeProtocolError("bad_event", "client event must be a JSON object")
+    if nesting_exceeds(obj, MAX_JSON_DEPTH):
+        raise RealtimeProtocolError(
+            "invalid_json", f"client event is nested deeper than {MAX_JSON_DEPTH} levels"
+        )
     event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
     if not isinstance(obj.get("type"), str) or not obj["type"]:
         raise RealtimeProtocolError(

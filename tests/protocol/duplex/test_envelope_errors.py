@@ -326,3 +326,20 @@ def test_session_update_without_session_key_uses_the_payload():
         '{"type":"session.update","instructions":"be brief","event_id":"e"}'
     )
     assert command.patch == {"instructions": "be brief"}
+
+
+@pytest.mark.parametrize("depth", [65, 300, 1000])
+def test_events_nested_too_deep_are_invalid_json(depth):
+    """Nesting orjson decodes but cannot encode again (found by bench/fuzz.py: the API
+    failed re-encoding such an event for the worker and closed with internal_error)."""
+    frame = '{"type":"session.update","session":{"x":' + "[" * depth + "]" * depth + "}}"
+    assert rejection(frame).code == "invalid_json"
+
+
+def test_nesting_at_the_limit_is_parsed_and_encodes_again():
+    from shared.protocol.realtime.envelope import MAX_JSON_DEPTH, decode_client_frame
+
+    inner = MAX_JSON_DEPTH - 1  # the event object itself is one level
+    frame = '{"type":"session.heartbeat","x":' + "[" * inner + "]" * inner + "}"
+    event = decode_client_frame(frame, max_bytes=MAX_EVENT_BYTES)
+    assert orjson.loads(orjson.dumps(event)) == event
