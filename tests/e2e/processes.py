@@ -75,8 +75,11 @@ def start_worker(redis_url: str, prefix: str, name: str = "worker", **env: str) 
     return Process(["worker", "--plugin", "echo", "--worker-id", name], environment, name)
 
 
-def start_api(redis_url: str, prefix: str, name: str = "api", **env: str) -> HttpProcess:
-    port = free_port()
+def start_api(
+    redis_url: str, prefix: str, name: str = "api", port: int | None = None, **env: str
+) -> HttpProcess:
+    """An API pod; `port` lets a restarted pod come back at the same address."""
+    port = port or free_port()
     environment = {"DUPLEX_REDIS_URL": redis_url, "DUPLEX_KEY_PREFIX": prefix, **env}
     return HttpProcess(["api", "--host", "127.0.0.1", "--port", str(port)], environment, name, port)
 

@@ -1,0 +1,375 @@
+"""Chaos: kill API pods (or a worker) under live conversations; prove nothing was lost.
+
+    .venv/bin/python -m bench.chaos [--mode api|worker|both] [--sessions 20] [--seconds 60]
+                                    [--kill-every 3]
+
+Two API pods, two echo workers and a real redis-server. Every client is a `DuplexClient`
+with automatic resume over both pods' addresses, and runs echo turns for the whole run: a
+turn of unique length (so every answer names its turn: `echo <N> ms`) sent as 20 ms pcm16
+appends and `input.commit`, answered at 4x real time.
+
+mode api     every `kill-every` seconds a random API pod is SIGKILLed and restarted at the
+             same address; its clients resume on the other pod. A turn whose input went
+             down with the pod (no answer after the resume) is spoken again: client input in
+             flight is not journaled, server events are.
+mode worker  after a third of the run one worker is SIGKILLed; exactly its sessions must end
+             with error{worker_lost} + session.closed, the others keep talking.
+
+Checked for every session afterwards, from every frame the client received:
+  lost        server_event_seq delivered to the application is 1..head with no gap
+  duplicated  no seq delivered twice, no event_id under two seqs, one response.created
+              and at most one response.done per response id
+  audio       every completed response's audio equals the echo of the turn it names
+  crashes     `Traceback` in the logs of the processes not killed on purpose
+Writes docs/reliability.md (section chaos). `run_chaos()` is also what the small chaos
+test in the suite runs (tests/e2e/test_chaos.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import dataclasses
+import random
+import re
+import time
+from typing import Any
+
+import numpy as np
+import redis.asyncio as redis_async
+
+from bench.common import Stack, machine, now_utc, write_section
+from plugins.echo.stage import resample_whole
+from shared.client.duplex_client import DuplexClient, DuplexClientError
+from shared.protocol.duplex import float_to_pcm16, pcm16_to_float
+from shared.redis.keys import KeySchema
+
+SESSION = {
+    "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
+    "extra_body": {"pace": 4},
+}
+# api mode: a resume takes well under a second, an answer at 4x real time half a second.
+# worker mode: a lost worker is noticed after its heartbeat TTL (5 s) + a janitor tick.
+ANSWER_TIMEOUT_S = {"api": 5.0, "worker": 15.0}
+SEND_TIMEOUT_S = 30.0
+ECHO_MS = re.compile(r"echo (\d+) ms")
+
+
+def turn_audio(duration_ms: int) -> bytes:
+    """A tone whose pitch and length are the turn's own."""
+    t = np.arange(16 * duration_ms) / 16000
+    hz = 200 + duration_ms % 997
+    return float_to_pcm16((0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32))
+
+
+def expected_echo(pcm: bytes) -> bytes:
+    return float_to_pcm16(resample_whole(pcm16_to_float(pcm), 16000, 24000))
+
+
+class RecordingClient(DuplexClient):
+    """A DuplexClient that keeps every frame it received and assembles every response."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.frames: list[dict[str, Any]] = []  # as received, duplicates included
+        self.delivered: list[dict[str, Any]] = []  # as handed to the application
+        self.audio: dict[str, list[bytes]] = {}
+        self.transcripts: dict[str, str] = {}
+        self.done: list[tuple[str, str, int | None]] = []  # (response id, status, echo ms)
+        self.answered: set[int] = set()
+        self.progress = asyncio.Event()
+        self.ended: str | None = None  # the code that ended the session, or a client failure
+
+    def _deliver(self, data: dict[str, Any]) -> None:
+        self.frames.append(data)
+        before = self.last_seq
+        super()._deliver(data)
+        seq = data.get("server_event_seq")
+        if seq is not None and seq <= before:
+            return  # dropped by the client as already delivered
+        self.delivered.append(data)
+        kind, response_id = data.get("type"), data.get("response_id")
+        if kind == "response.output_audio.delta":
+            self.audio.setdefault(response_id, []).append(base64.b64decode(data["delta"]))
+        elif kind == "response.output_audio_transcript.done":
+            self.transcripts[response_id] = data.get("transcript", "")
+        elif kind == "response.done":
+            response = data.get("response") or {}
+            rid = response.get("id", "")
+            match = ECHO_MS.fullmatch(self.transcripts.get(rid, ""))
+            ms = int(match.group(1)) if match else None
+            self.done.append((rid, response.get("status", ""), ms))
+            if ms is not None and response.get("status") == "completed":
+                self.answered.add(ms)
+        elif kind == "session.closed" and self.ended is None:
+            self.ended = closed_reason(self)
+        self.progress.set()
+
+
+@dataclasses.dataclass
+class Conversation:
+    client: RecordingClient
+    index: int
+    spoken: dict[int, bytes] = dataclasses.field(default_factory=dict)  # echo ms -> input
+    turns: int = 0
+    respoken: int = 0
+    ended_by: str | None = None  # "worker_lost", or an unexpected failure
+
+
+async def speak(client: RecordingClient, pcm: bytes) -> None:
+    await client.send({"type": "input_audio_buffer.clear"})
+    for i in range(0, len(pcm), 640):
+        await client.append_audio(pcm[i : i + 640])
+    await client.send({"type": "input.commit"})
+
+
+async def converse(conversation: Conversation, deadline: float, answer_timeout: float) -> None:
+    client = conversation.client
+    next_ms = 200 + 20 * (conversation.index % 7)
+    try:
+        while time.monotonic() < deadline:
+            duration = next_ms
+            next_ms += 20
+            pcm = turn_audio(duration)
+            conversation.spoken[duration] = pcm
+            resumes = client.resumes
+            # a send waits while the client resumes; one that never returns is a failure
+            await asyncio.wait_for(speak(client, pcm), SEND_TIMEOUT_S)
+            answered = await wait_answer(client, duration, answer_timeout)
+            if answered:
+                conversation.turns += 1
+            elif client.resumes > resumes:
+                conversation.respoken += 1  # its input went down with a killed pod
+            else:
+                conversation.ended_by = f"turn of {duration} ms never answered"
+                return
+    except DuplexClientError as exc:
+        conversation.ended_by = exc.code
+    except TimeoutError:
+        conversation.ended_by = client.ended or "a send never completed"
+    except ConnectionError as exc:
+        conversation.ended_by = f"connection: {exc}"
+
+
+async def wait_answer(client: RecordingClient, duration: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while duration not in client.answered:
+        if client.ended is not None:
+            raise DuplexClientError(client.ended, "session ended")
+        client.progress.clear()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(client.progress.wait(), remaining)
+        except TimeoutError:
+            return False
+    return True
+
+
+def closed_reason(client: RecordingClient) -> str:
+    codes = [
+        (f.get("error") or {}).get("code") for f in client.delivered if f.get("type") == "error"
+    ]
+    return codes[-1] if codes else "session_closed"
+
+
+async def drain(client: RecordingClient) -> None:
+    """Keep the client's event queue empty (the checks read the recorded frames); a resume
+    the server refused ends the session for the conversation."""
+    try:
+        while True:
+            await client.recv(timeout=None)
+    except DuplexClientError as exc:
+        client.ended = client.ended or f"resume refused: {exc.code}"
+        client.progress.set()
+
+
+def check(conversation: Conversation) -> dict[str, int]:
+    """Lost and duplicated events and audio mismatches of one session."""
+    client = conversation.client
+    seqs = [f["server_event_seq"] for f in client.delivered if "server_event_seq" in f]
+    head = max(seqs, default=0)
+    lost = len(set(range(1, head + 1)) - set(seqs))
+    duplicated = len(seqs) - len(set(seqs))
+    by_id: dict[str, set[int]] = {}
+    for frame in client.frames:
+        if "server_event_seq" in frame and frame.get("event_id"):
+            by_id.setdefault(frame["event_id"], set()).add(frame["server_event_seq"])
+    duplicated += sum(len(s) - 1 for s in by_id.values())
+    created = [f["response"]["id"] for f in client.delivered if f["type"] == "response.created"]
+    duplicated += len(created) - len(set(created))
+    done_ids = [rid for rid, _, _ in client.done]
+    duplicated += len(done_ids) - len(set(done_ids))
+    mismatched = 0
+    for rid, status, ms in client.done:
+        if status != "completed":
+            continue
+        pcm = conversation.spoken.get(ms) if ms is not None else None
+        if pcm is None or b"".join(client.audio.get(rid, [])) != expected_echo(pcm):
+            mismatched += 1
+    return {"lost": lost, "duplicated": duplicated, "mismatched": mismatched, "events": head}
+
+
+@dataclasses.dataclass
+class ChaosReport:
+    mode: str
+    sessions: int
+    seconds: float
+    kills: int = 0
+    resumes: int = 0
+    events: int = 0
+    turns: int = 0
+    respoken: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    mismatched: int = 0
+    tracebacks: int = 0
+    worker_lost_expected: int = 0
+    worker_lost_seen: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.mismatched or self.tracebacks) and not (
+            self.failures
+        )
+
+
+async def run_chaos(
+    mode: str = "api", sessions: int = 20, seconds: float = 60.0, kill_every: float = 3.0
+) -> ChaosReport:
+    report = ChaosReport(mode, sessions, seconds)
+    with Stack(workers=2, apis=2) as stack:
+        bases = [api.base for api in stack.apis]
+        conversations = []
+        for index in range(sessions):
+            urls = bases[index % 2 :] + bases[: index % 2]  # half start on each pod
+            client = RecordingClient(urls, heartbeat_s=1.0, ack_every=16)
+            await client.connect(SESSION)
+            conversations.append(Conversation(client, index))
+        drains = [asyncio.create_task(drain(c.client)) for c in conversations]
+        deadline = time.monotonic() + seconds
+        timeout = ANSWER_TIMEOUT_S[mode]
+        talks = [asyncio.create_task(converse(c, deadline, timeout)) for c in conversations]
+        killed: list[str] = []
+        if mode == "api":
+            report.kills = await kill_api_pods(stack, deadline, kill_every, killed)
+        else:
+            victims = await kill_a_worker(stack, conversations, seconds / 3, killed)
+            report.kills = 1
+            report.worker_lost_expected = len(victims)
+        await asyncio.gather(*talks)
+        for conversation in conversations:
+            await conversation.client.close(end_session=conversation.ended_by is None)
+        for task in drains:
+            task.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
+        report.tracebacks = sum(
+            p.logs().count("Traceback")
+            for p in [*stack.apis, *stack.workers]
+            if p.name not in killed
+        )
+    for conversation in conversations:
+        figures = check(conversation)
+        report.events += figures["events"]
+        report.lost += figures["lost"]
+        report.duplicated += figures["duplicated"]
+        report.mismatched += figures["mismatched"]
+        report.resumes += conversation.client.resumes
+        report.turns += conversation.turns
+        report.respoken += conversation.respoken
+        ended = conversation.ended_by
+        if mode == "worker":
+            expected = conversation.index in victims
+            if ended == "worker_lost":
+                report.worker_lost_seen += 1
+            if expected != (ended == "worker_lost"):
+                report.failures.append(f"session {conversation.index}: ended by {ended}")
+        elif ended is not None:
+            report.failures.append(f"session {conversation.index}: {ended}")
+    return report
+
+
+async def kill_api_pods(stack: Stack, deadline: float, every: float, killed: list[str]) -> int:
+    kills = 0
+    while time.monotonic() + every < deadline:
+        await asyncio.sleep(every * random.uniform(0.7, 1.3))
+        index = random.randrange(len(stack.apis))
+        victim = stack.apis[index]
+        victim.kill()
+        killed.append(victim.name)
+        kills += 1
+        name = f"api-{index}-restart-{kills}"
+        stack.apis[index] = stack.start_api_at(name, victim.port)
+        await asyncio.to_thread(stack.apis[index].wait_ready)
+    return kills
+
+
+async def kill_a_worker(
+    stack: Stack, conversations: list[Conversation], after: float, killed: list[str]
+) -> set[int]:
+    """SIGKILL the worker holding the most sessions after `after` seconds; the indexes of
+    the sessions it held (read from its Redis registration, as an operator would)."""
+    await asyncio.sleep(after)
+    redis = redis_async.Redis.from_url(stack.url)
+    keys = KeySchema(stack.prefix)
+    holdings = []
+    for worker in stack.workers:
+        members = await redis.smembers(keys.worker_sessions(worker.name))
+        holdings.append(({m.decode() for m in members}, worker))
+    await redis.aclose()
+    held, victim = max(holdings, key=lambda pair: len(pair[0]))
+    victim.kill()
+    killed.append(victim.name)
+    return {c.index for c in conversations if c.client.session_id in held}
+
+
+def render(reports: list[ChaosReport]) -> str:
+    rows = [
+        "| mode | sessions | seconds | kills | resumes | events checked | turns answered "
+        "| turns spoken again | lost | duplicated | audio mismatches | tracebacks "
+        "| worker_lost (expected / seen) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        lost_col = f"{r.worker_lost_expected} / {r.worker_lost_seen}" if r.mode == "worker" else "-"
+        verdict = "pass" if r.ok else "FAIL: " + "; ".join(r.failures[:3])
+        rows.append(
+            f"| {r.mode} | {r.sessions} | {r.seconds:.0f} | {r.kills} | {r.resumes} | {r.events} "
+            f"| {r.turns} | {r.respoken} | {r.lost} | {r.duplicated} | {r.mismatched} "
+            f"| {r.tracebacks} | {lost_col} | {verdict} |"
+        )
+    return "\n".join(rows)
+
+
+async def main(args: argparse.Namespace) -> int:
+    modes = ["api", "worker"] if args.mode == "both" else [args.mode]
+    reports = []
+    for mode in modes:
+        report = await run_chaos(mode, args.sessions, args.seconds, args.kill_every)
+        print(report, flush=True)
+        reports.append(report)
+    table = "\n".join(
+        [
+            f"Measured {now_utc()} on {machine()}:",
+            f"`python -m bench.chaos --mode {args.mode} --sessions {args.sessions} "
+            f"--seconds {args.seconds:.0f} --kill-every {args.kill_every:g}`",
+            "(two API pods, two echo workers, one redis-server; heartbeat TTL 5 s).",
+            "",
+            render(reports),
+        ]
+    )
+    print(table)
+    write_section("reliability.md", "chaos", table, "Chaos (`bench/chaos.py`)")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["api", "worker", "both"], default="both")
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--kill-every", type=float, default=3.0)
+    raise SystemExit(asyncio.run(main(parser.parse_args())))

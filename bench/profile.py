@@ -1,0 +1,94 @@
+"""Where the time goes: sample the API and worker processes with py-spy under load.
+
+    .venv/bin/python -m bench.profile [--sessions 50] [--seconds 8] [--top 25]
+
+Runs the heartbeat load of `bench.latency` (each session one command every 20 ms) and
+records both processes with `py-spy record --format raw` (needs ptrace: root, or
+CAP_SYS_PTRACE), then prints, per process, the CPU each process used and the functions
+holding the most samples, by own time and by total time (frames on the stack). The raw
+stacks stay in `$TMPDIR/duplex-profile-*.txt` for a flame graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import CpuMeter, Stack
+from bench.latency import distributed_heartbeats, summary
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise SystemExit("py-spy is missing: .venv/bin/pip install py-spy")
+    return found
+
+
+def record(pid: int, seconds: float, name: str) -> tuple[subprocess.Popen, Path]:
+    out = Path(tempfile.mkstemp(prefix=f"duplex-profile-{name}-", suffix=".txt")[1])
+    command = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds))]
+    command += ["--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def top_frames(raw: Path, top: int) -> list[str]:
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        samples += n
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1] for f in stack.split(";")]
+        own[frames[-1]] += n
+        for frame in set(frames):
+            total[frame] += n
+    lines = [f"  {samples} samples; own time:"]
+    lines += [f"    {100 * n / samples:5.1f}%  {frame}" for frame, n in own.most_common(top)]
+    lines.append("  total time (on the stack):")
+    lines += [f"    {100 * n / samples:5.1f}%  {frame}" for frame, n in total.most_common(top)]
+    return lines
+
+
+async def main(args: argparse.Namespace) -> None:
+    with Stack(worker_env={"DUPLEX_MAX_SESSIONS": str(args.sessions + 8)}) as stack:
+        bases = stack.ws_bases()
+        await distributed_heartbeats(bases, 4, 1.0)
+        pids = {
+            "api": stack.apis[0].process.pid,
+            "worker": stack.workers[0].process.pid,
+            "redis": stack.redis_pid(),
+        }
+        meter = CpuMeter(pids)
+        recorders = {name: record(pids[name], args.seconds, name) for name in ("api", "worker")}
+        meter.start()
+        samples = await distributed_heartbeats(bases, args.sessions, args.seconds + 1)
+        cpu = meter.read()
+        for process, _ in recorders.values():
+            process.wait(60)
+    stats = summary(samples)
+    print(
+        f"{args.sessions} sessions: heartbeat median {stats['median_ms']:.3f} ms, "
+        f"p99 {stats['p99_ms']:.3f} ms; CPU (cores busy): "
+        + ", ".join(f"{name} {value:.2f}" for name, value in cpu.items())
+    )
+    for name, (_, out) in recorders.items():
+        print(f"\n{name} ({out}):")
+        print("\n".join(top_frames(out, args.top)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--top", type=int, default=25)
+    asyncio.run(main(parser.parse_args()))
