@@ -228,9 +228,12 @@ class SessionRunner:
             loop = asyncio.get_running_loop()
             silence_rms = self.session.config.overlap_silence_rms
             try:
-                ready.result = await loop.run_in_executor(
-                    self.executor, self.pipeline.convert, ready.command, silence_rms
-                )
+                if self.pipeline.runs_inline(ready.command):
+                    ready.result = self.pipeline.convert(ready.command, silence_rms)
+                else:
+                    ready.result = await loop.run_in_executor(
+                        self.executor, self.pipeline.convert, ready.command, silence_rms
+                    )
             except RealtimeProtocolError as exc:
                 ready.error = exc
             self.submit(ready)
