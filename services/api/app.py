@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from services.api.connection import RealtimeConnection
+from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
 from services.api.live import LiveHub
 from services.api.metrics import ApiMetrics
@@ -56,6 +57,7 @@ class ApiPod:
         self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
         self.metrics = ApiMetrics()
         self.janitor = Janitor(self)
+        self.inbox_writer = InboxWriter(self.client)
         self._heartbeat: asyncio.Task[None] | None = None
 
     def new_session_id(self) -> str:
@@ -74,6 +76,7 @@ class ApiPod:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
         await self.hub.stop()
+        await self.inbox_writer.stop()
         with contextlib.suppress(Exception):
             await self.client.zrem(self.keys.apis(), self.settings.pod_id)
 

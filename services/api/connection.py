@@ -59,8 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INBOX_MAXLEN = 100_000
-
 
 class HandshakeFailed(Exception):
     """The connection could not open or resume a session; the client was told why."""
@@ -393,8 +391,6 @@ class RealtimeConnection:
                     command.event_id,
                 )
             return
-        if isinstance(command, Heartbeat):
-            await self.pod.store.touch(self.session_id)
         if isinstance(command, UpdateSession):
             # appends sent right after this update use its formats: adopt them now, not when
             # session.updated comes back (the worker refuses an invalid update on its own)
@@ -402,21 +398,21 @@ class RealtimeConnection:
                 self.defaults = self.defaults.updated(command.patch)
         started = time.perf_counter()
         self.command_seq += 1
-        await self._xadd(
-            self.worker_id,
-            command_message(self.session_id, self.generation, self.command_seq, command),
-        )
+        message = command_message(self.session_id, self.generation, self.command_seq, command)
+        if isinstance(command, Heartbeat):
+            # the lease refresh and the command travel at once: awaiting the touch first put
+            # a whole Redis round trip in front of every heartbeat_ack
+            await asyncio.gather(
+                self.pod.store.touch(self.session_id), self._xadd(self.worker_id, message)
+            )
+        else:
+            await self._xadd(self.worker_id, message)
         self.pod.metrics.command_latency.observe(time.perf_counter() - started)
         if isinstance(command, CloseSession):
             self.pod.metrics.sessions_closed.inc()
 
     async def _xadd(self, worker_id: str | None, message: InboxMessage) -> None:
-        await self.pod.client.xadd(
-            self.pod.keys.inbox(worker_id or ""),
-            message.to_fields(),
-            maxlen=INBOX_MAXLEN,
-            approximate=True,
-        )
+        await self.pod.inbox_writer.xadd(self.pod.keys.inbox(worker_id or ""), message.to_fields())
 
     # ------------------------------------------------------------ worker -> client
 
