@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test lint venv redis-server chart-check clean
+.PHONY: serve test lint venv redis-server chart-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,13 @@ chart-check: venv $(HELM)
 
 test: venv redis-server lint chart-check
 	DUPLEX_HELM=$(HELM) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every benchmark program in turn (about 10 minutes); each rewrites its section of
+# docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.
+BENCHES := redis_path lifecycle latency capacity memory faults chaos fuzz
+
+bench: venv redis-server
+	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

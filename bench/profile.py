@@ -1,12 +1,14 @@
 """Where the time goes: sample the API and worker processes with py-spy under load.
 
-    .venv/bin/python -m bench.profile [--sessions 50] [--seconds 8] [--top 25]
+    .venv/bin/python -m bench.profile [--load heartbeat|realtime] [--sessions 50]
+                                      [--seconds 8] [--top 25]
 
-Runs the heartbeat load of `bench.latency` (each session one command every 20 ms) and
-records both processes with `py-spy record --format raw` (needs ptrace: root, or
-CAP_SYS_PTRACE), then prints, per process, the CPU each process used and the functions
-holding the most samples, by own time and by total time (frames on the stack). The raw
-stacks stay in `$TMPDIR/duplex-profile-*.txt` for a flame graph.
+Runs the heartbeat load of `bench.latency` (each session one command every 20 ms) or the
+real-time echo conversations of `bench.capacity` (`--load realtime`), and records both
+processes with `py-spy record --format raw` (needs ptrace: root, or CAP_SYS_PTRACE), then
+prints the CPU each process used and, per process, the functions holding the most samples,
+by own time and by total time (frames on the stack). The raw stacks stay in
+`$TMPDIR/duplex-profile-*.txt` for a flame graph.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.capacity import append_frames, start_conversation
 from bench.common import CpuMeter, Stack
 from bench.latency import distributed_heartbeats, summary
 
@@ -71,14 +74,23 @@ async def main(args: argparse.Namespace) -> None:
         meter = CpuMeter(pids)
         recorders = {name: record(pids[name], args.seconds, name) for name in ("api", "worker")}
         meter.start()
-        samples = await distributed_heartbeats(bases, args.sessions, args.seconds + 1)
+        if args.load == "heartbeat":
+            samples = await distributed_heartbeats(bases, args.sessions, args.seconds + 1)
+            stats = summary(samples)
+            figures = f"heartbeat median {stats['median_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms"
+        else:
+            speech, silence = append_frames()
+            talks = [
+                await start_conversation(bases[0], speech, silence) for _ in range(args.sessions)
+            ]
+            await asyncio.sleep(args.seconds + 1)
+            await asyncio.gather(*(talk.close() for talk in talks))
+            figures = "real-time echo conversations"
         cpu = meter.read()
         for process, _ in recorders.values():
             process.wait(60)
-    stats = summary(samples)
     print(
-        f"{args.sessions} sessions: heartbeat median {stats['median_ms']:.3f} ms, "
-        f"p99 {stats['p99_ms']:.3f} ms; CPU (cores busy): "
+        f"{args.sessions} sessions, {figures}; CPU (cores busy): "
         + ", ".join(f"{name} {value:.2f}" for name, value in cpu.items())
     )
     for name, (_, out) in recorders.items():
@@ -88,6 +100,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--load", choices=["heartbeat", "realtime"], default="heartbeat")
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--top", type=int, default=25)
