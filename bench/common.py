@@ -19,7 +19,9 @@ from pathlib import Path
 from tests.e2e.processes import HttpProcess, Process, start_api, start_worker
 from tests.redis_server import RedisServer
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+# where the programs write their sections and plots: the repository's docs/, or elsewhere
+# (the suite's smoke runs of every program write to a temporary folder)
+DOCS = Path(os.environ.get("DUPLEX_BENCH_DOCS") or Path(__file__).resolve().parents[1] / "docs")
 IMAGES = DOCS / "img"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -18,18 +18,16 @@ import asyncio
 import statistics
 import time
 import uuid
-from pathlib import Path
 
 import orjson
 import redis.asyncio as redis_async
 
+from bench.common import write_section
 from shared.client.duplex_client import DuplexClient
 from shared.redis.keys import KeySchema
 from tests.e2e.processes import start_api, start_worker
 from tests.redis_server import RedisServer
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- BEGIN faults -->", "<!-- END faults -->"
 GRACE_S = 5.0
 
 
@@ -123,7 +121,6 @@ async def main(args: argparse.Namespace) -> None:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     table = "\n".join(
         [
-            BEGIN,
             f"Measured {when}: `python -m bench.faults --runs {args.runs}`,",
             "heartbeat 1 s, heartbeat TTL 5 s, janitor tick 1 s.",
             "",
@@ -132,15 +129,10 @@ async def main(args: argparse.Namespace) -> None:
             row("worker SIGKILL -> client has error{worker_lost}", lost),
             row("API pod SIGKILL -> session detached (resumable elsewhere)", detached),
             row(f"API pod SIGKILL -> session.expired (grace {GRACE_S:.0f} s)", expired),
-            END,
         ]
     )
     print(table)
-    document = DOC.read_text()
-    if BEGIN not in document:
-        document += f"\n## Fault detection (`bench/faults.py`)\n\n{BEGIN}\n{END}\n"
-    start, end = document.index(BEGIN), document.index(END) + len(END)
-    DOC.write_text(document[:start] + table + document[end:])
+    write_section("benchmarks.md", "faults", table, "Fault detection (`bench/faults.py`)")
 
 
 if __name__ == "__main__":

@@ -17,30 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
-import statistics
 import time
 import uuid
-from pathlib import Path
 
 import orjson
 import redis.asyncio as redis_async
 import websockets
 
+from bench.common import summary, write_section
 from tests.e2e.processes import start_api, start_worker
 from tests.redis_server import RedisServer
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- BEGIN redis_path -->", "<!-- END redis_path -->"
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "n": len(ordered),
-        "median_ms": statistics.median(ordered) * 1000,
-        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
-        "max_ms": ordered[-1] * 1000,
-    }
 
 
 async def redis_floor(url: str, n: int) -> list[float]:
@@ -111,14 +97,12 @@ def render(results: dict[str, dict[str, float]], args: argparse.Namespace) -> st
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return "\n".join(
         [
-            BEGIN,
             f"Measured {when} on {platform.machine()}, Python {platform.python_version()}, "
             "one client, sequential:",
             f"`python -m bench.redis_path --opens {args.opens} --events {args.events}`",
             "(a real redis-server, one `duplex worker --plugin echo`, one `duplex api`).",
             "",
             *rows,
-            END,
         ]
     )
 
@@ -143,11 +127,8 @@ async def main(args: argparse.Namespace) -> None:
         server.stop()
     table = render(results, args)
     print(table)
-    document = DOC.read_text() if DOC.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in document:
-        document += f"\n{BEGIN}\n{END}\n"
-    start, end = document.index(BEGIN), document.index(END) + len(END)
-    DOC.write_text(document[:start] + table + document[end:])
+    heading = "The hot path, back to back (`bench/redis_path.py`)"
+    write_section("benchmarks.md", "redis_path", table, heading)
 
 
 if __name__ == "__main__":
