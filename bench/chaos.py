@@ -260,7 +260,10 @@ async def run_chaos(
             victims = await kill_a_worker(stack, conversations, seconds / 3, killed)
             report.kills = 1
             report.worker_lost_expected = len(victims)
-        await asyncio.gather(*talks)
+        try:  # every turn is bounded; this bounds the whole, so a hang is a failure, not a stall
+            await asyncio.wait_for(asyncio.gather(*talks), seconds + 90)
+        except TimeoutError:
+            report.failures.append("conversations still running 90 s after the deadline")
         for conversation in conversations:
             await conversation.client.close(end_session=conversation.ended_by is None)
         for task in drains:

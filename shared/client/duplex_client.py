@@ -69,6 +69,7 @@ def realtime_url(base: str, *, resume: bool = False) -> str:
 
 
 class DuplexClient:
+    close_timeout_s = 10.0  # close(): the most it waits for session.closed
     def __init__(
         self,
         urls: str | Sequence[str],
@@ -281,9 +282,12 @@ class DuplexClient:
     async def close(self, *, end_session: bool = True) -> None:
         """Close the session (and wait for `session.closed`), or just drop the socket."""
         if end_session and self._ws is not None:
+            # bounded: while a resume is failing, a send would wait for a connection that
+            # never comes (found by bench/chaos under CPU load)
             with contextlib.suppress(Exception):
-                await self.send({"type": "session.close"})
-                await self.until("session.closed", timeout=10)
+                async with asyncio.timeout(self.close_timeout_s):
+                    await self.send({"type": "session.close"})
+                    await self.until("session.closed", timeout=self.close_timeout_s)
         self._closing = True
         for task in self._tasks:
             task.cancel()
