@@ -38,6 +38,7 @@ from bench.fuzz_frames import frames
 from shared.protocol.duplex import ERROR_CODES
 
 ANSWER_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 30.0
 POLICY_CLOSES = {1000, 1008, 1009}
 
 
@@ -97,9 +98,13 @@ class FuzzSocket:
     async def send(self, frame: str | bytes) -> None:
         ws = await self.ensure_open()
         events: list[dict] = []
+        sent = False
         try:
-            await ws.send(frame)
-            await ws.send('{"type":"session.heartbeat","event_id":"barrier"}')
+            # the sends are bounded too: a server that stops reading a socket is a failure
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await ws.send(frame)
+                await ws.send('{"type":"session.heartbeat","event_id":"barrier"}')
+            sent = True
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 while True:
                     event = orjson.loads(await ws.recv())
@@ -120,7 +125,8 @@ class FuzzSocket:
                 self.report.failures.append(f"close {code} after {str(frame)[:120]!r}")
             return
         except TimeoutError:
-            self.report.failures.append(f"no answer within {ANSWER_TIMEOUT_S}s: {frame!r:.120}")
+            what = f"no answer within {ANSWER_TIMEOUT_S}s" if sent else "the send blocked"
+            self.report.failures.append(f"{what}: {frame!r:.120}")
             await ws.close()
             self.ws = None
             return
@@ -144,7 +150,10 @@ async def first_message(base: str, frame: str | bytes, report: FuzzReport) -> No
     with a contract error (or closed), never hang, and never touch the live session."""
     events: list[dict] = []
     try:
-        async with websockets.connect(f"{base}/v1/realtime?duplex=1&autostart=0") as ws:
+        async with (
+            asyncio.timeout(SEND_TIMEOUT_S + ANSWER_TIMEOUT_S),
+            websockets.connect(f"{base}/v1/realtime?duplex=1&autostart=0") as ws,
+        ):
             await ws.send(frame)
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 events.append(orjson.loads(await ws.recv()))
