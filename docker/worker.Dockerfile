@@ -6,7 +6,7 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
 COPY plugins ./plugins
-RUN pip install --no-cache-dir --prefix=/install ".[vllm]" \
+RUN pip install --no-cache-dir --prefix=/install ".[vllm,assistant]" \
  && pip install --no-cache-dir --prefix=/install --no-deps "silero-vad==6.2.3"
 
 FROM python:3.11-slim

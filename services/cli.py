@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="default 8000")
     serve.add_argument("--plugin", default=None, help="model plugin (default echo)")
     serve.add_argument("--max-sessions", type=int, default=None)
+    serve.add_argument("--llm-model", default=None, help="assistant: a local model dir for vLLM")
     api = commands.add_parser("api", help="a stateless API pod (needs DUPLEX_REDIS_URL)")
     api.add_argument("--host", default=None)
     api.add_argument("--port", type=int, default=None)
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--plugin", default=None)
     worker.add_argument("--worker-id", default=None)
     worker.add_argument("--max-sessions", type=int, default=None)
+    worker.add_argument("--llm-model", default=None, help="assistant: a local model dir for vLLM")
     sessions = commands.add_parser(
         "sessions", help="inspect live sessions over Redis (DUPLEX_REDIS_URL)"
     )
@@ -76,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             api = ApiSettings.from_env(host=args.host, port=args.port)
-            worker = WorkerSettings.from_env(plugin=args.plugin, max_sessions=args.max_sessions)
+            worker = WorkerSettings.from_env(
+                plugin=args.plugin, max_sessions=args.max_sessions, llm_model=args.llm_model
+            )
             run_event_loop(serve.run_serve(api, worker))
         elif args.command == "api":
             run_event_loop(
@@ -84,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "worker":
             settings = WorkerSettings.from_env(
-                plugin=args.plugin, worker_id=args.worker_id, max_sessions=args.max_sessions
+                plugin=args.plugin,
+                worker_id=args.worker_id,
+                max_sessions=args.max_sessions,
+                llm_model=args.llm_model,
             )
             run_event_loop(serve.run_worker(settings))
         else:

@@ -61,6 +61,17 @@ class WorkerSettings(RedisSettings):
     closed_ttl_s: float = CLOSED_SESSION_TTL_S
     #: /health and /health/ready for probes (0: no health port)
     health_port: int = 0
+    #: an LLM for plugins that can use one (assistant): a local model directory for vLLM
+    llm_model: str | None = None
+    #: the assistant's speech recognition: grammar (fast, a fixed vocabulary) or lm
+    assistant_asr: str = "grammar"
+
+    def plugin_options(self) -> dict[str, str]:
+        """What `DuplexModelPlugin.from_options` receives."""
+        options = {"asr": self.assistant_asr}
+        if self.llm_model:
+            options["llm_model"] = self.llm_model
+        return options
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> WorkerSettings:
@@ -73,6 +84,10 @@ class WorkerSettings(RedisSettings):
             values["max_sessions"] = int(max_sessions)
         if (health_port := _env("WORKER_HEALTH_PORT", env=env)) is not None:
             values["health_port"] = int(health_port)
+        if llm_model := _env("LLM_MODEL", env=env):
+            values["llm_model"] = llm_model
+        if asr := _env("ASSISTANT_ASR", env=env):
+            values["assistant_asr"] = asr
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

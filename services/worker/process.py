@@ -53,7 +53,9 @@ class WorkerProcess:
         self.redis = redis  # a RedisHandle
         self.keys = KeySchema(settings.key_prefix)
         self.store = SessionStore(redis.client, self.keys)
-        self.plugin = load_plugin(settings.plugin)
+        self.plugin = load_plugin(
+            settings.plugin, settings.plugin_options(), max_sessions=settings.max_sessions
+        )
         self.runtime = runtime or SessionRuntimeConfig(max_sessions=settings.max_sessions)
         self.publisher = RedisEventPublisher(
             self.store,

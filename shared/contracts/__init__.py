@@ -22,6 +22,7 @@ from shared.contracts.stages import (
     StageOutput,
     StagePlan,
     StagePort,
+    TextRequest,
     parse_stage_request_id,
     stage_request_id,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "StageOutput",
     "StagePlan",
     "StagePort",
+    "TextRequest",
     "TurnDetection",
     "last_user_text",
     "parse_stage_request_id",

@@ -51,6 +51,7 @@ class CommittedTurn:
     audio: np.ndarray
     sample_rate_hz: int
     text: str = ""
+    transcript: str | None = None  # what the plugin's recogniser heard in `audio`
 
     @property
     def duration_ms(self) -> int:
@@ -84,6 +85,14 @@ class DuplexModelPlugin(abc.ABC):
     stage_roles: ClassVar[tuple[str, ...]] = ("stage0",)
     #: runtime-config keys the server owns; a client sending them is refused
     private_runtime_config_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> DuplexModelPlugin:
+        """The plugin built from the worker's options. Strings from the command line
+        (`asr`, ...) and, when the worker runs an LLM (`--llm-model`), `text_stage`: a
+        `StagePort` taking `TextRequest` payloads (the vLLM stage; plugins never import
+        the engine themselves). Plugins without options ignore them."""
+        return cls()
 
     # ------------------------------------------------------------ session policy
 
@@ -141,7 +150,19 @@ class DuplexModelPlugin(abc.ABC):
         return output
 
     def user_transcript(self, turn: CommittedTurn) -> str | None:
-        """The user's transcript of a turn, when the model produces one."""
+        """The user's transcript of a turn, when the model produces one cheaply (it runs on
+        the event loop). Slow recognisers implement `transcribe` instead."""
+        return None
+
+    @property
+    def transcribes(self) -> bool:
+        """Whether this plugin overrides `transcribe` (the runner calls it at each commit)."""
+        return type(self).transcribe is not DuplexModelPlugin.transcribe
+
+    def transcribe(self, audio: np.ndarray, sample_rate_hz: int) -> str | None:
+        """Speech recognition of a committed turn's audio (mono float32). Blocking: the
+        runner calls it on the executor. The result becomes the item's transcript and a
+        `conversation.item.input_audio_transcription.completed` event."""
         return None
 
     async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import base64
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,15 @@ class StageOutput:
 OutputSink = Callable[[StageOutput], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class TextRequest:
+    """The payload of a text-generation stage request (the vLLM stage): a prompt and
+    sampling overrides (vLLM `SamplingParams` fields) over the stage's defaults."""
+
+    prompt: str
+    sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
 class StageCleanupError(RuntimeError):
     """A session's stage cleanup failed; the manager keeps its slot and retries."""
 
@@ -122,6 +131,7 @@ __all__ = [
     "StageOutput",
     "StagePlan",
     "StagePort",
+    "TextRequest",
     "parse_stage_request_id",
     "stage_request_id",
 ]

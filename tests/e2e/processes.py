@@ -70,9 +70,11 @@ class HttpProcess(Process):
         raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.logs()}")
 
 
-def start_worker(redis_url: str, prefix: str, name: str = "worker", **env: str) -> Process:
+def start_worker(
+    redis_url: str, prefix: str, name: str = "worker", plugin: str = "echo", **env: str
+) -> Process:
     environment = {"DUPLEX_REDIS_URL": redis_url, "DUPLEX_KEY_PREFIX": prefix, **env}
-    return Process(["worker", "--plugin", "echo", "--worker-id", name], environment, name)
+    return Process(["worker", "--plugin", plugin, "--worker-id", name], environment, name)
 
 
 def start_api(
@@ -84,6 +86,7 @@ def start_api(
     return HttpProcess(["api", "--host", "127.0.0.1", "--port", str(port)], environment, name, port)
 
 
-def start_serve(name: str = "serve", **env: str) -> HttpProcess:
+def start_serve(name: str = "serve", args: tuple[str, ...] = (), **env: str) -> HttpProcess:
     port = free_port()
-    return HttpProcess(["serve", "--host", "127.0.0.1", "--port", str(port)], dict(env), name, port)
+    command = ["serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    return HttpProcess(command, dict(env), name, port)

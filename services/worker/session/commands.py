@@ -97,9 +97,12 @@ async def _commit(runner: SessionRunner, command: Commit, reserved: int = 0) -> 
     runner.schedule_commit(command, reserved=bool(reserved))
 
 
-def commit_turn(runner: SessionRunner, command: Commit) -> CommittedTurn | None:
+def commit_turn(
+    runner: SessionRunner, command: Commit, transcript: str | None = None
+) -> CommittedTurn | None:
     """The commit fan-out: speech_stopped -> item added -> item created -> committed
-    -> (transcription) -> item done. Returns the committed turn, or None."""
+    -> (transcription) -> item done. Returns the committed turn, or None. `transcript`:
+    what the plugin's speech recogniser heard (`DuplexModelPlugin.transcribe`)."""
     session, ledger = runner.session, runner.session.input
     if command.is_speech is False:  # the client declares silence: no turn, no response
         ledger.clear()
@@ -147,7 +150,9 @@ def commit_turn(runner: SessionRunner, command: Commit) -> CommittedTurn | None:
     }
     previous = session.conversation.add(item)
     turn = CommittedTurn(session.turn_id, item_id, audio, ledger.sample_rate_hz, text)
-    transcript = runner.plugin.user_transcript(turn)
+    if transcript is None:
+        transcript = runner.plugin.user_transcript(turn)
+    turn.transcript = transcript
     if transcript is not None and content:
         content[0]["transcript"] = transcript
     runner.emit(ConversationItemAdded(previous_item_id=previous, item=item))

@@ -51,6 +51,12 @@ class InputLedger:
             self.chunks = [audio] if audio.size else []
             self.samples = audio.size
 
+    def peek(self) -> np.ndarray:
+        """The turn's audio so far, leaving the ledger as it is."""
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0] if self.chunks else np.zeros(0, np.float32)
+
     def take(self) -> np.ndarray:
         """The turn's audio; the ledger starts a new turn."""
         audio = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)

@@ -352,7 +352,17 @@ class SessionRunner:
         if self._is_stale(ready.generation):
             return
         self.session.input.append(ready.tail)
-        turn = handlers.commit_turn(self, ready.command)
+        transcript = None
+        if self.plugin.transcribes and self.session.input.has_audio:
+            # speech recognition is slow (pocketsphinx: ~0.1-0.4 of real time): it runs on the
+            # executor; this session's mailbox waits, the worker's other sessions do not
+            audio, rate = self.session.input.peek(), self.session.input.sample_rate_hz
+            transcript = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.plugin.transcribe, audio, rate
+            )
+            if self._is_stale(ready.generation):
+                return  # cancelled while recognising: the turn is gone
+        turn = handlers.commit_turn(self, ready.command, transcript)
         if turn is None:
             return
         create = ready.command.create_response

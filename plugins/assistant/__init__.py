@@ -1,0 +1,5 @@
+"""`assistant`: a CPU voice assistant (Silero VAD, pocketsphinx, a responder or vLLM, espeak-ng)."""
+
+from plugins.assistant.plugin import AssistantPlugin
+
+__all__ = ["AssistantPlugin"]

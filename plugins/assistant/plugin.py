@@ -1,0 +1,108 @@
+"""The assistant plugin: a cascaded full-duplex voice assistant on the CPU.
+
+Turn taking and barge-in come from the engine's server VAD (Silero); each committed turn
+is recognised with pocketsphinx (`transcribe`, on the executor), answered by the built-in
+responder or, with `--llm-model PATH`, by a vLLM text stage, and spoken with espeak-ng.
+Everything it needs ships inside Python packages: no model download, no system package.
+
+Options: `duplex worker --plugin assistant --llm-model PATH` (or DUPLEX_LLM_MODEL) makes the
+worker build its vLLM stage and hand it over as `text_stage`; DUPLEX_ASSISTANT_ASR=grammar|lm
+picks the recogniser's mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from plugins.assistant.asr import SphinxRecognizer
+from plugins.assistant.responder import llm_prompt, reply
+from plugins.assistant.stage import AssistantRequest, AssistantStagePort
+from plugins.assistant.tts import EspeakSynthesizer
+from plugins.echo.plugin import _read_pace
+from shared.contracts import (
+    DuplexCapabilities,
+    DuplexModelPlugin,
+    DuplexSessionConfig,
+    ResponsePlanRequest,
+    SessionRuntimeConfig,
+    StagePlan,
+    StagePort,
+    last_user_text,
+)
+
+CHUNK_MS = 100
+
+
+class AssistantPlugin(DuplexModelPlugin):
+    plugin_id = "assistant"
+    output_sample_rate_hz = 22_050  # espeak-ng's voices
+
+    def __init__(self, text_stage: StagePort | None = None, asr_mode: str = "grammar") -> None:
+        self.text_stage = text_stage
+        self.recognizer = SphinxRecognizer(asr_mode)
+        self.sampling_defaults: dict[str, Any] = {"temperature": 0.7, "max_tokens": 64}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> AssistantPlugin:
+        return cls(options.get("text_stage"), options.get("asr", "grammar"))
+
+    def capabilities(self, max_sessions: int) -> DuplexCapabilities:
+        return DuplexCapabilities(
+            supports_barge_in=True,
+            supports_playback_ack=True,
+            supports_audio_truncate=True,
+            supports_session_lease=True,
+            supports_session_resume=True,
+            supports_chat_completions=True,
+            supports_realtime_endpoint=True,
+            supports_independent_io_streams=True,
+            supports_multi_session=max_sessions > 1,
+            supports_multi_session_same_replica=max_sessions > 1,
+            session_admission_mode="engine_managed",
+            chunk_period_ms=CHUNK_MS,
+            target_barge_in_latency_ms=CHUNK_MS,
+        )
+
+    def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:
+        super().validate_client_extra_body(extra_body)
+        _read_pace(extra_body)
+
+    async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
+        return {"pace": _read_pace(config.extra_body)}
+
+    def runtime_config_for_update(
+        self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig
+    ) -> dict[str, Any]:
+        return {**runtime_config, "pace": _read_pace(config.extra_body)}
+
+    def create_stage_port(self, runtime: SessionRuntimeConfig) -> StagePort:
+        synthesizer = EspeakSynthesizer.shared()
+        return AssistantStagePort(
+            synthesizer.synthesize, synthesizer.sample_rate_hz, self.text_stage
+        )
+
+    def transcribe(self, audio: np.ndarray, sample_rate_hz: int) -> str | None:
+        return self.recognizer.recognize(audio, sample_rate_hz)
+
+    def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
+        turn = request.turn
+        heard = " ".join(t for t in (turn.transcript, turn.text) if t).strip()
+        pace = float(request.runtime_config.get("pace", 1.0))
+        if self.text_stage is not None:
+            sampling = dict(self.sampling_defaults)
+            if request.config.temperature is not None:
+                sampling["temperature"] = request.config.temperature
+            payload = AssistantRequest(
+                prompt=llm_prompt(request.history, heard, request.config.instructions or ""),
+                sampling=sampling,
+                pace=pace,
+            )
+        else:
+            payload = AssistantRequest(reply=reply(heard), pace=pace)
+        return StagePlan(request.request_id, request.fence, "stage0", payload)
+
+    async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return reply(last_user_text(messages))

@@ -1,0 +1,216 @@
+"""The assistant's stage: the answer's text (built-in responder or a vLLM text stage),
+spoken sentence by sentence with espeak-ng, streamed as 100 ms audio chunks.
+
+With a text stage, the text arrives as it is generated; each complete sentence is
+synthesized and streamed while the next is still being generated. `abort` cancels the
+speaking task and aborts the text request inside the engine, so nothing of an aborted
+response follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from plugins.assistant.responder import sentences
+from plugins.echo.stage import split_text
+from shared.contracts import (
+    DuplexFence,
+    OutputSink,
+    StageOutput,
+    StagePlan,
+    StagePort,
+    TextRequest,
+    stage_request_id,
+)
+
+log = logging.getLogger(__name__)
+
+CHUNK_MS = 100
+TEXT_ROLE = "llm"
+
+
+@dataclasses.dataclass(frozen=True)
+class AssistantRequest:
+    """One response: a fixed reply, or a prompt for the text stage."""
+
+    reply: str | None = None
+    prompt: str | None = None
+    sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    pace: float = 1.0
+
+
+class AssistantStagePort(StagePort):
+    def __init__(
+        self, synthesize: Callable[[str], np.ndarray], rate_hz: int, text_port: StagePort | None
+    ) -> None:
+        self.synthesize = synthesize
+        self.rate_hz = rate_hz
+        self.text_port = text_port
+        self._sinks: dict[str, OutputSink] = {}
+        self._reserved: dict[str, set[str]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._text_queues: dict[str, asyncio.Queue[StageOutput]] = {}  # llm request -> outputs
+
+    def bind(self, session_id: str, sink: OutputSink) -> None:
+        self._sinks[session_id] = sink
+        if self.text_port is not None:
+            self.text_port.bind(session_id, self._on_text)
+
+    async def ensure(self, fence: DuplexFence, role: str) -> str:
+        request_id = stage_request_id(fence, role)
+        self._reserved.setdefault(fence.session_id, set()).add(request_id)
+        return request_id
+
+    async def submit_initial(self, plan: StagePlan) -> None:
+        await self.ensure(plan.fence, plan.role)
+        await self.abort([plan.request_id])  # a new response in the same epoch replaces it
+        task = asyncio.create_task(self._respond(plan), name=f"assistant:{plan.request_id}")
+        self._tasks[plan.request_id] = task
+        task.add_done_callback(lambda t, rid=plan.request_id: self._forget(rid, t))
+
+    async def submit_update(self, plan: StagePlan) -> None:
+        await self.submit_initial(plan)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        tasks = [self._tasks.pop(rid) for rid in request_ids if rid in self._tasks]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def cleanup(self, session_id: str) -> None:
+        owned = [rid for rid in self._tasks if rid in self._reserved.get(session_id, set())]
+        await self.abort(owned)
+        if self.text_port is not None:
+            await self.text_port.cleanup(session_id)
+        self._reserved.pop(session_id, None)
+        self._sinks.pop(session_id, None)
+
+    async def shutdown(self) -> None:
+        if self.text_port is not None:
+            await self.text_port.shutdown()
+
+    def running_requests(self) -> list[str]:
+        return list(self._tasks)
+
+    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(request_id) is task:
+            del self._tasks[request_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("assistant stage %s failed", request_id, exc_info=task.exception())
+
+    def _emit(self, output: StageOutput) -> None:
+        sink = self._sinks.get(output.fence.session_id)
+        if sink is not None:
+            sink(output)
+
+    def _on_text(self, output: StageOutput) -> None:
+        queue = self._text_queues.get(output.request_id)
+        if queue is not None:
+            queue.put_nowait(output)
+
+    # ------------------------------------------------------------ one response
+
+    async def _respond(self, plan: StagePlan) -> None:
+        request: AssistantRequest = plan.payload
+        speaker = _Speaker(self, plan, request.pace)
+        try:
+            if request.prompt is not None and self.text_port is not None:
+                await self._speak_generated(plan, request, speaker)
+            else:
+                for sentence in sentences(request.reply or "")[0] or [request.reply or ""]:
+                    await speaker.say(sentence)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a stage failure fails the response, never the worker
+            log.exception("assistant response %s failed", plan.request_id)
+            self._emit(
+                StageOutput(
+                    plan.request_id,
+                    plan.fence,
+                    "error",
+                    error_code="runtime_data_plane_stream_failed",
+                    message=str(exc),
+                )
+            )
+            return
+        self._emit(StageOutput(plan.request_id, plan.fence, "done", text=speaker.spoken))
+
+    async def _speak_generated(
+        self, plan: StagePlan, request: AssistantRequest, speaker: _Speaker
+    ) -> None:
+        assert self.text_port is not None
+        text_id = await self.text_port.ensure(plan.fence, TEXT_ROLE)
+        queue: asyncio.Queue[StageOutput] = asyncio.Queue()
+        self._text_queues[text_id] = queue
+        try:
+            await self.text_port.submit_initial(
+                StagePlan(
+                    text_id,
+                    plan.fence,
+                    TEXT_ROLE,
+                    TextRequest(request.prompt or "", request.sampling),
+                )
+            )
+            pending = ""
+            while True:
+                output = await queue.get()
+                if output.kind == "error":
+                    raise RuntimeError(output.message or output.error_code or "text stage failed")
+                pending += output.text
+                done, pending = sentences(pending)
+                for sentence in done:
+                    await speaker.say(sentence)
+                if output.kind == "done":
+                    break
+            if pending.strip():
+                await speaker.say(pending)
+        finally:
+            self._text_queues.pop(text_id, None)
+            if text_id in self.text_port.running_requests():  # cancelled mid-generation
+                await self.text_port.abort([text_id])
+
+
+class _Speaker:
+    """Synthesizes sentences and streams them in chunks, paced (pace 1 = real time)."""
+
+    def __init__(self, port: AssistantStagePort, plan: StagePlan, pace: float) -> None:
+        self.port, self.plan, self.pace = port, plan, pace
+        self.spoken = ""
+        self._chunk = port.rate_hz * CHUNK_MS // 1000
+        self._sent = 0
+        self._started = time.monotonic()
+
+    async def say(self, sentence: str) -> None:
+        text = sentence.strip()
+        if not text:
+            return
+        audio = await asyncio.to_thread(self.port.synthesize, text)
+        spoken_text = (" " if self.spoken else "") + text
+        self.spoken += spoken_text
+        count = max(1, -(-len(audio) // self._chunk))
+        for index, piece_text in enumerate(split_text(spoken_text, count)):
+            if self.pace > 0:
+                due = self._started + self._sent * CHUNK_MS / 1000 / self.pace
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            else:
+                await asyncio.sleep(0)
+            piece = audio[index * self._chunk : (index + 1) * self._chunk]
+            self.port._emit(
+                StageOutput(
+                    self.plan.request_id,
+                    self.plan.fence,
+                    "audio",
+                    audio=piece.astype(np.float32),
+                    sample_rate_hz=self.port.rate_hz,
+                    text=piece_text,
+                )
+            )
+            self._sent += 1

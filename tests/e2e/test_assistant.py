@@ -1,0 +1,78 @@
+"""The assistant through the whole server: `duplex serve --plugin assistant`, a client
+speaking synthesized speech in real time, a spoken answer, and a barge-in."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from shared.client.duplex_client import DuplexClient
+from shared.protocol.duplex import float_to_pcm16
+from tests.e2e.processes import start_serve
+from tests.plugins.test_assistant import spoken
+
+SESSION = {
+    "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
+    "turn_detection": {"type": "server_vad"},
+    "playback_commit_policy": "ack_only",
+    "extra_body": {"pace": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def assistant():
+    process = start_serve("serve-assistant", ("--plugin", "assistant"))
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+async def say(client: DuplexClient, audio: np.ndarray) -> None:
+    """Stream like a microphone: 20 ms appends in real time."""
+    pcm = float_to_pcm16(audio)
+    started = time.monotonic()
+    for n, i in enumerate(range(0, len(pcm), 640)):
+        await asyncio.sleep(max(0.0, started + n * 0.02 - time.monotonic()))
+        await client.append_audio(pcm[i : i + 640])
+
+
+async def test_hello_is_heard_answered_aloud_and_barged_into(assistant):
+    client = await DuplexClient(assistant.base, heartbeat_s=None).connect(SESSION)
+    try:
+        await say(client, spoken("hello"))
+        heard = (await client.until("conversation.item.input_audio_transcription.completed"))[-1]
+        assert "hello" in heard.transcript
+        events = await client.until("response.output_audio.delta")
+        response_id = events[-1].response_id
+        events += await client.until("response.output_audio_transcript.delta")
+        assert any(
+            e.wire_type == "response.output_audio_transcript.delta" and e.delta for e in events
+        )
+
+        # the user speaks while the assistant is still talking: barge-in
+        speaking = asyncio.create_task(say(client, spoken("thank you", lead_s=0.1)))
+        events = await client.until("response.done", timeout=30)
+        await speaking
+        done = events[-1]
+        assert done.response_id == response_id
+        assert done.response["status"] == "cancelled"
+        assert done.response["status_details"]["reason"] == "barge_in"
+        # ack_only: what was played (nothing acknowledged here) is what history keeps
+        assert any(e.wire_type == "input_audio_buffer.speech_started" for e in events)
+    finally:
+        await client.close()
+
+
+async def test_chat_completions_use_the_built_in_responder(assistant):
+    import httpx
+
+    async with httpx.AsyncClient(base_url=assistant.base) as http:
+        reply = await http.post(
+            "/v1/chat/completions",
+            json={"model": "assistant", "messages": [{"role": "user", "content": "hello"}]},
+        )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == "Hello! How can I help you?"

@@ -1,0 +1,147 @@
+"""The assistant plugin: responder, espeak-ng synthesis, pocketsphinx recognition, and a
+spoken turn with barge-in through the session engine (server VAD, no microphone)."""
+
+import datetime
+
+import numpy as np
+import pytest
+
+from plugins.assistant import AssistantPlugin
+from plugins.assistant.asr import SphinxRecognizer
+from plugins.assistant.responder import llm_prompt, reply, sentences
+from plugins.assistant.tts import EspeakSynthesizer
+from services.worker.plugins import load_plugin
+from shared.protocol.duplex import StreamingResampler
+from tests.sessions import appends, make_harness, send_all, types
+
+VAD_SESSION = {
+    "turn_detection": {"type": "server_vad"},
+    "extra_body": {"pace": 1},
+    "playback_commit_policy": "ack_only",
+}
+
+
+def spoken(text: str, lead_s: float = 0.4, tail_s: float = 1.0) -> np.ndarray:
+    """`text` said by espeak-ng, at 16 kHz, between silences."""
+    tts = EspeakSynthesizer.shared()
+    resampler = StreamingResampler(tts.sample_rate_hz, 16000)
+    speech = np.concatenate([resampler.process(tts.synthesize(text)), resampler.flush()])
+    return np.concatenate(
+        [
+            np.zeros(int(lead_s * 16000), np.float32),
+            speech,
+            np.zeros(int(tail_s * 16000), np.float32),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "heard, answer",
+    [
+        ("hello", "Hello! How can I help you?"),
+        ("hello there", "Hello! How can I help you?"),
+        ("what time", "It is 09:05."),
+        ("what is the date", "Today is Wednesday, December 2."),
+        ("repeat after me the quick brown fox", "The quick brown fox."),
+        ("what is your name", "I am the duplex serve assistant."),
+        ("thank you", "You are welcome."),
+        ("", "Sorry, I did not catch that."),
+        ("purple rain", "You said: purple rain."),
+    ],
+)
+def test_the_built_in_responder(heard, answer):
+    assert reply(heard, datetime.datetime(2026, 12, 2, 9, 5)) == answer
+
+
+def test_sentences_split_as_text_streams_in():
+    assert sentences("Hello there. How are") == (["Hello there."], "How are")
+    assert sentences("One. Two!") == (["One.", "Two!"], "")
+
+
+def test_the_llm_prompt_extends_the_conversation():
+    history = [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_audio", "transcript": "hi"}],
+        },
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_audio", "transcript": "Hello!"}],
+        },
+    ]
+    prompt = llm_prompt(history, "what time is it", "Be brief.")
+    assert prompt.splitlines() == [
+        "Be brief.",
+        "User: hi",
+        "Assistant: Hello!",
+        "User: what time is it",
+        "Assistant:",
+    ]
+
+
+def test_espeak_speaks_from_the_wheel():
+    tts = EspeakSynthesizer.shared()
+    audio = tts.synthesize("Hello there.")
+    assert tts.sample_rate_hz == 22050 and audio.dtype == np.float32
+    assert 0.5 < len(audio) / tts.sample_rate_hz < 2.0 and np.abs(audio).max() > 0.1
+    assert tts.synthesize("").size == 0
+
+
+@pytest.mark.parametrize(
+    "phrase, expected",
+    [("hello", "hello"), ("thank you", "thank you"), ("good morning", "good morning")],
+)
+def test_pocketsphinx_hears_synthesized_speech(phrase, expected):
+    assert expected in SphinxRecognizer("grammar").recognize(spoken(phrase))
+
+
+def test_the_worker_loads_the_assistant_with_its_options():
+    plugin = load_plugin("assistant", {"asr": "lm"})
+    assert isinstance(plugin, AssistantPlugin) and plugin.recognizer.mode == "lm"
+    assert plugin.text_stage is None and plugin.transcribes
+
+
+async def test_a_spoken_turn_is_heard_answered_and_barged_into():
+    h = make_harness(plugin=AssistantPlugin())
+    try:
+        session = await h.open(VAD_SESSION)
+        await send_all(session, appends(spoken("hello"), 16000))
+        events = await session.until("response.output_audio.delta")
+        heard = next(
+            e
+            for e in events
+            if e.wire_type == "conversation.item.input_audio_transcription.completed"
+        )
+        assert "hello" in heard.transcript
+        response_id = events[-1].response_id
+        assert events[-1].delta  # audio
+
+        # the user talks over the answer: server VAD barges in, the response is cancelled
+        await send_all(session, appends(spoken("thank you", lead_s=0.1), 16000))
+        events = await session.until("response.done")
+        done = events[-1]
+        assert done.response_id == response_id
+        assert done.response["status"] == "cancelled"
+        assert done.response["status_details"]["reason"] == "barge_in"
+        assert "input_audio_buffer.speech_started" in types(events)
+    finally:
+        await h.manager.shutdown()
+
+
+async def test_an_answer_streams_audio_with_its_transcript():
+    h = make_harness(plugin=AssistantPlugin())
+    try:
+        session = await h.open({**VAD_SESSION, "extra_body": {"pace": 0}})
+        await send_all(session, appends(spoken("what is your name"), 16000))
+        events = await session.until("response.done")
+        transcript = next(
+            e for e in events if e.wire_type == "response.output_audio_transcript.done"
+        ).transcript
+        assert transcript == "I am the duplex serve assistant."
+        deltas = [e for e in events if e.wire_type == "response.output_audio.delta"]
+        assert len(deltas) >= 10  # about 2 s of speech in 100 ms chunks
+        assert events[-1].response["status"] == "completed"
+    finally:
+        await h.manager.shutdown()
