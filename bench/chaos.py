@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as redis_async
 
-from bench.common import Stack, machine, now_utc, write_section
+from bench.common import Stack, machine, now_utc, watchdog, write_section
 from plugins.echo.stage import resample_whole
 from shared.client.duplex_client import DuplexClient, DuplexClientError
 from shared.protocol.duplex import float_to_pcm16, pcm16_to_float
@@ -240,6 +240,11 @@ class ChaosReport:
 async def run_chaos(
     mode: str = "api", sessions: int = 20, seconds: float = 60.0, kill_every: float = 3.0
 ) -> ChaosReport:
+    async with watchdog(seconds + 150, f"chaos {mode}"):
+        return await _run_chaos(mode, sessions, seconds, kill_every)
+
+
+async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float) -> ChaosReport:
     report = ChaosReport(mode, sessions, seconds)
     with Stack(workers=2, apis=2) as stack:
         bases = [api.base for api in stack.apis]

@@ -7,13 +7,15 @@ a real redis-server and real `duplex worker` / `duplex api` processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
 import statistics
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from tests.e2e.processes import HttpProcess, Process, start_api, start_worker
@@ -102,8 +104,10 @@ class Stack:
         worker_env: dict[str, str] | None = None,
         api_env: dict[str, str] | None = None,
         redis: RedisServer | None = None,
+        plugin: str = "echo",
     ) -> None:
         self.redis = redis or RedisServer()
+        self.plugin = plugin
         self.prefix = f"bench-{uuid.uuid4().hex[:6]}"
         self.worker_env = dict(worker_env or {})
         self.api_env = dict(api_env or {})
@@ -113,7 +117,7 @@ class Stack:
             api.wait_ready()
 
     def start_worker(self, name: str) -> Process:
-        return start_worker(self.redis.url, self.prefix, name, **self.worker_env)
+        return start_worker(self.redis.url, self.prefix, name, self.plugin, **self.worker_env)
 
     def start_api(self, name: str) -> HttpProcess:
         return start_api(self.redis.url, self.prefix, name, **self.api_env)
@@ -154,6 +158,25 @@ def write_section(document: str, name: str, body: str, heading: str) -> None:
         text = text.rstrip("\n") + f"\n\n## {heading}\n\n{begin}\n{end}\n"
     start, stop = text.index(begin), text.index(end) + len(end)
     path.write_text(text[:start] + f"{begin}\n{body.strip()}\n{end}" + text[stop:])
+
+
+@contextlib.asynccontextmanager
+async def watchdog(seconds: float, label: str) -> AsyncIterator[None]:
+    """If the block runs longer than `seconds`, print every asyncio task's stack to stderr
+    (once): a stalled harness then says where it waits instead of just timing out."""
+
+    async def bark() -> None:
+        await asyncio.sleep(seconds)
+        print(f"[{label}: still running after {seconds:.0f} s; tasks:]", file=sys.stderr)
+        for task in asyncio.all_tasks():
+            task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+
+    dog = asyncio.create_task(bark())
+    try:
+        yield
+    finally:
+        dog.cancel()
 
 
 @contextlib.contextmanager

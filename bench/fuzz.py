@@ -33,7 +33,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from bench.chaos import SESSION, Conversation, RecordingClient, check, converse, drain
-from bench.common import Stack, machine, now_utc, write_section
+from bench.common import Stack, machine, now_utc, watchdog, write_section
 from bench.fuzz_frames import frames
 from shared.protocol.duplex import ERROR_CODES
 
@@ -168,6 +168,11 @@ async def first_message(base: str, frame: str | bytes, report: FuzzReport) -> No
 
 
 async def run_fuzz(frame_count: int = 10_000, connections: int = 8, seed: int = 1) -> FuzzReport:
+    async with watchdog(120 + frame_count / 20, "fuzz"):
+        return await _run_fuzz(frame_count, connections, seed)
+
+
+async def _run_fuzz(frame_count: int, connections: int, seed: int) -> FuzzReport:
     report = FuzzReport()
     started = time.monotonic()
     with Stack() as stack:

@@ -70,6 +70,7 @@ def realtime_url(base: str, *, resume: bool = False) -> str:
 
 class DuplexClient:
     close_timeout_s = 10.0  # close(): the most it waits for session.closed
+
     def __init__(
         self,
         urls: str | Sequence[str],
