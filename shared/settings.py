@@ -63,8 +63,8 @@ class WorkerSettings(RedisSettings):
     health_port: int = 0
     #: an LLM for plugins that can use one (assistant): a local model directory for vLLM
     llm_model: str | None = None
-    #: the assistant's speech recognition: grammar (fast, a fixed vocabulary) or lm
-    assistant_asr: str = "grammar"
+    #: the assistant's speech recognition: hybrid (default), lm or grammar (plugins/assistant)
+    assistant_asr: str = "hybrid"
 
     def plugin_options(self) -> dict[str, str]:
         """What `DuplexModelPlugin.from_options` receives."""

@@ -1,9 +1,10 @@
 """Speech recognition with pocketsphinx and the en-us model its wheel ships.
 
-Two modes. `grammar` (the default) decodes against a JSGF grammar of what the built-in
-responder understands: small, fast (about 0.02 of real time here) and exact on clear
-speech. `lm` uses the bundled large-vocabulary language model: anything can be said, at
-about 0.4 of real time and with poor accuracy on synthetic speech.
+Two modes. `grammar` decodes against a JSGF grammar of the built-in responder's commands:
+fast (about 0.02 of real time here) and exact on clear speech, but it hears nothing else.
+`lm` uses the bundled large-vocabulary language model: anything can be said, at about 0.2
+of real time, with some words wrong. The assistant runs both (plugin.py): the language
+model first, and the grammar when the language model's words make no command.
 
 A decoder is not thread-safe and is slow to load, so each executor thread keeps its own.
 """
@@ -16,26 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
-from plugins.assistant.responder import GRAMMAR_WORDS
-
 SAMPLE_RATE_HZ = 16_000
 DITHER = 0.003
 
 GRAMMAR = """#JSGF V1.0;
 grammar assistant;
-public <utterance> = <greeting> | <question> | <repeat> | <thanks> | <bye>;
+public <utterance> = <greeting> | <question> | <thanks> | <bye>;
 <greeting> = hello | hi | hey | hello there | good morning | good evening;
 <question> = what time is it | what is the time | what day is it | what is the date
            | what is your name | who are you | how are you | can you hear me;
-<repeat> = repeat after me <word>+;
 <thanks> = thank you | thanks;
 <bye> = goodbye | bye | see you;
-<word> = {words};
 """
 
 
 def grammar_text() -> str:
-    return GRAMMAR.replace("{words}", " | ".join(sorted(GRAMMAR_WORDS)))
+    return GRAMMAR
 
 
 class SphinxRecognizer:

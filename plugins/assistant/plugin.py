@@ -6,8 +6,8 @@ responder or, with `--llm-model PATH`, by a vLLM text stage, and spoken with esp
 Everything it needs ships inside Python packages: no model download, no system package.
 
 Options: `duplex worker --plugin assistant --llm-model PATH` (or DUPLEX_LLM_MODEL) makes the
-worker build its vLLM stage and hand it over as `text_stage`; DUPLEX_ASSISTANT_ASR=grammar|lm
-picks the recogniser's mode.
+worker build its vLLM stage and hand it over as `text_stage`; DUPLEX_ASSISTANT_ASR=hybrid|lm|grammar
+picks the recogniser's mode (asr.py; hybrid by default).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from plugins.assistant.asr import SphinxRecognizer
-from plugins.assistant.responder import llm_prompt, reply
+from plugins.assistant.responder import llm_prompt, reply, understands
 from plugins.assistant.stage import AssistantRequest, AssistantStagePort
 from plugins.assistant.tts import EspeakSynthesizer
 from plugins.echo.plugin import _read_pace
@@ -40,14 +40,18 @@ class AssistantPlugin(DuplexModelPlugin):
     plugin_id = "assistant"
     output_sample_rate_hz = 22_050  # espeak-ng's voices
 
-    def __init__(self, text_stage: StagePort | None = None, asr_mode: str = "grammar") -> None:
+    def __init__(self, text_stage: StagePort | None = None, asr_mode: str = "hybrid") -> None:
+        if asr_mode not in ("hybrid", "lm", "grammar"):
+            raise ValueError(f"unknown recognition mode {asr_mode!r}: hybrid, lm or grammar")
+        self.asr_mode = asr_mode
+        self.recognizer = SphinxRecognizer("grammar" if asr_mode == "grammar" else "lm")
+        self.commands = SphinxRecognizer("grammar") if asr_mode == "hybrid" else None
         self.text_stage = text_stage
-        self.recognizer = SphinxRecognizer(asr_mode)
         self.sampling_defaults: dict[str, Any] = {"temperature": 0.7, "max_tokens": 64}
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> AssistantPlugin:
-        return cls(options.get("text_stage"), options.get("asr", "grammar"))
+        return cls(options.get("text_stage"), options.get("asr", "hybrid"))
 
     def capabilities(self, max_sessions: int) -> DuplexCapabilities:
         return DuplexCapabilities(
@@ -85,7 +89,14 @@ class AssistantPlugin(DuplexModelPlugin):
         )
 
     def transcribe(self, audio: np.ndarray, sample_rate_hz: int) -> str | None:
-        return self.recognizer.recognize(audio, sample_rate_hz)
+        """Free speech first; when its words make no command, the command grammar (fast,
+        and exact where the language model stumbles: "what i read it" -> the time)."""
+        heard = self.recognizer.recognize(audio, sample_rate_hz)
+        if self.commands is not None and not understands(heard):
+            command = self.commands.recognize(audio, sample_rate_hz)
+            if command:
+                return command
+        return heard
 
     def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
         turn = request.turn

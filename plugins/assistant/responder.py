@@ -14,20 +14,17 @@ from typing import Any
 
 NAME = "the duplex serve assistant"
 
-# the words "repeat after me" can repeat when recognition runs on the grammar (asr.py)
-_VOCABULARY = """one two three four five six seven eight nine ten eleven twelve twenty hundred
-    red green blue yellow black white orange purple
-    the a an and or of to in on is it this that i you we they me my your
-    quick brown fox jumps over lazy dog cat bird fish apple banana bread water coffee tea
-    hello world good morning evening night day today tomorrow time music please yes no
-    stop start go come here there now later nice great fine okay weather sun rain"""
-GRAMMAR_WORDS = frozenset(_VOCABULARY.split())
-
 SORRY = "Sorry, I did not catch that."
 
 
 def _words(text: str) -> list[str]:
     return re.findall(r"[a-z']+", text.lower())
+
+
+def understands(text: str) -> bool:
+    """Whether `text` is one of the responder's commands (not "You said ..." or sorry)."""
+    answer = reply(text)
+    return answer != SORRY and not answer.startswith("You said")
 
 
 def reply(text: str, now: datetime.datetime | None = None) -> str:
