@@ -153,7 +153,8 @@ def test_dockerfiles_copy_what_exists_and_run_the_console_script():
         assert re.search(r"^USER 10001$", text, flags=re.M)  # non-root
         assert 'ENTRYPOINT ["duplex"]' in text
         assert text.count("FROM ") == 2  # multi-stage: no build tools in the final image
-    assert ".[vllm]" in (ROOT / "docker" / "worker.Dockerfile").read_text() and "vllm" in extras
+    worker = (ROOT / "docker" / "worker.Dockerfile").read_text()
+    assert ".[vllm,assistant]" in worker and {"vllm", "assistant"} <= set(extras)
     assert "vllm" not in (ROOT / "docker" / "api.Dockerfile").read_text()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", "tests"} <= set(ignored)
