@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-vllm lint venv redis-server chart-check bench clean
+.PHONY: serve test test-vllm lint venv redis-server chromium chart-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,19 @@ redis-server:
 	  fi; \
 	fi
 
+# The console's browser test drives Debian's Chromium with Playwright (never a downloaded
+# browser). Installed when missing and we are root; otherwise that one test is skipped.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (Debian package)"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing and we are not root: the console's browser test will be skipped"; \
+	  fi; \
+	fi
+
 lint: venv
 	$(BIN)/ruff check .
 
@@ -67,7 +80,7 @@ chart-check: venv $(HELM)
 	$(HELM) template duplex helm/duplex -f helm/duplex/ci/production-values.yaml \
 	  | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
 
-test: venv redis-server lint chart-check
+test: venv redis-server chromium lint chart-check
 	DUPLEX_HELM=$(HELM) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # vLLM's CPU build in its own venv (3.5 GB; torch 2.13.0+cpu comes from the machine's

@@ -14,11 +14,19 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+from fastapi.staticfiles import StaticFiles
 
 from services.api.connection import RealtimeConnection
 from services.api.inbox_writer import InboxWriter
@@ -39,6 +47,7 @@ TRUE_VALUES = {"1", "true", "on", "yes"}
 FALSE_VALUES = {"0", "false", "off", "no"}
 #: browsers cannot set headers on a WebSocket: they send the key as this subprotocol
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+CONSOLE_DIR = Path(__file__).with_name("console")
 
 
 class ApiPod:
@@ -210,6 +219,14 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
     @app.websocket("/v1/duplex")
     async def duplex_route(websocket: WebSocket) -> None:
         await realtime(websocket, force_duplex=True)
+
+    # the browser console (docs/console.md): static files, no build step; public like
+    # /health (everything it does goes through /v1, which checks API keys)
+    app.mount("/console", StaticFiles(directory=CONSOLE_DIR), name="console")
+
+    @app.get("/", include_in_schema=False)
+    async def console_page() -> FileResponse:
+        return FileResponse(CONSOLE_DIR / "index.html")
 
     @app.get("/health")
     async def health() -> dict[str, str]:

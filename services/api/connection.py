@@ -235,6 +235,7 @@ class RealtimeConnection:
                 if resumable:
                     reply["resume_token"] = token
                     reply["attachment_generation"] = 1
+                reply["duplex_worker_id"] = worker.worker_id  # for consoles and debugging
                 self._observe_session(reply.get("session"))
                 self.queue.put(OutItem(orjson.dumps(reply), "session.created"))
                 pod.metrics.sessions_opened.inc()

@@ -48,6 +48,17 @@ def test_http_routes_need_the_key(keyed):
     assert ok.status_code == 200
 
 
+def test_the_console_page_is_served_without_a_key(keyed):
+    """The page is static and public; everything it does goes through /v1 with the key."""
+    page = httpx.get(f"{keyed.base}/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    for asset in ("console.js", "worklets.js", "console.css"):
+        assert f"/console/{asset}" in page.text or asset == "worklets.js"
+        reply = httpx.get(f"{keyed.base}/console/{asset}")
+        assert reply.status_code == 200 and len(reply.content) > 500, asset
+    assert "registerProcessor(\"capture\"" in httpx.get(f"{keyed.base}/console/worklets.js").text
+
+
 async def test_websocket_needs_the_key_before_any_session(keyed):
     with pytest.raises(websockets.InvalidStatus) as info:
         async with websockets.connect(realtime_url(keyed.base)):

@@ -1,0 +1,28 @@
+// AudioWorklet processors of the console (loaded with audioWorklet.addModule).
+//
+// "capture": runs in an AudioContext at 16 kHz (the browser resamples the microphone to
+// the context's rate) and posts 20 ms frames of pcm16 (320 samples) to the page.
+
+class CaptureProcessor extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.frame = new Int16Array(320);
+    this.filled = 0;
+  }
+
+  process(inputs) {
+    const channel = inputs[0] && inputs[0][0];
+    if (!channel) return true;
+    for (let i = 0; i < channel.length; i++) {
+      const s = Math.max(-1, Math.min(1, channel[i]));
+      this.frame[this.filled++] = s < 0 ? s * 0x8000 : s * 0x7fff;
+      if (this.filled === this.frame.length) {
+        this.port.postMessage(this.frame.buffer.slice(0));
+        this.filled = 0;
+      }
+    }
+    return true;
+  }
+}
+
+registerProcessor("capture", CaptureProcessor);

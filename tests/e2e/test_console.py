@@ -1,0 +1,118 @@
+"""The browser console in a real headless Chromium (Debian's, driven by Playwright; no
+browser download): a WAV file is the microphone, the echo model answers through
+`duplex serve`, the page plays it and acknowledges playback, and a dropped connection
+resumes with the event seq contiguous. A screenshot lands in test-artifacts/."""
+
+import re
+import shutil
+import tempfile
+import wave
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.processes import start_serve
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SPEECH = ROOT / "tests" / "data" / "speech_16k.wav"  # "Hello there, can you hear me?"
+ARTIFACTS = ROOT / "test-artifacts"
+API_KEY = "console-test-key"
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Debian chromium is missing (make test installs it)"
+)
+
+def microphone_wav(path: Path) -> Path:
+    """The speech then 4 s of silence: Chromium loops the file; server VAD needs silence to
+    end each turn, and the echo (as long as the speech) is played in full before the next
+    repetition would barge in."""
+    with wave.open(str(SPEECH)) as source:
+        params, frames = source.getparams(), source.readframes(source.getnframes())
+    with wave.open(str(path), "wb") as target:
+        target.setparams(params)
+        target.writeframes(frames + bytes(int(4 * params.framerate) * params.sampwidth))
+    return path
+
+
+MICROPHONE = microphone_wav(Path(tempfile.gettempdir()) / "duplex-console-microphone.wav")
+
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    f"--use-file-for-fake-audio-capture={MICROPHONE}",
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = start_serve("serve-console", DUPLEX_API_KEYS=API_KEY)
+    try:
+        process.wait_ready(headers={"Authorization": f"Bearer {API_KEY}"})
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(server.base + "/")
+        try:
+            yield page
+        finally:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "console.png"))
+            browser.close()
+
+
+def wait(page, condition: str, timeout_s: float = 30) -> None:
+    page.wait_for_function(condition, timeout=timeout_s * 1000)
+
+
+def test_talk_hear_the_echo_drop_and_resume(page):
+    state = "window.consoleState"
+    wait(page, f"{state}.status.startsWith('models: enter')")  # /v1/models needs the key
+    page.fill("#api-key", API_KEY)
+    page.dispatch_event("#api-key", "change")
+    wait(page, "document.querySelector('#model').options.length > 0")
+    assert page.input_value("#model") == "echo"
+    page.click("#connect")  # the key goes as a WebSocket subprotocol
+
+    # the fake microphone speaks; server VAD ends the turn; echo answers; the page plays it
+    wait(page, f"{state}.assistantTranscripts.length > 0")
+    wait(page, f"{state}.playedMs > 500")
+    first = page.evaluate(state)
+    assert re.fullmatch(r"echo \d+ ms", first["assistantTranscripts"][0])
+    assert first["micSentMs"] > 1000 and first["sessionId"].startswith("duplex-")
+    played = [r for r in first["responses"].values() if r["playedMs"] > 0]
+    assert played  # playback.ack reported what was played
+    assert "echo" in page.inner_text("#turns") and "(speech)" in page.inner_text("#turns")
+    assert first["worker"] and page.inner_text("#s-worker") == first["worker"]
+    assert page.inner_text("#s-epoch").split(" / ")[1] != "0"  # the turn counter moved
+
+    # drop the connection, then resume with the stored token and last seq
+    page.click("#drop")
+    wait(page, f"!{state}.connected")
+    page.wait_for_timeout(1500)  # the session goes on producing events meanwhile
+    page.click("#resume")
+    wait(page, f"{state}.resumes === 1 && {state}.connected")
+    seq = page.evaluate(f"{state}.lastSeq")
+    wait(page, f"{state}.lastSeq > {seq + 10}")  # live again after the replay
+    after = page.evaluate(state)
+    assert after["seqGaps"] == 0 and after["generation"] == 2
+    assert after["errors"] == [], after["errors"]
+    assert "session.resumed" in after["eventTypes"]
+    assert page.inner_text("#s-gaps") == "0"
