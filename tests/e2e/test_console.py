@@ -3,6 +3,7 @@ browser download): a WAV file is the microphone, the echo model answers through
 `duplex serve`, the page plays it and acknowledges playback, and a dropped connection
 resumes with the event seq contiguous. A screenshot lands in test-artifacts/."""
 
+import contextlib
 import re
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ API_KEY = "console-test-key"
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="Debian chromium is missing (make test installs it)"
 )
+
 
 def microphone_wav(path: Path) -> Path:
     """The speech then 4 s of silence: Chromium loops the file; server VAD needs silence to
@@ -62,20 +64,27 @@ def server():
         process.stop()
 
 
-@pytest.fixture
-def page(server):
+@contextlib.contextmanager
+def console(base: str, microphone: Path, screenshot: str):
     from playwright.sync_api import sync_playwright
 
+    flags = [*FLAGS[:-1], f"--use-file-for-fake-audio-capture={microphone}"]
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=flags)
         page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.goto(server.base + "/")
+        page.goto(base + "/")
         try:
             yield page
         finally:
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "console.png"))
+            page.screenshot(path=str(ARTIFACTS / screenshot))
             browser.close()
+
+
+@pytest.fixture
+def page(server):
+    with console(server.base, MICROPHONE, "console.png") as page:
+        yield page
 
 
 def wait(page, condition: str, timeout_s: float = 30) -> None:
@@ -116,3 +125,30 @@ def test_talk_hear_the_echo_drop_and_resume(page):
     assert after["errors"] == [], after["errors"]
     assert "session.resumed" in after["eventTypes"]
     assert page.inner_text("#s-gaps") == "0"
+
+
+def test_talk_to_the_assistant(tmp_path):
+    """`duplex serve --plugin assistant`: the page shows what it heard and what it said."""
+    from tests.plugins.test_assistant import spoken
+
+    audio = (spoken("hello", lead_s=0.5, tail_s=6.0) * 32767).astype("<i2").tobytes()
+    microphone = tmp_path / "hello.wav"
+    with wave.open(str(microphone), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(audio)
+    process = start_serve("serve-console-assistant", ("--plugin", "assistant"))
+    try:
+        process.wait_ready()
+        with console(process.base, microphone, "console-assistant.png") as page:
+            wait(page, "document.querySelector('#model').options.length > 0")
+            page.click("#connect")
+            wait(page, "window.consoleState.assistantTranscripts.length > 0")
+            state = page.evaluate("window.consoleState")
+            assert "hello" in state["userTranscripts"][0]
+            assert state["assistantTranscripts"][0] == "Hello! How can I help you?"
+            turns = page.inner_text("#turns")
+            assert "hello" in turns and "How can I help you?" in turns
+    finally:
+        process.stop()
