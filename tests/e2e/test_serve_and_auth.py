@@ -56,7 +56,7 @@ def test_the_console_page_is_served_without_a_key(keyed):
         assert f"/console/{asset}" in page.text or asset == "worklets.js"
         reply = httpx.get(f"{keyed.base}/console/{asset}")
         assert reply.status_code == 200 and len(reply.content) > 500, asset
-    assert "registerProcessor(\"capture\"" in httpx.get(f"{keyed.base}/console/worklets.js").text
+    assert 'registerProcessor("capture"' in httpx.get(f"{keyed.base}/console/worklets.js").text
 
 
 async def test_websocket_needs_the_key_before_any_session(keyed):
