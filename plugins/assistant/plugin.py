@@ -21,11 +21,8 @@ from plugins.assistant.asr import SphinxRecognizer
 from plugins.assistant.responder import llm_prompt, reply, understands
 from plugins.assistant.stage import AssistantRequest, AssistantStagePort
 from plugins.assistant.tts import EspeakSynthesizer
-from plugins.echo.plugin import _read_pace
+from plugins.paced import PacedPlugin
 from shared.contracts import (
-    DuplexCapabilities,
-    DuplexModelPlugin,
-    DuplexSessionConfig,
     ResponsePlanRequest,
     SessionRuntimeConfig,
     StagePlan,
@@ -33,10 +30,8 @@ from shared.contracts import (
     last_user_text,
 )
 
-CHUNK_MS = 100
 
-
-class AssistantPlugin(DuplexModelPlugin):
+class AssistantPlugin(PacedPlugin):
     plugin_id = "assistant"
     output_sample_rate_hz = 22_050  # espeak-ng's voices
 
@@ -52,35 +47,6 @@ class AssistantPlugin(DuplexModelPlugin):
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> AssistantPlugin:
         return cls(options.get("text_stage"), options.get("asr", "hybrid"))
-
-    def capabilities(self, max_sessions: int) -> DuplexCapabilities:
-        return DuplexCapabilities(
-            supports_barge_in=True,
-            supports_playback_ack=True,
-            supports_audio_truncate=True,
-            supports_session_lease=True,
-            supports_session_resume=True,
-            supports_chat_completions=True,
-            supports_realtime_endpoint=True,
-            supports_independent_io_streams=True,
-            supports_multi_session=max_sessions > 1,
-            supports_multi_session_same_replica=max_sessions > 1,
-            session_admission_mode="engine_managed",
-            chunk_period_ms=CHUNK_MS,
-            target_barge_in_latency_ms=CHUNK_MS,
-        )
-
-    def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:
-        super().validate_client_extra_body(extra_body)
-        _read_pace(extra_body)
-
-    async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
-        return {"pace": _read_pace(config.extra_body)}
-
-    def runtime_config_for_update(
-        self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig
-    ) -> dict[str, Any]:
-        return {**runtime_config, "pace": _read_pace(config.extra_body)}
 
     def create_stage_port(self, runtime: SessionRuntimeConfig) -> StagePort:
         synthesizer = EspeakSynthesizer.shared()

@@ -13,26 +13,24 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from plugins.assistant.responder import sentences
-from plugins.echo.stage import split_text
+from plugins.paced import CHUNK_MS, split_text
 from shared.contracts import (
-    DuplexFence,
     OutputSink,
     StageOutput,
     StagePlan,
     StagePort,
+    TaskStagePort,
     TextRequest,
-    stage_request_id,
 )
 
 log = logging.getLogger(__name__)
 
-CHUNK_MS = 100
 TEXT_ROLE = "llm"
 
 
@@ -46,70 +44,29 @@ class AssistantRequest:
     pace: float = 1.0
 
 
-class AssistantStagePort(StagePort):
+class AssistantStagePort(TaskStagePort):
     def __init__(
         self, synthesize: Callable[[str], np.ndarray], rate_hz: int, text_port: StagePort | None
     ) -> None:
+        super().__init__()
         self.synthesize = synthesize
         self.rate_hz = rate_hz
         self.text_port = text_port
-        self._sinks: dict[str, OutputSink] = {}
-        self._reserved: dict[str, set[str]] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._text_queues: dict[str, asyncio.Queue[StageOutput]] = {}  # llm request -> outputs
 
     def bind(self, session_id: str, sink: OutputSink) -> None:
-        self._sinks[session_id] = sink
+        super().bind(session_id, sink)
         if self.text_port is not None:
             self.text_port.bind(session_id, self._on_text)
 
-    async def ensure(self, fence: DuplexFence, role: str) -> str:
-        request_id = stage_request_id(fence, role)
-        self._reserved.setdefault(fence.session_id, set()).add(request_id)
-        return request_id
-
-    async def submit_initial(self, plan: StagePlan) -> None:
-        await self.ensure(plan.fence, plan.role)
-        await self.abort([plan.request_id])  # a new response in the same epoch replaces it
-        task = asyncio.create_task(self._respond(plan), name=f"assistant:{plan.request_id}")
-        self._tasks[plan.request_id] = task
-        task.add_done_callback(lambda t, rid=plan.request_id: self._forget(rid, t))
-
-    async def submit_update(self, plan: StagePlan) -> None:
-        await self.submit_initial(plan)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        tasks = [self._tasks.pop(rid) for rid in request_ids if rid in self._tasks]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
     async def cleanup(self, session_id: str) -> None:
-        owned = [rid for rid in self._tasks if rid in self._reserved.get(session_id, set())]
-        await self.abort(owned)
+        await super().cleanup(session_id)
         if self.text_port is not None:
             await self.text_port.cleanup(session_id)
-        self._reserved.pop(session_id, None)
-        self._sinks.pop(session_id, None)
 
     async def shutdown(self) -> None:
         if self.text_port is not None:
             await self.text_port.shutdown()
-
-    def running_requests(self) -> list[str]:
-        return list(self._tasks)
-
-    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
-        if self._tasks.get(request_id) is task:
-            del self._tasks[request_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("assistant stage %s failed", request_id, exc_info=task.exception())
-
-    def _emit(self, output: StageOutput) -> None:
-        sink = self._sinks.get(output.fence.session_id)
-        if sink is not None:
-            sink(output)
 
     def _on_text(self, output: StageOutput) -> None:
         queue = self._text_queues.get(output.request_id)
@@ -118,7 +75,7 @@ class AssistantStagePort(StagePort):
 
     # ------------------------------------------------------------ one response
 
-    async def _respond(self, plan: StagePlan) -> None:
+    async def _run(self, plan: StagePlan) -> None:
         request: AssistantRequest = plan.payload
         speaker = _Speaker(self, plan, request.pace)
         try:
@@ -129,17 +86,9 @@ class AssistantStagePort(StagePort):
                     await speaker.say(sentence)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a stage failure fails the response, never the worker
+        except Exception as exc:
             log.exception("assistant response %s failed", plan.request_id)
-            self._emit(
-                StageOutput(
-                    plan.request_id,
-                    plan.fence,
-                    "error",
-                    error_code="runtime_data_plane_stream_failed",
-                    message=str(exc),
-                )
-            )
+            self._fail(plan, exc)
             return
         self._emit(StageOutput(plan.request_id, plan.fence, "done", text=speaker.spoken))
 
@@ -174,8 +123,7 @@ class AssistantStagePort(StagePort):
                 await speaker.say(pending)
         finally:
             self._text_queues.pop(text_id, None)
-            if text_id in self.text_port.running_requests():  # cancelled mid-generation
-                await self.text_port.abort([text_id])
+            await self.text_port.abort([text_id])  # cancelled mid-generation (else a no-op)
 
 
 class _Speaker:

@@ -26,6 +26,7 @@ from shared.contracts.stages import (
     parse_stage_request_id,
     stage_request_id,
 )
+from shared.contracts.task_stage import TaskStagePort
 
 __all__ = [
     "CommittedTurn",
@@ -46,6 +47,7 @@ __all__ = [
     "StageOutput",
     "StagePlan",
     "StagePort",
+    "TaskStagePort",
     "TextRequest",
     "TurnDetection",
     "last_user_text",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from plugins.echo import EchoPlugin, EchoRequest, EchoStagePort
-from plugins.echo.stage import split_text
+from plugins.paced import split_text
 from services.worker.plugins import load_plugin
 from shared.contracts import DuplexFence, DuplexRuntimeConfigError, DuplexSessionConfig, StagePlan
 

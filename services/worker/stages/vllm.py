@@ -25,14 +25,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.contracts import (
-    DuplexFence,
-    OutputSink,
     StageCleanupError,
     StageOutput,
     StagePlan,
-    StagePort,
+    TaskStagePort,
     TextRequest,
-    stage_request_id,
 )
 
 log = logging.getLogger(__name__)
@@ -75,7 +72,7 @@ def build_engine(settings: EngineSettings) -> Any:
     return engine
 
 
-class VllmStagePort(StagePort):
+class VllmStagePort(TaskStagePort):
     def __init__(
         self,
         engine: Any,
@@ -83,13 +80,10 @@ class VllmStagePort(StagePort):
         *,
         owns_engine: bool = False,
     ) -> None:
+        super().__init__()
         self.engine = engine
-        self.owns_engine = owns_engine  # shutdown() stops the engine only if it built it
         self.sampling_defaults = dict(sampling_defaults or {})
-        self._sinks: dict[str, OutputSink] = {}
-        self._reserved: dict[str, set[str]] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._aborted: set[str] = set()
+        self.owns_engine = owns_engine  # shutdown() stops the engine only if it built it
         #: request id -> how vLLM said it finished ("stop", "length", "abort", ...)
         self.finish_reasons: dict[str, str | None] = {}
 
@@ -98,14 +92,6 @@ class VllmStagePort(StagePort):
         engine = build_engine(EngineSettings(model, max_num_seqs=max_num_seqs, **settings))
         return cls(engine, owns_engine=True)
 
-    def bind(self, session_id: str, sink: OutputSink) -> None:
-        self._sinks[session_id] = sink
-
-    async def ensure(self, fence: DuplexFence, role: str) -> str:
-        request_id = stage_request_id(fence, role)
-        self._reserved.setdefault(fence.session_id, set()).add(request_id)
-        return request_id
-
     def sampling_params(self, overrides: Mapping[str, Any]) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -113,66 +99,35 @@ class VllmStagePort(StagePort):
         values = {**self.sampling_defaults, **overrides}
         return SamplingParams(output_kind=RequestOutputKind.DELTA, **values)
 
-    async def submit_initial(self, plan: StagePlan) -> None:
-        await self.ensure(plan.fence, plan.role)
-        if plan.request_id in self._tasks:  # the same epoch and role again: replace it
-            await self.abort([plan.request_id])
-        self._aborted.discard(plan.request_id)
-        params = self.sampling_params(plan.payload.sampling)
-        task = asyncio.create_task(self._stream(plan, params), name=f"vllm:{plan.request_id}")
-        self._tasks[plan.request_id] = task
-        task.add_done_callback(lambda t, rid=plan.request_id: self._forget(rid, t))
-
-    async def submit_update(self, plan: StagePlan) -> None:
-        await self.submit_initial(plan)  # text requests are one-shot
-
     async def abort(self, request_ids: Sequence[str]) -> None:
-        ids = [rid for rid in request_ids if rid in self._tasks]
-        if not ids:
+        """Abort inside the engine; each request's reader then gets vLLM's final "abort"
+        output and ends by itself (cancelled only if that never comes)."""
+        self._aborted.update(request_ids)  # from now on nothing of theirs is emitted
+        tasks = [self._tasks[rid] for rid in request_ids if rid in self._tasks]
+        if not tasks:
             return
-        self._aborted.update(ids)  # from now on nothing of theirs is emitted
-        await self.engine.abort(ids)  # generation stops inside the engine
-        tasks = [self._tasks[rid] for rid in ids if rid in self._tasks]
-        _, pending = await asyncio.wait(tasks, timeout=5.0) if tasks else (set(), set())
-        for task in pending:  # the final abort output never came: stop reading
+        await self.engine.abort([rid for rid in request_ids if rid in self._tasks])
+        _, pending = await asyncio.wait(tasks, timeout=5.0)
+        for task in pending:
             task.cancel()
 
     async def cleanup(self, session_id: str) -> None:
-        owned = [rid for rid in self._tasks if rid in self._reserved.get(session_id, set())]
         try:
-            await self.abort(owned)
+            await super().cleanup(session_id)
         except Exception as exc:
-            raise StageCleanupError(f"aborting {owned} failed: {exc}") from exc
-        self._reserved.pop(session_id, None)
-        self._sinks.pop(session_id, None)
+            raise StageCleanupError(f"aborting {session_id}'s requests failed: {exc}") from exc
 
     async def shutdown(self) -> None:
         await self.abort(list(self._tasks))
         if self.owns_engine:
             self.engine.shutdown()
 
-    def running_requests(self) -> list[str]:
-        return list(self._tasks)
-
-    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
-        if self._tasks.get(request_id) is task:
-            del self._tasks[request_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("vLLM request %s failed", request_id, exc_info=task.exception())
-
-    def _emit(self, output: StageOutput) -> None:
-        if output.request_id in self._aborted:
-            return
-        sink = self._sinks.get(output.fence.session_id)
-        if sink is not None:
-            sink(output)
-
-    async def _stream(self, plan: StagePlan, params: Any) -> None:
+    async def _run(self, plan: StagePlan) -> None:
         request: TextRequest = plan.payload
-        prompt = request.prompt
         text, reason = "", None
         try:
-            async for output in self.engine.generate(prompt, params, plan.request_id):
+            params = self.sampling_params(request.sampling)
+            async for output in self.engine.generate(request.prompt, params, plan.request_id):
                 completion = output.outputs[0]
                 if completion.text:
                     text += completion.text
@@ -185,15 +140,7 @@ class VllmStagePort(StagePort):
             raise
         except Exception as exc:  # a failed request fails its response, not the worker
             self.finish_reasons[plan.request_id] = "error"
-            self._emit(
-                StageOutput(
-                    plan.request_id,
-                    plan.fence,
-                    "error",
-                    error_code="runtime_data_plane_stream_failed",
-                    message=str(exc),
-                )
-            )
+            self._fail(plan, exc)
             return
         self.finish_reasons[plan.request_id] = reason
         if reason != "abort":
