@@ -76,3 +76,30 @@ async def test_chat_completions_use_the_built_in_responder(assistant):
         )
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == "Hello! How can I help you?"
+
+
+async def test_a_worker_pod_serves_the_assistant(redis_server):
+    """`duplex worker --plugin assistant` behind `duplex api` on a real Redis."""
+    import uuid
+
+    from tests.e2e.processes import start_api, start_worker
+
+    prefix = f"duplex-test-{uuid.uuid4().hex[:8]}"
+    worker = start_worker(redis_server.url, prefix, "assistant-worker", plugin="assistant")
+    api = start_api(redis_server.url, prefix, "assistant-api")
+    try:
+        api.wait_ready()
+        client = await DuplexClient(api.base, heartbeat_s=None).connect(
+            {"turn_detection": None, "extra_body": {"pace": 0}}
+        )
+        assert client.session["capabilities"]["supports_barge_in"]
+        await client.send({"type": "input.text.append", "text": "what is your name"})
+        await client.send({"type": "input.commit"})
+        events = await client.until("response.done", timeout=30)
+        said = next(e for e in events if e.wire_type == "response.output_audio_transcript.done")
+        assert said.transcript == "I am the duplex serve assistant."
+        assert any(e.wire_type == "response.output_audio.delta" for e in events)
+        await client.close()
+    finally:
+        api.stop()
+        worker.stop()
