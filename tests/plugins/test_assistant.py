@@ -153,3 +153,35 @@ async def test_an_answer_streams_audio_with_its_transcript():
         assert events[-1].response["status"] == "completed"
     finally:
         await h.manager.shutdown()
+
+
+def test_with_a_text_stage_the_plan_is_a_prompt_with_the_sampling_defaults():
+    from shared.contracts import (
+        CommittedTurn,
+        DuplexFence,
+        DuplexSessionConfig,
+        ResponseCreateOptions,
+        ResponsePlanRequest,
+    )
+
+    plugin = AssistantPlugin(text_stage=object())  # any stage: plan_response only plans
+
+    def plan(temperature):
+        turn = CommittedTurn(1, "item_1", np.zeros(0, np.float32), 16000, transcript="hi")
+        request = ResponsePlanRequest(
+            fence=DuplexFence("duplex-x", 0, 1),
+            request_id="r",
+            response_id="resp_1",
+            turn=turn,
+            config=DuplexSessionConfig(instructions="Be brief.", temperature=temperature),
+            runtime_config={"pace": 2.0},
+            options=ResponseCreateOptions(),
+            history=[],
+        )
+        return plugin.plan_response(request).payload
+
+    payload = plan(None)
+    assert payload.reply is None and payload.pace == 2.0
+    assert payload.prompt.splitlines() == ["Be brief.", "User: hi", "Assistant:"]
+    assert payload.sampling == {"temperature": 0.7, "max_tokens": 64}
+    assert plan(0.2).sampling["temperature"] == 0.2  # the session's temperature wins
