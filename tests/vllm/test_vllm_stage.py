@@ -47,6 +47,8 @@ async def test_a_turn_generates_tokens_through_the_engine(engine):
     assert out.outputs[-1].text == out.text() != ""
     assert port.finish_reasons[request_id] == "length"  # 12 tokens, eos ignored
     assert port.running_requests() == []
+    # a session's prompt grows turn by turn: the engine reuses the earlier turns' KV blocks
+    assert engine.vllm_config.cache_config.enable_prefix_caching
 
 
 async def test_greedy_decoding_is_reproducible_and_uses_the_plugin_defaults(engine):
