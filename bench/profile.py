@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from bench.capacity import append_frames, start_conversation
-from bench.common import CpuMeter, Stack
-from bench.latency import distributed_heartbeats, summary
+from bench.common import CpuMeter, Stack, summary
+from bench.latency import distributed_heartbeats
 
 
 def py_spy() -> str:

@@ -149,11 +149,6 @@ class DuplexModelPlugin(abc.ABC):
         """Raw stage output -> what the runner projects (None drops it)."""
         return output
 
-    def user_transcript(self, turn: CommittedTurn) -> str | None:
-        """The user's transcript of a turn, when the model produces one cheaply (it runs on
-        the event loop). Slow recognisers implement `transcribe` instead."""
-        return None
-
     @property
     def transcribes(self) -> bool:
         """Whether this plugin overrides `transcribe` (the runner calls it at each commit)."""

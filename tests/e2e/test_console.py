@@ -6,7 +6,6 @@ resumes with the event seq contiguous. A screenshot lands in test-artifacts/."""
 import contextlib
 import re
 import shutil
-import tempfile
 import wave
 from pathlib import Path
 
@@ -37,8 +36,6 @@ def microphone_wav(path: Path) -> Path:
     return path
 
 
-MICROPHONE = microphone_wav(Path(tempfile.gettempdir()) / "duplex-console-microphone.wav")
-
 FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -50,7 +47,6 @@ FLAGS = [
     "--autoplay-policy=no-user-gesture-required",
     "--use-fake-ui-for-media-stream",
     "--use-fake-device-for-media-stream",
-    f"--use-file-for-fake-audio-capture={MICROPHONE}",
 ]
 
 
@@ -68,7 +64,7 @@ def server():
 def console(base: str, microphone: Path, screenshot: str):
     from playwright.sync_api import sync_playwright
 
-    flags = [*FLAGS[:-1], f"--use-file-for-fake-audio-capture={microphone}"]
+    flags = [*FLAGS, f"--use-file-for-fake-audio-capture={microphone}"]
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=flags)
         page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -82,8 +78,9 @@ def console(base: str, microphone: Path, screenshot: str):
 
 
 @pytest.fixture
-def page(server):
-    with console(server.base, MICROPHONE, "console.png") as page:
+def page(server, tmp_path):
+    microphone = microphone_wav(tmp_path / "microphone.wav")
+    with console(server.base, microphone, "console.png") as page:
         yield page
 
 

@@ -150,8 +150,6 @@ def commit_turn(
     }
     previous = session.conversation.add(item)
     turn = CommittedTurn(session.turn_id, item_id, audio, ledger.sample_rate_hz, text)
-    if transcript is None:
-        transcript = runner.plugin.user_transcript(turn)
     turn.transcript = transcript
     if transcript is not None and content:
         content[0]["transcript"] = transcript
