@@ -45,7 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument(
         "--reason", default="admin_close", help="close: the session.closed reason"
     )
-    sessions.add_argument("--limit", type=int, default=None, help="tail: stop after N events")
+    sessions.add_argument(
+        "-n",
+        "--lines",
+        type=int,
+        default=10,
+        help="show, tail: how many of the latest journaled events to print first (default 10)",
+    )
+    sessions.add_argument(
+        "--limit", type=int, default=None, help="tail: stop after M printed events"
+    )
     workers = commands.add_parser(
         "workers", help="live workers, their load and capacity (DUPLEX_REDIS_URL)"
     )
@@ -72,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.command in ("sessions", "workers"):
+        return _admin(args)  # before importing the servers: admin commands read Redis only
     from services import serve
     from shared.settings import ApiSettings, WorkerSettings
 
@@ -94,14 +105,15 @@ def main(argv: list[str] | None = None) -> int:
                 llm_model=args.llm_model,
             )
             run_event_loop(serve.run_worker(settings))
-        else:
-            return _admin(args)
     except KeyboardInterrupt:
         pass
     return 0
 
 
 def _admin(args: argparse.Namespace) -> int:
+    """`duplex sessions ...` and `duplex workers`: they import the Redis client, the key
+    schema and the store, never the servers, the wire codec (numpy), or a plugin, so they
+    start in a fraction of the time (docs/operations.md)."""
     from services import admin
     from shared.redis.connection import connect
     from shared.settings import RedisSettings
@@ -116,7 +128,10 @@ def _admin(args: argparse.Namespace) -> int:
     action = "workers" if args.command == "workers" else args.action
     options = {"as_json": args.as_json}
     if args.command == "sessions":
-        options.update(reason=args.reason, limit=args.limit)
+        if args.lines < 0 or (args.limit is not None and args.limit < 1):
+            print("duplex sessions: -n needs N >= 0 and --limit M >= 1", file=sys.stderr)
+            return 2
+        options.update(reason=args.reason, limit=args.limit, lines=args.lines)
     return admin.main(
         connect(settings.redis_url),
         settings.key_prefix,

@@ -42,3 +42,34 @@ def test_admin_commands_need_a_real_redis(capsys, monkeypatch):
     assert main(["sessions", "ls"]) == EXIT_NOT_AVAILABLE
     assert "needs DUPLEX_REDIS_URL" in capsys.readouterr().err
     assert main(["workers"]) == EXIT_NOT_AVAILABLE
+
+
+#: what an admin command must not load: the servers, the wire codec's numpy, the models
+HEAVY = {"fastapi", "starlette", "uvicorn", "pydantic", "numpy", "soxr", "onnxruntime", "plugins"}
+
+
+def test_admin_commands_import_only_what_they_need(redis_server):
+    """`duplex sessions ...` and `duplex workers` read Redis: they must start fast, so they
+    import neither the API nor the worker (docs/operations.md has the start time)."""
+    code = (
+        "import sys\n"
+        "from services.cli import main\n"
+        "for argv in (['sessions', 'ls'], ['sessions', 'show', 'duplex-x'],"
+        " ['sessions', 'tail', 'duplex-x'], ['sessions', 'close', 'duplex-x'], ['workers']):\n"
+        "    main(argv)\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
+    environment["DUPLEX_REDIS_URL"] = redis_server.url
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.splitlines()[-1].split())
+    assert "redis" in loaded and "services" in loaded  # it did run the commands
+    assert not loaded & HEAVY, loaded & HEAVY

@@ -43,6 +43,7 @@ from shared.protocol.duplex import (
     UpdateSession,
     parse_client_event,
 )
+from shared.redis.command_messages import command_message
 from shared.redis.messages import (
     CLOSE,
     CONTROL_PREFIX,
@@ -50,7 +51,6 @@ from shared.redis.messages import (
     TAKEOVER,
     TOUCH,
     InboxMessage,
-    command_message,
 )
 from shared.redis.store import ResumeResync, SessionStoreError, token_digest
 

@@ -24,6 +24,7 @@ from services.worker.session.manager import SessionManager
 from shared.backoff import Backoff
 from shared.contracts import DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
+from shared.redis.command_messages import command_from_message
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.messages import (
     CHAT,
@@ -32,7 +33,6 @@ from shared.redis.messages import (
     OPEN,
     TOUCH,
     InboxMessage,
-    command_from_message,
 )
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings

@@ -2,6 +2,8 @@
 
 Inbox entries are flat stream fields. A command travels as its wire JSON,
 except that an append's audio travels raw in its own field (not base64).
+This module needs no wire codec, so the admin CLI can write a close without loading it;
+client commands become entries in `shared.redis.command_messages`.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ import dataclasses
 from typing import Any
 
 import orjson
-
-from shared.protocol.duplex import AppendAudio, DuplexCommand, parse_client_event
 
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
 #: live-channel messages that start with this byte are control notices, not events
@@ -50,24 +50,6 @@ class InboxMessage:
             payload=orjson.loads(fields.get(b"p", b"{}")),
             audio=fields.get(b"b", b""),
         )
-
-
-def command_message(
-    session_id: str, attachment: int, seq: int, command: DuplexCommand
-) -> InboxMessage:
-    payload = command.to_dict()
-    audio = b""
-    if isinstance(command, AppendAudio):
-        payload.pop("audio", None)
-        audio = command.audio
-    return InboxMessage(COMMAND, session_id, attachment, seq, payload, audio)
-
-
-def command_from_message(message: InboxMessage) -> DuplexCommand:
-    command = parse_client_event(message.payload)
-    if isinstance(command, AppendAudio) and message.audio:
-        command = dataclasses.replace(command, audio=message.audio)
-    return command
 
 
 def takeover_notice(attachment_generation: int) -> bytes:

@@ -12,9 +12,18 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
-from shared.protocol.duplex import new_event_id
 from shared.redis.keys import KeySchema
 from shared.redis.scripts import Scripts
+
+
+def _notice_event_id() -> str:
+    """The event id of a session.resync_required notice, should the journal overflow.
+    Imported on the first publish, not with this module: the readers of Redis
+    (`duplex sessions`, `duplex workers`) use the store and must not load the wire
+    codec and numpy with it."""
+    from shared.protocol.duplex import new_event_id
+
+    return new_event_id()
 
 
 def now_ms() -> int:
@@ -104,7 +113,7 @@ class SessionStore:
             ttl_ms,
             now_ms(),
             closed_ttl_ms,
-            new_event_id(),
+            _notice_event_id(),
         ]
         for item in items:
             args += ["1" if item.journaled else "0", item.wire_type, item.data, item.session_json]

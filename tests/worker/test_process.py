@@ -6,9 +6,10 @@ import orjson
 
 from services.worker.process import WorkerProcess
 from shared.protocol.duplex import CloseSession, Heartbeat
+from shared.redis.command_messages import command_message
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
-from shared.redis.messages import OPEN, InboxMessage, command_message
+from shared.redis.messages import OPEN, InboxMessage
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
 
