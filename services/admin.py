@@ -12,7 +12,9 @@ import time
 from typing import Any, TextIO
 
 import orjson
+from redis import exceptions as redis_errors
 
+from services.cli import EXIT_NOT_AVAILABLE
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
 from shared.redis.messages import CLOSE, InboxMessage
@@ -30,15 +32,36 @@ def _age(ms: str | None) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
 
 
+def _closed_reason(fields: dict[bytes, bytes]) -> str:
+    try:
+        return str(orjson.loads(fields[b"data"]).get("reason", "-"))
+    except orjson.JSONDecodeError:
+        return "-"
+
+
 class Admin:
-    def __init__(self, redis: RedisHandle, keys: KeySchema, out: TextIO = sys.stdout) -> None:
+    #: how long one blocking read of `tail` waits before it looks at the session's state
+    block_ms = 1000
+
+    def __init__(
+        self,
+        redis: RedisHandle,
+        keys: KeySchema,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
         self.client = redis.client
         self.keys = keys
         self.store = SessionStore(self.client, keys)
-        self.out = out
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
 
     def _print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
+
+    def _note(self, line: str) -> None:
+        """What is said about the output goes to stderr: stdout stays one event a line."""
+        print(line, file=self.err, flush=True)
 
     async def sessions(self) -> list[dict[str, str]]:
         pattern = self.keys.session("*")
@@ -80,7 +103,7 @@ class Admin:
     async def show(self, session_id: str, last: int = 10) -> int:
         meta = await self.store.meta(session_id)
         if not meta:
-            self._print(f"no session {session_id}")
+            self._note(f"no session {session_id}")
             return 1
         for field in sorted(meta):
             if field not in ("config", "session"):
@@ -91,27 +114,56 @@ class Admin:
             self._print(f"{seq:>6} {_text(data)[:200]}")
         return 0
 
-    async def tail(self, session_id: str, limit: int | None = None) -> int:
-        """Follow the journal (every journaled event, as the client receives it)."""
+    async def tail(self, session_id: str, lines: int = 10, limit: int | None = None) -> int:
+        """`tail -f` on the journal: the last `lines` journaled events at once, then every
+        new one as it is journaled, until `limit` events were printed or the session ends.
+
+        It follows from the id of the last entry it printed, never from `$`: an event
+        journaled between two reads is in the next read, not lost. Exit codes: 0 when the
+        limit was reached or the session closed (its last events printed), 1 when there is
+        no such session, it is gone from Redis, or its journal overflowed (nothing more is
+        journaled to follow)."""
         stream = self.keys.events(session_id)
-        last_id = "$"
-        seen = 0
-        while limit is None or seen < limit:
-            reply = await self.client.xread({stream: last_id}, block=1000, count=100)
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    last_id = _text(entry_id)
-                    self._print(_text(fields[b"data"]))
-                    seen += 1
-            if not reply and not await self.client.exists(self.keys.session(session_id)):
-                self._print(f"session {session_id} is gone")
+        meta = await self.store.meta(session_id)
+        if not meta:
+            self._note(f"no session {session_id}")
+            return 1
+        newest_first = await self.client.xrevrange(stream, "+", "-", count=max(lines, 1))
+        # an empty journal is followed from its very start, so its first event is printed
+        last_id = _text(newest_first[0][0]) if newest_first else "0-0"
+        entries = list(reversed(newest_first[:lines]))
+        printed = 0
+        while True:
+            for _, fields in entries:
+                if limit is not None and printed >= limit:
+                    return 0
+                self._print(_text(fields[b"data"]))
+                printed += 1
+                if fields.get(b"type") == b"session.closed":
+                    self._note(f"session {session_id} closed ({_closed_reason(fields)})")
+                    return 0
+            if limit is not None and printed >= limit:
+                return 0
+            if meta.get("state") == "closed":
+                # set by the script that journals session.closed: nothing more will come
+                self._note(f"session {session_id} closed")
+                return 0
+            if meta.get("journal_overflow") == "1":
+                self._note(f"session {session_id}: its journal overflowed, nothing to follow")
                 return 1
-        return 0
+            reply = await self.client.xread({stream: last_id}, block=self.block_ms, count=100)
+            entries = [entry for _, batch in reply or [] for entry in batch]
+            if entries:
+                last_id = _text(entries[-1][0])
+            meta = await self.store.meta(session_id)
+            if not meta and not entries:
+                self._note(f"session {session_id} is gone (expired from Redis)")
+                return 1
 
     async def close(self, session_id: str, reason: str) -> int:
         meta = await self.store.meta(session_id)
         if not meta or meta.get("state") == "closed":
-            self._print(f"no open session {session_id}")
+            self._note(f"no open session {session_id}")
             return 1
         message = InboxMessage(CLOSE, session_id, 0, 0, {"reason": reason})
         await self.client.xadd(self.keys.inbox(meta["worker"]), message.to_fields())
@@ -162,9 +214,9 @@ async def run(
             print(f"duplex sessions {action} needs a session id", file=sys.stderr)
             return 2
         if action == "show":
-            return await admin.show(session_id)
+            return await admin.show(session_id, options.get("lines", 10))
         if action == "tail":
-            return await admin.tail(session_id, options.get("limit"))
+            return await admin.tail(session_id, options.get("lines", 10), options.get("limit"))
         return await admin.close(session_id, options.get("reason") or "admin_close")
     finally:
         await redis.close()
@@ -173,4 +225,10 @@ async def run(
 def main(
     redis: RedisHandle, prefix: str, action: str, session_id: str | None, **options: Any
 ) -> int:
-    return asyncio.run(run(redis, prefix, action, session_id, **options))
+    try:
+        return asyncio.run(run(redis, prefix, action, session_id, **options))
+    except redis_errors.ConnectionError as exc:
+        print(f"cannot reach Redis ({redis.description}): {exc}", file=sys.stderr)
+        return EXIT_NOT_AVAILABLE
+    except KeyboardInterrupt:  # Ctrl-C ends `tail`: not an error worth a traceback
+        return 130
