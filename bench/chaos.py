@@ -135,7 +135,8 @@ async def converse(conversation: Conversation, deadline: float, answer_timeout: 
             conversation.spoken[duration] = pcm
             resumes = client.resumes
             # a send waits while the client resumes; one that never returns is a failure
-            await asyncio.wait_for(speak(client, pcm), SEND_TIMEOUT_S)
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await speak(client, pcm)
             answered = await wait_answer(client, duration, answer_timeout)
             if answered:
                 conversation.turns += 1
@@ -162,7 +163,8 @@ async def wait_answer(client: RecordingClient, duration: int, timeout: float) ->
         if remaining <= 0:
             return False
         try:
-            await asyncio.wait_for(client.progress.wait(), remaining)
+            async with asyncio.timeout(remaining):
+                await client.progress.wait()
         except TimeoutError:
             return False
     return True
@@ -266,7 +268,8 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
             report.kills = 1
             report.worker_lost_expected = len(victims)
         try:  # every turn is bounded; this bounds the whole, so a hang is a failure, not a stall
-            await asyncio.wait_for(asyncio.gather(*talks), seconds + 90)
+            async with asyncio.timeout(seconds + 90):
+                await asyncio.gather(*talks)
         except TimeoutError:
             report.failures.append("conversations still running 90 s after the deadline")
         for conversation in conversations:

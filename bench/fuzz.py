@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import random
 import time
@@ -91,7 +92,8 @@ class FuzzSocket:
         if self.ws is None:
             self.ws = await websockets.connect(f"{self.base}/v1/realtime?duplex=1", max_size=None)
             await self.ws.send(orjson.dumps({"type": "session.update", "session": {}}).decode())
-            created = orjson.loads(await asyncio.wait_for(self.ws.recv(), ANSWER_TIMEOUT_S))
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                created = orjson.loads(await self.ws.recv())
             assert created["type"] == "session.created", created
         return self.ws
 
@@ -167,6 +169,19 @@ async def first_message(base: str, frame: str | bytes, report: FuzzReport) -> No
         report.outcomes["first message refused" if events else "first message closed"] += 1
 
 
+async def one_more_turn(conversation: Conversation, talking: asyncio.Task[None]) -> None:
+    """Wait until the control session answers one more turn after the last hostile frame
+    (or its conversation ended, which the report counts): seen, not slept for."""
+    client, before = conversation.client, conversation.turns
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(2 * ANSWER_TIMEOUT_S):
+            while conversation.turns == before and not talking.done():
+                client.progress.clear()
+                await client.progress.wait()
+    if conversation.turns == before and conversation.ended_by is None:
+        conversation.ended_by = "no control turn answered after the last hostile frame"
+
+
 async def run_fuzz(frame_count: int = 10_000, connections: int = 8, seed: int = 1) -> FuzzReport:
     async with watchdog(120 + frame_count / 20, "fuzz"):
         return await _run_fuzz(frame_count, connections, seed)
@@ -196,7 +211,7 @@ async def _run_fuzz(frame_count: int, connections: int, seed: int) -> FuzzReport
             await sock.close()
 
         await asyncio.gather(*(fuzz(plan[i::connections]) for i in range(connections)))
-        await asyncio.sleep(1.0)  # one more control turn after the last hostile frame
+        await one_more_turn(conversation, talking)  # the control session still talks
         talking.cancel()
         await asyncio.gather(talking, return_exceptions=True)
         ended = conversation.ended_by

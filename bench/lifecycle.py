@@ -33,7 +33,8 @@ FAST = {"extra_body": {"pace": 0}}
 
 
 async def recv(ws: websockets.ClientConnection) -> dict:
-    return orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+    async with asyncio.timeout(30):
+        return orjson.loads(await ws.recv())
 
 
 async def until(ws: websockets.ClientConnection, wire_type: str) -> list[dict]:

@@ -136,8 +136,9 @@ class RealtimeConnection:
                 pump.cancel()
             await self._release()
             if not writer.done():
-                with contextlib.suppress(asyncio.TimeoutError, Exception):
-                    await asyncio.wait_for(self._drain_then_close(), 5.0)
+                with contextlib.suppress(TimeoutError, Exception):
+                    async with asyncio.timeout(5.0):
+                        await self._drain_then_close()
                 writer.cancel()
 
     async def _drain_then_close(self) -> None:
@@ -156,9 +157,8 @@ class RealtimeConnection:
         deadline = time.monotonic() + self.pod.settings.config_timeout_s
         while True:
             try:
-                frame = await asyncio.wait_for(
-                    self._receive_text(), max(0.0, deadline - time.monotonic())
-                )
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    frame = await self._receive_text()
             except TimeoutError:
                 self._error(
                     "config_timeout",
@@ -269,9 +269,8 @@ class RealtimeConnection:
         deadline = loop.time() + self.pod.settings.open_timeout_s
         while loop.time() < deadline:
             try:
-                data = await asyncio.wait_for(
-                    self.live.get(), min(0.5, max(0.0, deadline - loop.time()))
-                )
+                async with asyncio.timeout(min(0.5, max(0.0, deadline - loop.time()))):
+                    data = await self.live.get()
             except TimeoutError:
                 meta = await self.pod.store.meta(self.session_id)
                 if meta.get("state") == "active" and meta.get("session"):
@@ -351,7 +350,8 @@ class RealtimeConnection:
     async def _reader(self, writer: asyncio.Task[None]) -> None:
         while not writer.done():
             try:
-                frame = await asyncio.wait_for(self._receive_text(), self.idle_timeout_s)
+                async with asyncio.timeout(self.idle_timeout_s):
+                    frame = await self._receive_text()
             except TimeoutError:
                 return  # an idle socket is a disconnect
             await self._handle_frame(frame)

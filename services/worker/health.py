@@ -34,9 +34,10 @@ class HealthServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)).strip():
-                pass  # headers: not needed
+            async with asyncio.timeout(5):
+                request_line = await reader.readline()
+                while (await reader.readline()).strip():
+                    pass  # headers: not needed
             parts = request_line.decode("latin-1").split()
             path = parts[1] if len(parts) > 1 else ""
             if path == "/health":

@@ -100,7 +100,8 @@ class RedisEventPublisher(SessionEventSink):
 
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything emitted so far is in Redis."""
-        await asyncio.wait_for(self._idle.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._idle.wait()
 
     async def stop(self) -> None:
         if self._task is not None:

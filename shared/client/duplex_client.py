@@ -138,7 +138,8 @@ class DuplexClient:
         return self
 
     async def _read_one(self) -> dict[str, Any]:
-        return orjson.loads(await asyncio.wait_for(self._ws.recv(), 15))
+        async with asyncio.timeout(15):
+            return orjson.loads(await self._ws.recv())
 
     def _adopt_session(self, event: Mapping[str, Any]) -> None:
         session = event.get("session")
@@ -165,7 +166,8 @@ class DuplexClient:
                 last_received_server_event_seq=self.last_seq,
             )
             await ws.send(request.to_json().decode())
-            reply = orjson.loads(await asyncio.wait_for(ws.recv(), 15))
+            async with asyncio.timeout(15):
+                reply = orjson.loads(await ws.recv())
             if reply.get("type") == "session.resumed":
                 self._ws = ws
                 self.resume_token = reply.get("resume_token") or self.resume_token
@@ -225,7 +227,8 @@ class DuplexClient:
             )
 
     async def recv(self, timeout: float | None = 30.0) -> DuplexEvent:
-        item = await asyncio.wait_for(self._events.get(), timeout)
+        async with asyncio.timeout(timeout):
+            item = await self._events.get()
         if isinstance(item, BaseException):
             raise item
         return item

@@ -72,7 +72,8 @@ class InlineSession:
         await self.host.submit(self.session_id, command)
 
     async def recv(self, timeout: float = DEFAULT_TIMEOUT_S) -> DuplexEvent:
-        event = await asyncio.wait_for(self._events.get(), timeout)
+        async with asyncio.timeout(timeout):
+            event = await self._events.get()
         if event.wire_type in ("session.updated", "session.created"):
             self.session = dict(event.session)  # type: ignore[attr-defined]
             self._defaults = InputAudioDefaults().updated(self.session)
