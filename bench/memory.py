@@ -80,6 +80,8 @@ async def main(args: argparse.Namespace) -> None:
             await ws.send('{"type":"session.close"}')
             await drain(ws, "session.closed")
             await ws.close()
+        # every close was answered above; this is time for freed memory to settle, not an
+        # ordering of events
         await asyncio.sleep(1.0)
         gc.collect()
         before = {"api": rss_bytes(api), "worker": rss_bytes(worker)}

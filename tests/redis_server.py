@@ -26,9 +26,10 @@ class RedisServer:
         self.binary = binary
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="duplex-redis-"))
-        self._start()
+        self.start()
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the server (again, after kill(): on the same port, empty)."""
         arguments = [
             "--port",
             str(self.port),
@@ -58,12 +59,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def restart(self, down_s: float = 0.0) -> None:
-        """Kill the server (losing everything: no persistence), start it again on the same port."""
+    def kill(self) -> None:
+        """SIGKILL the server and wait for it to exit: everything in it is lost."""
         self.process.kill()
         self.process.wait(5)
-        time.sleep(down_s)
-        self._start()
 
     def stop(self) -> None:
         self.process.terminate()

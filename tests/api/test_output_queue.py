@@ -66,7 +66,7 @@ async def test_closure_comes_after_everything_queued_and_get_waits():
     queue.put(item("a"))
     assert [(await queue.get()).wire_type for _ in range(2)] == ["a", "session.closed"]
     waiter = asyncio.create_task(queue.get())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # time itself is tested: get() waits while nothing is queued
     assert not waiter.done()
     queue.put(item("late"))
     assert (await asyncio.wait_for(waiter, 1)).wire_type == "late"

@@ -86,18 +86,25 @@ async def test_resume_after_a_dropped_socket_on_the_same_pod(cluster):
         await client.close()
 
 
+def resume_request(session_id: str, token: str, last_seq: int) -> str:
+    request = {
+        "type": "session.resume",
+        "session_id": session_id,
+        "resume_token": token,
+        "last_received_server_event_seq": last_seq,
+    }
+    return orjson.dumps(request).decode()
+
+
+async def resume_reply(ws: websockets.ClientConnection) -> dict:
+    async with asyncio.timeout(10):
+        return orjson.loads(await ws.recv())
+
+
 async def raw_resume(base: str, session_id: str, token: str, last_seq: int) -> dict:
     async with websockets.connect(realtime_url(base, resume=True)) as ws:
-        request = {
-            "type": "session.resume",
-            "session_id": session_id,
-            "resume_token": token,
-            "last_received_server_event_seq": last_seq,
-        }
-        await ws.send(orjson.dumps(request).decode())
-        reply = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
-        await asyncio.sleep(0.2)  # hold the attachment while the other resume runs
-        return reply
+        await ws.send(resume_request(session_id, token, last_seq))
+        return await resume_reply(ws)
 
 
 async def test_concurrent_resumes_exactly_one_wins_and_the_old_socket_is_replaced(cluster):
@@ -106,9 +113,15 @@ async def test_concurrent_resumes_exactly_one_wins_and_the_old_socket_is_replace
         await old.send('{"type":"session.update","session":{}}')
         created = orjson.loads(await old.recv())
         session_id, token = created["session"]["id"], created["resume_token"]
-        replies = await asyncio.gather(
-            raw_resume(a.base, session_id, token, 0), raw_resume(b.base, session_id, token, 0)
-        )
+        # both resumes race on two pods; the winner's socket stays attached until both
+        # are answered, so the loser meets a live attachment, whichever it is
+        async with (
+            websockets.connect(realtime_url(a.base, resume=True)) as via_a,
+            websockets.connect(realtime_url(b.base, resume=True)) as via_b,
+        ):
+            request = resume_request(session_id, token, 0)
+            await asyncio.gather(via_a.send(request), via_b.send(request))
+            replies = await asyncio.gather(resume_reply(via_a), resume_reply(via_b))
         kinds = sorted(r["type"] for r in replies)
         assert kinds == ["error", "session.resumed"]
         error = next(r for r in replies if r["type"] == "error")

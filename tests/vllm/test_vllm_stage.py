@@ -71,7 +71,7 @@ async def test_cancel_aborts_the_request_inside_the_engine(engine):
     assert port.finish_reasons[request_id] == "abort"  # vLLM's own final word on it
     assert request_id not in engine.output_processor.external_req_ids  # the engine forgot it
     assert not engine.output_processor.has_unfinished_requests()
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # time itself is tested: the engine had time to send more
     assert len(out.outputs) == seen  # nothing after the abort reached the session
     assert all(o.kind == "text" for o in out.outputs)  # and no done: it was cut off
     assert len(out.text()) < 200

@@ -65,7 +65,7 @@ async def test_cancel_mid_response_drops_everything_of_the_old_epoch():
             "type": "cancelled",
             "reason": "client_cancelled",
         }
-        await asyncio.sleep(0.3)  # 3 more chunks' worth of real time
+        await asyncio.sleep(0.3)  # time itself is tested: 3 more chunks' worth of real time
         assert session.pending() == []  # no audio of the old epoch after its response.done
         runner = h.manager.runner(session.session_id)
         assert port.late_outputs == 1 and runner.dropped_stale_outputs == 1
