@@ -20,6 +20,7 @@ RUNS = {
     "lifecycle": (["--runs", "2"], "benchmarks.md", []),
     "memory": (["--sessions", "20", "--full", "1"], "benchmarks.md", []),
     "redis_path": (["--opens", "3", "--events", "20"], "benchmarks.md", []),
+    "cli_start": (["--runs", "1"], "operations.md", []),
 }
 
 
@@ -55,12 +56,13 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "chaos",
         "fuzz",
         "models",
+        "cli_start",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):
     docs = "".join(
         (ROOT / "docs" / name).read_text()
-        for name in ("benchmarks.md", "reliability.md", "models.md")
+        for name in ("benchmarks.md", "reliability.md", "models.md", "operations.md")
     )
     assert f"bench/{program}.py" in docs
     result = subprocess.run(
