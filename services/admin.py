@@ -155,8 +155,9 @@ class Admin:
             entries = [entry for _, batch in reply or [] for entry in batch]
             if entries:
                 last_id = _text(entries[-1][0])
-            meta = await self.store.meta(session_id)
-            if not meta and not entries:
+                continue
+            meta = await self.store.meta(session_id)  # a quiet second: has it ended?
+            if not meta:
                 self._note(f"session {session_id} is gone (expired from Redis)")
                 return 1
 
