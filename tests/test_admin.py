@@ -144,6 +144,17 @@ async def test_an_unknown_or_vanished_session_is_an_error(tail):
     assert [e["n"] for e in tail.printed()] == [1]
 
 
+async def test_a_journal_overflow_ends_it_with_an_error(tail):
+    await tail.publish(event("session.heartbeat_ack", 1))
+    following = asyncio.create_task(tail.run(1))
+    await tail.out.until(1)
+    huge = event("response.output_audio.delta", 2, delta="x" * 2000)
+    await tail.store.publish(SID, [huge], max_bytes=1000, ttl_ms=60_000, closed_ttl_ms=60_000)
+    assert (await tail.store.meta(SID))["journal_overflow"] == "1"
+    assert await following == 1
+    assert tail.err.getvalue() == f"session {SID}: its journal overflowed, nothing to follow\n"
+
+
 async def test_limit_counts_the_events_printed_at_once(tail):
     await tail.publish(*(event("session.heartbeat_ack", n) for n in range(1, 6)))
     assert await tail.run(10, limit=2) == 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from services.cli import EXIT_NOT_AVAILABLE, main
+from tests.redis_server import free_port
 
 
 def duplex_executable() -> str:
@@ -73,3 +74,17 @@ def test_admin_commands_import_only_what_they_need(redis_server):
     loaded = set(result.stdout.splitlines()[-1].split())
     assert "redis" in loaded and "services" in loaded  # it did run the commands
     assert not loaded & HEAVY, loaded & HEAVY
+
+
+def test_admin_usage_errors_and_an_unreachable_redis_are_clear(redis_server):
+    bad_lines = run(
+        "sessions", "tail", "duplex-x", "-n", "-1", env={"DUPLEX_REDIS_URL": redis_server.url}
+    )
+    assert bad_lines.returncode == 2 and "-n needs N >= 0" in bad_lines.stderr
+    no_id = run("sessions", "tail", env={"DUPLEX_REDIS_URL": redis_server.url})
+    assert no_id.returncode == 2 and "needs a session id" in no_id.stderr
+    closed_port = f"redis://127.0.0.1:{free_port()}/0"
+    unreachable = run("sessions", "ls", env={"DUPLEX_REDIS_URL": closed_port})
+    assert unreachable.returncode == EXIT_NOT_AVAILABLE
+    assert unreachable.stderr.startswith(f"cannot reach Redis ({closed_port})")
+    assert "Traceback" not in unreachable.stderr
