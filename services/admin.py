@@ -167,7 +167,7 @@ class Admin:
             self._note(f"no open session {session_id}")
             return 1
         message = InboxMessage(CLOSE, session_id, 0, 0, {"reason": reason})
-        await self.client.xadd(self.keys.inbox(meta["worker"]), message.to_fields())
+        await self.store.inbox_append(meta["worker"], message.to_fields())
         self._print(f"asked {meta['worker']} to close {session_id} ({reason})")
         return 0
 

@@ -7,7 +7,6 @@ metrics); `create_app` wires them into routes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import logging
@@ -32,6 +31,7 @@ from services.api.connection import RealtimeConnection
 from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
 from services.api.live import LiveHub
+from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
 from services.api.placement import WorkerDirectory
 from shared.contracts import SessionRuntimeConfig
@@ -66,8 +66,10 @@ class ApiPod:
         self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
         self.metrics = ApiMetrics()
         self.janitor = Janitor(self)
-        self.inbox_writer = InboxWriter(self.client)
-        self._heartbeat: asyncio.Task[None] | None = None
+        self.inbox_writer = InboxWriter(self.client, self.keys, self.store.scripts)
+        self.liveness = PodLiveness(
+            self.client, self.keys, self.store, settings.pod_id, settings.heartbeat_interval_s
+        )
 
     def new_session_id(self) -> str:
         return "duplex-" + uuid.uuid4().hex
@@ -75,28 +77,16 @@ class ApiPod:
     async def start(self) -> None:
         await self.store.scripts.ensure_loaded(self.client)
         await self.hub.start()
-        await self._beat()
-        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="api-heartbeat")
+        await self.liveness.start()
         await self.janitor.start()
 
     async def stop(self) -> None:
         await self.janitor.stop()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        await self.liveness.stop()
         await self.hub.stop()
         await self.inbox_writer.stop()
         with contextlib.suppress(Exception):
             await self.client.zrem(self.keys.apis(), self.settings.pod_id)
-
-    async def _beat(self) -> None:
-        await self.client.zadd(self.keys.apis(), {self.settings.pod_id: int(time.time() * 1000)})
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
-            with contextlib.suppress(Exception):
-                await self._beat()
 
     def authorized(self, key: str | None) -> bool:
         keys = self.settings.api_keys
@@ -205,6 +195,7 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
             model=query.get("model"),
             autostart=bool(autostart),
             resume_only=(autostart is False) or bool(resume),
+            api_key=key,
         )
         pod.metrics.active_sessions.inc()
         try:
@@ -274,8 +265,8 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
                 404, f"no live worker serves chat completions for {model!r}", "model_not_found"
             )
         request_id = uuid.uuid4().hex
-        await pod.client.xadd(
-            pod.keys.inbox(workers[0].worker_id),
+        await pod.inbox_writer.append(
+            workers[0].worker_id,
             InboxMessage(CHAT, request_id, payload={"messages": body["messages"]}).to_fields(),
         )
         reply = await pod.client.blpop(

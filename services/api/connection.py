@@ -24,9 +24,11 @@ import orjson
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from services.api.inbox_writer import InboxFull
 from services.api.live import CATCH_UP
 from services.api.output_queue import CLOSURE_TYPES, OutItem, OutputQueue
 from shared.protocol.duplex import (
+    AppendAudio,
     CloseSession,
     CommandContext,
     DuplexErrorEvent,
@@ -46,13 +48,14 @@ from shared.protocol.duplex import (
 from shared.redis.command_messages import command_message
 from shared.redis.messages import (
     CLOSE,
+    COMMAND,
     CONTROL_PREFIX,
     OPEN,
     TAKEOVER,
     TOUCH,
     InboxMessage,
 )
-from shared.redis.store import ResumeResync, SessionStoreError, token_digest
+from shared.redis.store import ResumeResync, SessionStoreError, key_digest, token_digest
 
 if TYPE_CHECKING:
     from services.api.app import ApiPod
@@ -73,9 +76,12 @@ class RealtimeConnection:
         model: str | None,
         autostart: bool,
         resume_only: bool,
+        api_key: str | None = None,
     ):
         self.ws = websocket
         self.pod = pod
+        # the session is bound to the key that opened it: only that key may resume it
+        self.key_sha = key_digest(api_key) if pod.settings.api_keys and api_key else ""
         self.model = model
         self.autostart = autostart and not resume_only
         self.resume_only = resume_only
@@ -188,7 +194,16 @@ class RealtimeConnection:
 
     async def _open(self, session: dict[str, Any]) -> None:
         pod = self.pod
-        model = session.get("model") or self.model
+        requested = session.get("model")
+        if requested is not None and (not isinstance(requested, str) or not requested.strip()):
+            # `model: []` (or 0, or "") must not silently open the default model
+            self._error(
+                "invalid_session_config",
+                "session.model must be a model name (a non-empty string)",
+                param="session.model",
+            )
+            raise HandshakeFailed
+        model = requested or self.model
         session_id = pod.new_session_id()
         candidates = await pod.directory.candidates(model, session_id)
         if not candidates:
@@ -224,6 +239,7 @@ class RealtimeConnection:
                 token_digest(token) if resumable else "",
                 orjson.dumps(payload).decode(),
                 pod.settings.pod_id,
+                self.key_sha,
             )
             await self._xadd(
                 worker.worker_id, InboxMessage(OPEN, session_id, 1, 0, {"session": payload})
@@ -232,6 +248,7 @@ class RealtimeConnection:
             if reply is not None and reply.get("type") == "session.created":
                 self.worker_id, self.generation, self.resumable = worker.worker_id, 1, resumable
                 self.opened_here = True
+                pod.liveness.attach(session_id, 1)
                 if resumable:
                     reply["resume_token"] = token
                     reply["attachment_generation"] = 1
@@ -294,6 +311,7 @@ class RealtimeConnection:
                 new_token,
                 request.last_received_server_event_seq,
                 pod.settings.pod_id,
+                self.key_sha,
             )
         except SessionStoreError as exc:
             await pod.hub.unsubscribe(pod.keys.live(sid), self._on_live)
@@ -305,6 +323,7 @@ class RealtimeConnection:
             raise HandshakeFailed
         self.session_id, self.worker_id = sid, result.worker_id
         self.generation, self.resumable = result.attachment_generation, True
+        pod.liveness.attach(sid, self.generation)
         await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), sid)
         await pod.hub.publish(pod.keys.live(sid), TAKEOVER + str(self.generation).encode())
         session = orjson.loads(result.session) if result.session else {}
@@ -371,8 +390,17 @@ class RealtimeConnection:
                 command.event_id,
             )
             return
+        if isinstance(command, AppendAudio) and not self._fits_input_budget(command):
+            return
         try:
             await self._deliver(command)
+        except InboxFull:
+            self._error(
+                "input_backpressure",
+                "the session's worker has too many unhandled commands; slow down and retry",
+                command.event_id,
+                retryable=True,
+            )
         except RedisError as exc:  # Redis unreachable: the client hears it, the socket lives on
             log.warning("command for %s not delivered: %s", self.session_id, exc)
             self._error(
@@ -381,6 +409,20 @@ class RealtimeConnection:
                 command.event_id,
                 retryable=True,
             )
+
+    def _fits_input_budget(self, command: AppendAudio) -> bool:
+        """Refuse at the door an append that alone is over the session's pending-input
+        limit: the worker would refuse it anyway, after it had crossed Redis."""
+        limit = self.pod.runtime.max_pending_input_bytes_per_session
+        if len(command.audio) <= limit:
+            return True
+        self._error(
+            "input_backpressure",
+            f"an append of {len(command.audio)} audio bytes is over the session's pending "
+            f"input limit of {limit} bytes; send smaller appends",
+            command.event_id,
+        )
+        return False
 
     async def _deliver(self, command: Any) -> None:
         if isinstance(command, SessionEventAck):
@@ -404,7 +446,8 @@ class RealtimeConnection:
             # the lease refresh and the command travel at once: awaiting the touch first put
             # a whole Redis round trip in front of every heartbeat_ack
             await asyncio.gather(
-                self.pod.store.touch(self.session_id), self._xadd(self.worker_id, message)
+                self.pod.store.touch(self.session_id, self.generation, self.pod.settings.pod_id),
+                self._xadd(self.worker_id, message),
             )
         else:
             await self._xadd(self.worker_id, message)
@@ -413,7 +456,10 @@ class RealtimeConnection:
             self.pod.metrics.sessions_closed.inc()
 
     async def _xadd(self, worker_id: str | None, message: InboxMessage) -> None:
-        await self.pod.inbox_writer.xadd(self.pod.keys.inbox(worker_id or ""), message.to_fields())
+        # client commands count against the inbox's byte budget; opens, touches and
+        # closes (the client's too) are small and must get through to a flooded worker
+        budgeted = message.kind == COMMAND and message.payload.get("type") != CloseSession.TYPE
+        await self.pod.inbox_writer.append(worker_id or "", message.to_fields(), budgeted=budgeted)
 
     # ------------------------------------------------------------ worker -> client
 
@@ -514,6 +560,7 @@ class RealtimeConnection:
         pod, sid = self.pod, self.session_id
         if sid is None:
             return
+        pod.liveness.release(sid, self.generation)
         with contextlib.suppress(Exception):
             await pod.hub.unsubscribe(pod.keys.live(sid), self._on_live)
             await pod.client.srem(pod.keys.api_sessions(pod.settings.pod_id), sid)

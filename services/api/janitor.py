@@ -100,7 +100,7 @@ class Janitor:
                 session_id, [PublishItem(event.to_json(), event.wire_type)], **self._publish_args()
             )
             message = InboxMessage(CLOSE, session_id, 0, 0, {"reason": EXPIRED_CLOSE_REASON})
-            await pod.client.xadd(pod.keys.inbox(worker_id), message.to_fields())
+            await pod.store.inbox_append(worker_id, message.to_fields())
             expired.append(session_id)
         if expired:
             log.info("expired %d sessions past their disconnect grace", len(expired))
@@ -142,7 +142,10 @@ class Janitor:
                 await pod.client.zrem(pod.keys.leases(), session_id)
                 lost.append(session_id)
             await pod.client.delete(
-                pod.keys.worker_sessions(dead), pod.keys.worker(dead), pod.keys.inbox(dead)
+                pod.keys.worker_sessions(dead),
+                pod.keys.worker(dead),
+                pod.keys.inbox(dead),
+                pod.keys.inbox_bytes(dead),
             )
             await pod.client.zrem(pod.keys.workers(), dead)
             log.warning("worker %s is dead: %d sessions closed with worker_lost", dead, len(lost))

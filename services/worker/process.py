@@ -33,6 +33,7 @@ from shared.redis.messages import (
     OPEN,
     TOUCH,
     InboxMessage,
+    entry_bytes,
 )
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
@@ -68,7 +69,8 @@ class WorkerProcess:
         self.inbox = self.keys.inbox(settings.worker_id)
         self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
         self._tasks: list[asyncio.Task[None]] = []
-        self._unacked: list[bytes] = []  # inbox entries handled, their XACK not yet sent
+        self._unacked: list[bytes] = []  # inbox entries handled, not yet acked and deleted
+        self._unacked_bytes = 0  # their size, given back to the inbox's byte budget
         self._ack_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._last_beat_ok = False
@@ -121,8 +123,12 @@ class WorkerProcess:
         await self.manager.shutdown("shutdown")
         await self.publisher.stop()
         with contextlib.suppress(Exception):
+            # the inbox too: its sessions are closed, and nothing reads it again
             await self.redis.client.delete(
-                self.keys.worker(self.worker_id), self.keys.worker_sessions(self.worker_id)
+                self.keys.worker(self.worker_id),
+                self.keys.worker_sessions(self.worker_id),
+                self.inbox,
+                self.keys.inbox_bytes(self.worker_id),
             )
 
     async def _register(self) -> None:
@@ -226,13 +232,16 @@ class WorkerProcess:
                     log.exception("inbox entry %r failed", entry_id)
             if entries:
                 self._unacked.extend(entry_id for entry_id, _ in entries)
+                self._unacked_bytes += sum(entry_bytes(fields) for _, fields in entries)
                 self._ack_wake.set()
 
     async def _ack_loop(self) -> None:
-        """XACK handled entries off the read path: awaiting the ack before the next
-        XREADGROUP put a Redis round trip in front of every command (bench/profile). An ack
-        that is late or lost only leaves an entry pending, which a restarted worker skips
-        (`_fresh`) or whose session is gone with the old process."""
+        """Acknowledge and delete handled entries off the read path: awaiting that before
+        the next XREADGROUP put a Redis round trip in front of every command
+        (bench/profile). Deleting them is what frees an append's audio in Redis (an XACK
+        alone leaves the entry in the stream until MAXLEN trims it). An ack that is late
+        or lost only leaves an entry pending, which a restarted worker skips (`_fresh`) or
+        whose session is gone with the old process."""
         backoff = Backoff()
         while True:
             await self._ack_wake.wait()
@@ -250,12 +259,15 @@ class WorkerProcess:
 
     async def _ack_pending(self) -> None:
         ids, self._unacked = self._unacked, []
+        size, self._unacked_bytes = self._unacked_bytes, 0
         if not ids:
             return
+        keys = [self.inbox, self.keys.inbox_bytes(self.worker_id)]
         try:
-            await self.redis.client.xack(self.inbox, INBOX_GROUP, *ids)
+            await self.store.scripts.inbox_ack(self.redis.client, keys, [INBOX_GROUP, size, *ids])
         except BaseException:
             self._unacked = ids + self._unacked
+            self._unacked_bytes += size
             raise
 
     def _fresh(self, message: InboxMessage) -> bool:

@@ -36,6 +36,10 @@ class KeySchema:
         """stream: commands for every session pinned to the worker (group `runners`)."""
         return f"{self.prefix}:worker:{{{worker_id}}}:inbox"
 
+    def inbox_bytes(self, worker_id: str) -> str:
+        """string: bytes of the inbox entries the worker has not handled yet (its budget)."""
+        return f"{self.prefix}:worker:{{{worker_id}}}:inbox_bytes"
+
     def worker(self, worker_id: str) -> str:
         """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at."""
         return f"{self.prefix}:worker:{{{worker_id}}}"

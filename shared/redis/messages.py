@@ -9,10 +9,14 @@ client commands become entries in `shared.redis.command_messages`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
+#: entries a worker inbox keeps at most (trimmed approximately): a bound on count, beside
+#: the byte budget that inbox_append.lua enforces
+INBOX_MAXLEN = 100_000
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
 #: live-channel messages that start with this byte are control notices, not events
 CONTROL_PREFIX = b"!"
@@ -50,6 +54,16 @@ class InboxMessage:
             payload=orjson.loads(fields.get(b"p", b"{}")),
             audio=fields.get(b"b", b""),
         )
+
+
+def entry_bytes(fields: Mapping[Any, Any]) -> int:
+    """What an inbox entry costs the inbox's byte budget: its payload and its audio.
+
+    The API counts it from the fields it writes (str keys), the worker from the fields it
+    reads (bytes keys): both must agree, so only the two byte fields count."""
+    payload = fields.get("p", fields.get(b"p", b""))
+    audio = fields.get("b", fields.get(b"b", b""))
+    return len(payload) + len(audio)
 
 
 def takeover_notice(attachment_generation: int) -> bytes:

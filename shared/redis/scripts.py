@@ -45,6 +45,8 @@ class Scripts:
         self.lease_touch = LuaScript("lease_touch")
         self.lease_expire = LuaScript("lease_expire")
         self.journal_ack = LuaScript("journal_ack")
+        self.inbox_append = LuaScript("inbox_append")
+        self.inbox_ack = LuaScript("inbox_ack")
 
     def all(self) -> list[LuaScript]:
         return [value for value in vars(self).values() if isinstance(value, LuaScript)]

@@ -13,6 +13,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from shared.redis.keys import KeySchema
+from shared.redis.messages import INBOX_MAXLEN, entry_bytes
 from shared.redis.scripts import Scripts
 
 
@@ -26,6 +27,9 @@ def _notice_event_id() -> str:
     return new_event_id()
 
 
+TOUCH_REACTIVATED = 2  # lease_touch.lua: a detached session taken back by its attachment
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -33,6 +37,11 @@ def now_ms() -> int:
 def token_digest(token: str) -> str:
     """Only the SHA-256 of a resume token is ever stored."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def key_digest(api_key: str) -> str:
+    """The SHA-256 of the API key that opened a session (the key itself is never stored)."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class SessionStoreError(Exception):
@@ -92,9 +101,10 @@ class SessionStore:
         token_sha: str,
         config_json: str,
         pod_id: str = "",
+        key_sha: str = "",
     ) -> None:
         try:
-            args = [worker_id, model, token_sha, now_ms(), config_json, pod_id]
+            args = [worker_id, model, token_sha, now_ms(), config_json, pod_id, key_sha]
             await self.scripts.session_open(self.client, self._session_keys(session_id), args)
         except redis_errors.ResponseError as exc:
             raise SessionStoreError(str(exc).split()[0], str(exc)) from None
@@ -176,7 +186,13 @@ class SessionStore:
         return 1
 
     async def resume(
-        self, session_id: str, token: str, new_token: str, last_seq: int, pod_id: str = ""
+        self,
+        session_id: str,
+        token: str,
+        new_token: str,
+        last_seq: int,
+        pod_id: str = "",
+        key_sha: str = "",
     ) -> ResumeGranted | ResumeResync:
         keys = self._session_keys(session_id)
         args = [
@@ -186,6 +202,7 @@ class SessionStore:
             last_seq,
             now_ms(),
             pod_id,
+            key_sha,
         ]
         try:
             reply = await self.scripts.lease_resume(self.client, keys, args)
@@ -203,10 +220,22 @@ class SessionStore:
             model=_text(reply[6]),
         )
 
-    async def touch(self, session_id: str) -> bool:
-        return bool(
-            await self.scripts.lease_touch(self.client, [self.keys.session(session_id)], [now_ms()])
+    async def touch(
+        self, session_id: str, attachment_generation: int | None = None, pod_id: str = ""
+    ) -> int:
+        """Refresh the session's last activity: 1, or 0 when it is gone or closed. With the
+        caller's attachment generation, also take the session back from a disconnect grace
+        a sweep put it in while this attachment still held it (a stalled pod): then 2, and
+        its deadline is unindexed."""
+        args: list[Any] = [now_ms()]
+        if attachment_generation is not None:
+            args += [attachment_generation, pod_id]
+        touched = int(
+            await self.scripts.lease_touch(self.client, [self.keys.session(session_id)], args)
         )
+        if touched == TOUCH_REACTIVATED:
+            await self.client.zrem(self.keys.leases(), session_id)
+        return touched
 
     async def claim_expiry(self, session_id: str) -> str | None:
         """Claim a due lease; returns the worker to close the session on (janitor)."""
@@ -217,6 +246,17 @@ class SessionStore:
             self.keys.leases(), session_id
         )  # claimed, resumed or gone: unindexed
         return _text(worker) if worker else None
+
+    async def inbox_append(
+        self, worker_id: str, fields: Mapping[str, Any], *, maxlen: int = INBOX_MAXLEN
+    ) -> None:
+        """One control message (close) to a worker's inbox, outside its byte budget but
+        counted in it, like the API's pipelined commands (services/api/inbox_writer.py)."""
+        args: list[Any] = [0, maxlen, entry_bytes(fields)]
+        for name, value in fields.items():
+            args += [name, value]
+        keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
+        await self.scripts.inbox_append(self.client, keys, args)
 
     async def ack(self, session_id: str, seq: int) -> int:
         return int(

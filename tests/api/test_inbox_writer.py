@@ -1,41 +1,75 @@
-"""The API pod's shared XADD pipelines: batched under load, ordered, errors to their callers."""
+"""The API pod's inbox pipelines: batched under load, ordered, budgeted, errors to their callers."""
 
 import asyncio
 
 import pytest
 from redis.exceptions import RedisError, ResponseError
 
-from services.api.inbox_writer import InboxWriter
+from services.api.inbox_writer import InboxFull, InboxWriter
+from shared.redis.keys import KeySchema
+from shared.redis.messages import entry_bytes
+
+KEYS = KeySchema()
 
 
 async def test_concurrent_commands_share_pipelines_and_keep_their_order(redis_client):
     writer = InboxWriter(redis_client)
-    streams = [f"{{inbox-{i}}}:s" for i in range(4)]
+    workers = [f"w{i}" for i in range(4)]
 
-    async def connection(stream: str) -> None:
+    async def connection(worker: str) -> None:
         for n in range(50):  # like a connection: each command awaited before the next
-            await writer.xadd(stream, {"n": str(n)})
+            await writer.append(worker, {"p": str(n)})
 
-    await asyncio.gather(*(connection(s) for s in streams))
+    await asyncio.gather(*(connection(w) for w in workers))
     await writer.stop()
     assert writer.commands == 200
     assert writer.pipelines < 200  # four connections' commands travelled together
-    for stream in streams:
-        entries = await redis_client.xrange(stream)
-        assert [int(f[b"n"]) for _, f in entries] == list(range(50))
+    for worker in workers:
+        entries = await redis_client.xrange(KEYS.inbox(worker))
+        assert [int(f[b"p"]) for _, f in entries] == list(range(50))
+
+
+async def test_the_budget_counts_payload_and_audio_and_refuses_past_it(redis_client):
+    fields = {"k": "command", "p": b"{}", "b": b"\x00" * 1000}
+    size = entry_bytes(fields)
+    assert size == 1002
+    writer = InboxWriter(redis_client, max_bytes=3 * size)
+    for _ in range(3):
+        await writer.append("w", fields)
+    with pytest.raises(InboxFull):
+        await writer.append("w", fields)
+    await writer.append("w", {"k": "close", "p": b"{}"}, budgeted=False)  # closes always pass
+    await writer.stop()
+    kinds = [f[b"k"] for _, f in await redis_client.xrange(KEYS.inbox("w"))]
+    assert kinds == [b"command"] * 3 + [b"close"]  # the refused one was never written
+    assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 3 * size + 2
 
 
 async def test_a_failing_command_fails_only_its_caller(redis_client):
     writer = InboxWriter(redis_client)
-    await redis_client.set("{inbox-x}:not-a-stream", "x")
+    await redis_client.set(KEYS.inbox("x"), "not a stream")
     results = await asyncio.gather(
-        writer.xadd("{inbox-x}:not-a-stream", {"n": "1"}),
-        writer.xadd("{inbox-x}:stream", {"n": "2"}),
+        writer.append("x", {"p": "1"}),
+        writer.append("y", {"p": "2"}),
         return_exceptions=True,
     )
     await writer.stop()
     assert isinstance(results[0], ResponseError) and results[1] is None
-    assert len(await redis_client.xrange("{inbox-x}:stream")) == 1
+    assert len(await redis_client.xrange(KEYS.inbox("y"))) == 1
+
+
+async def test_scripts_lost_by_a_restarted_redis_are_loaded_again(redis_server):
+    import redis.asyncio as redis_async
+
+    client = redis_async.Redis.from_url(redis_server.url)
+    await client.delete(KEYS.inbox("w"), KEYS.inbox_bytes("w"))
+    writer = InboxWriter(client)
+    await writer.append("w", {"p": "1"})
+    await client.script_flush()  # what a restarted Redis has: no scripts
+    await writer.append("w", {"p": "2"})
+    await writer.stop()
+    assert [f[b"p"] for _, f in await client.xrange(KEYS.inbox("w"))] == [b"1", b"2"]
+    await client.aclose()
 
 
 async def test_redis_unreachable_reaches_every_caller_and_the_writer_goes_on():
@@ -46,10 +80,10 @@ async def test_redis_unreachable_reaches_every_caller_and_the_writer_goes_on():
     dead = redis_async.Redis(port=free_port(), socket_connect_timeout=0.5)
     writer = InboxWriter(dead)
     results = await asyncio.gather(
-        *(writer.xadd("s", {"n": str(n)}) for n in range(3)), return_exceptions=True
+        *(writer.append("w", {"p": str(n)}) for n in range(3)), return_exceptions=True
     )
     assert all(isinstance(r, RedisError) for r in results), results
     with pytest.raises(RedisError):  # the writer task survived and serves the next one
-        await writer.xadd("s", {"n": "4"})
+        await writer.append("w", {"p": "4"})
     await writer.stop()
     await dead.aclose()

@@ -7,12 +7,14 @@ import orjson
 import pytest
 
 from shared.redis.keys import KeySchema
+from shared.redis.messages import entry_bytes
 from shared.redis.store import (
     PublishItem,
     ResumeGranted,
     ResumeResync,
     SessionStore,
     SessionStoreError,
+    key_digest,
     token_digest,
 )
 
@@ -31,9 +33,10 @@ def pubsub_of(client):
     return (factory() if factory else client).pubsub()
 
 
-async def opened(client, token: str = "tok-1", sid: str = SID) -> SessionStore:
+async def opened(client, token: str = "tok-1", sid: str = SID, key: str = "") -> SessionStore:
     store = SessionStore(client)
-    await store.open(sid, "worker-a", "echo", token_digest(token), '{"model":"echo"}')
+    key_sha = key_digest(key) if key else ""
+    await store.open(sid, "worker-a", "echo", token_digest(token), '{"model":"echo"}', "", key_sha)
     created = PublishItem(
         b'{"type":"session.created","event_id":"e0","session":{}}', "session.created", False, b"{}"
     )
@@ -218,8 +221,8 @@ async def test_resume_from_before_the_retained_journal_is_a_gap(redis_client):
 
 async def test_touch_never_recreates_a_session(redis_client):
     store = await opened(redis_client)
-    assert await store.touch(SID) is True
-    assert await store.touch("duplex-unknown") is False
+    assert await store.touch(SID) == 1
+    assert await store.touch("duplex-unknown") == 0
     assert await redis_client.exists(KEYS.session("duplex-unknown")) == 0
 
 
@@ -250,4 +253,73 @@ async def test_ack_trims_the_journal(redis_client):
 async def test_scripts_reload_after_a_script_flush(redis_client):
     store = await opened(redis_client)
     await redis_client.script_flush()  # on a cluster: every primary
-    assert await store.touch(SID) is True  # NOSCRIPT -> loaded again, transparently
+    assert await store.touch(SID) == 1  # NOSCRIPT -> loaded again, transparently
+
+
+async def test_a_touch_by_the_attachment_that_holds_it_takes_a_swept_session_back(redis_client):
+    """A stalled pod's sessions are detached by a sweep; its sockets' touches reactivate
+    them (same attachment generation), nobody else's do."""
+    store = await opened(redis_client)
+    assert await store.detach(SID, 1, 30_000) == 1  # what sweep_dead_apis does
+    assert await store.touch(SID) == 1  # a touch without a generation only refreshes
+    assert await store.touch(SID, 2, "api-b") == 1  # not the holder: stays detached
+    assert (await store.meta(SID))["state"] == "detached"
+    assert await store.touch(SID, 1, "api-a") == 2
+    meta = await store.meta(SID)
+    assert meta["state"] == "active" and meta["pod"] == "api-a"
+    assert "lease_deadline" not in meta and "detached_at" not in meta
+    assert await redis_client.zscore(KEYS.leases(), SID) is None  # no expiry is due
+    assert await store.claim_expiry(SID) is None
+
+
+async def test_a_touch_does_not_take_back_a_session_resumed_elsewhere_or_expiring(redis_client):
+    store = await opened(redis_client)
+    await store.detach(SID, 1, 30_000)
+    assert isinstance(await store.resume(SID, "tok-1", "tok-2", 0, "api-b"), ResumeGranted)
+    assert await store.touch(SID, 1, "api-a") == 1  # generation 2 holds it now
+    assert (await store.meta(SID))["pod"] == "api-b"
+    other = await opened(redis_client, sid="duplex-test2")
+    await other.detach("duplex-test2", 1, 0)
+    await asyncio.sleep(0.01)  # time itself is tested: the zero-grace deadline has passed
+    assert await other.claim_expiry("duplex-test2") == "worker-a"
+    assert await other.touch("duplex-test2", 1, "api-a") == 1
+    assert (await other.meta("duplex-test2"))["state"] == "closing"
+
+
+async def test_a_session_opened_with_a_key_resumes_only_with_that_key(redis_client):
+    store = await opened(redis_client, key="k1")
+    meta = await store.meta(SID)
+    assert meta["key_sha256"] == key_digest("k1") and "k1" not in meta.values()
+    for other_key in ("k2", ""):
+        with pytest.raises(SessionStoreError) as info:
+            await store.resume(SID, "tok-1", "tok-2", 0, "api-b", key_digest(other_key))
+        assert info.value.code == "invalid_resume_token"  # no hint that the token was right
+    granted = await store.resume(SID, "tok-1", "tok-2", 0, "api-b", key_digest("k1"))
+    assert isinstance(granted, ResumeGranted)
+    unkeyed = await opened(redis_client, "t", "duplex-test2")  # no keys: nothing bound
+    assert isinstance(await unkeyed.resume("duplex-test2", "t", "t2", 0), ResumeGranted)
+
+
+async def test_handled_inbox_entries_are_deleted_and_give_their_bytes_back(redis_client):
+    store = SessionStore(redis_client)
+    inbox, counter = KEYS.inbox("w"), KEYS.inbox_bytes("w")
+    await redis_client.xgroup_create(inbox, "runners", id="0", mkstream=True)
+    fields = {"k": "command", "p": b"{}", "b": b"\x01" * 500}
+    for _ in range(3):
+        await store.inbox_append("w", fields)
+    assert int(await redis_client.get(counter)) == 3 * entry_bytes(fields)
+    reply = await redis_client.xreadgroup("runners", "w", {inbox: ">"}, count=2)
+    ids = [entry_id for entry_id, _ in reply[0][1]]
+    deleted = await store.scripts.inbox_ack(
+        redis_client, [inbox, counter], ["runners", 2 * entry_bytes(fields), *ids]
+    )
+    assert deleted == 2 and await redis_client.xlen(inbox) == 1
+    assert int(await redis_client.get(counter)) == entry_bytes(fields)
+    pending = await redis_client.xpending(inbox, "runners")
+    assert pending["pending"] == 0
+    await redis_client.set(counter, 10**9)  # drifted (say, MAXLEN trimmed counted entries)
+    reply = await redis_client.xreadgroup("runners", "w", {inbox: ">"})
+    last = [entry_id for entry_id, _ in reply[0][1]]
+    await store.scripts.inbox_ack(redis_client, [inbox, counter], ["runners", 502, *last])
+    assert await redis_client.xlen(inbox) == 0
+    assert int(await redis_client.get(counter)) == 0  # an empty inbox holds nothing

@@ -110,3 +110,37 @@ async def test_health_endpoints_follow_the_worker():
             assert (await http.get("/health/ready")).status_code == 503
     finally:
         await worker.stop()
+
+
+async def test_handled_inbox_entries_leave_redis_with_their_audio():
+    """The worker deletes what it handled: an append's audio does not stay in the inbox
+    (issue 14: XACK alone kept every append until MAXLEN, 200 MiB from one session)."""
+    from services.api.inbox_writer import InboxWriter
+    from shared.protocol.duplex import AppendAudio
+
+    handle = connect(None)
+    worker = WorkerProcess(WorkerSettings(worker_id="w4", max_sessions=1), handle)
+    keys = KeySchema()
+    client = handle.client
+    await worker.start()
+    writer = InboxWriter(client, keys)
+    try:
+        store = SessionStore(client, keys)
+        await store.open("duplex-s4", "w4", "echo", "", "{}")
+        await writer.append(
+            "w4", InboxMessage(OPEN, "duplex-s4", 1, 0, {"session": {}}).to_fields()
+        )
+        for seq in range(1, 21):
+            append = AppendAudio(audio=b"\x00\x01" * 8000, event_id=f"a{seq}")
+            await writer.append("w4", command_message("duplex-s4", 1, seq, append).to_fields())
+        for _ in range(400):  # until the worker has handled and deleted all 21 entries
+            if await client.xlen(keys.inbox("w4")) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await client.xlen(keys.inbox("w4")) == 0
+        assert int(await client.get(keys.inbox_bytes("w4"))) == 0
+        assert (await client.xpending(keys.inbox("w4"), "runners"))["pending"] == 0
+    finally:
+        await writer.stop()
+        await worker.stop()
+    assert await client.exists(keys.inbox("w4"), keys.inbox_bytes("w4")) == 0

@@ -7,6 +7,8 @@
 -- (one slot: the caller drops the deadline from duplex:leases afterwards)
 -- ARGV[1] session id   ARGV[2] SHA-256 of the presented token   ARGV[3] SHA-256 of the new token
 -- ARGV[4] last received server_event_seq   ARGV[5] now (ms)   ARGV[6] the API pod attaching it
+-- ARGV[7] SHA-256 of the API key presented ("" without keys): a session opened with a key
+--         resumes only with that key, answered like a wrong token (nothing to learn)
 -- returns {"ok", attachment_generation, lease_generation, worker, next_seq, session JSON, model}
 --      or {"resync", reason}  or an error reply: session_resume_expired | invalid_resume_token |
 --         session_resume_conflict | invalid_session_resume
@@ -23,6 +25,10 @@ local function same(a, b)
     if string.byte(a, i) ~= string.byte(b, i) then diff = diff + 1 end
   end
   return diff == 0
+end
+local opened_with = redis.call('HGET', meta, 'key_sha256')
+if opened_with and opened_with ~= '' and not same(opened_with, ARGV[7] or '') then
+  return redis.error_reply('invalid_resume_token')
 end
 local stored = redis.call('HGET', meta, 'resume_token_sha256')
 if stored == '' or not same(stored, ARGV[2]) then

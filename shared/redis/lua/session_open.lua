@@ -3,6 +3,8 @@
 -- KEYS[2] duplex:session:{SID}:events   journal stream
 -- ARGV[1] worker id   ARGV[2] model   ARGV[3] resume token SHA-256 (hex, "" = not resumable)
 -- ARGV[4] now (ms)    ARGV[5] session config JSON   ARGV[6] the API pod attaching it
+-- ARGV[7] SHA-256 of the API key that opened it ("" when the deployment has no keys):
+--         only the same key may resume it (lease_resume.lua)
 -- returns 1, or an error reply "session_exists"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('session_exists')
@@ -14,5 +16,5 @@ redis.call('HSET', KEYS[1],
   'lease_generation', 0, 'attachment_generation', 1,
   'resume_token_sha256', ARGV[3], 'previous_token_sha256', '',
   'next_seq', 0, 'journal_first_seq', 1, 'journal_bytes', 0, 'journal_overflow', 0,
-  'config', ARGV[5], 'pod', ARGV[6])
+  'config', ARGV[5], 'pod', ARGV[6], 'key_sha256', ARGV[7] or '')
 return 1

@@ -1,0 +1,103 @@
+"""The API pod's heartbeat, and taking its sessions back after it was declared dead.
+
+Every pod's janitor sweeps the pods whose heartbeat is older than the TTL: their sessions
+enter disconnect grace so their clients can resume elsewhere (services/api/janitor.py).
+A pod that was not dead but stalled (its event loop held by one handler for longer than
+the TTL) comes back with its sockets still attached to sessions that Redis now counts as
+detached: nothing would reactivate them, and each would be expired at the end of its grace
+while its client is still talking.
+
+So the pod keeps the attachment generation of every session it holds a socket for, and
+when its heartbeat finds that it had been removed from the registry (ZADD adds the member
+again instead of updating its score), it touches each of those sessions with its
+generation: `lease_touch.lua` makes a detached session active again when that generation
+still holds it (a resume elsewhere meanwhile has moved it on, and then nothing happens),
+and the pod indexes the session under itself again for the next sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from shared.redis.keys import KeySchema
+from shared.redis.store import TOUCH_REACTIVATED, SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class PodLiveness:
+    def __init__(
+        self, client: Any, keys: KeySchema, store: SessionStore, pod_id: str, interval_s: float
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.store = store
+        self.pod_id = pod_id
+        self.interval_s = interval_s
+        self._attached: dict[str, int] = {}  # session id -> attachment generation held here
+        self._task: asyncio.Task[None] | None = None
+        self._registered = False  # the first beat adds the pod: nothing to take back
+        self.reclaims = 0  # diagnostics: how often the pod found itself declared dead
+
+    # ------------------------------------------------------------ attachments
+
+    def attach(self, session_id: str, attachment_generation: int) -> None:
+        self._attached[session_id] = attachment_generation
+
+    def release(self, session_id: str, attachment_generation: int) -> None:
+        if self._attached.get(session_id) == attachment_generation:
+            del self._attached[session_id]
+
+    @property
+    def attached(self) -> dict[str, int]:
+        return dict(self._attached)
+
+    # ------------------------------------------------------------ heartbeat
+
+    async def start(self) -> None:
+        await self.beat()
+        self._task = asyncio.create_task(self._loop(), name="api-heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def beat(self) -> None:
+        added = await self.client.zadd(self.keys.apis(), {self.pod_id: int(time.time() * 1000)})
+        if added and self._registered:
+            await self.reclaim()  # we were registered, and a sweep removed us
+        self._registered = True
+
+    async def reclaim(self) -> int:
+        """Take back the sessions this pod still holds sockets for; returns how many a
+        sweep had detached and are active again."""
+        self.reclaims += 1
+        attached = self.attached
+        if attached:
+            await self.client.sadd(self.keys.api_sessions(self.pod_id), *attached)
+        taken_back = 0
+        for session_id, generation in attached.items():
+            touched = await self.store.touch(session_id, generation, self.pod_id)
+            taken_back += touched == TOUCH_REACTIVATED
+        log.warning(
+            "API pod %s had been declared dead: %d of its %d sessions taken back from "
+            "disconnect grace",
+            self.pod_id,
+            taken_back,
+            len(attached),
+        )
+        return taken_back
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("API pod heartbeat failed; retrying", exc_info=True)

@@ -1,0 +1,74 @@
+"""What a connection refuses before anything crosses Redis: appends over the session's
+pending-input limit, and commands to a worker whose inbox is over its byte budget."""
+
+import base64
+import types
+
+import orjson
+
+from services.api.connection import RealtimeConnection
+from services.api.inbox_writer import InboxFull
+from services.api.metrics import ApiMetrics
+from shared.contracts import SessionRuntimeConfig
+from shared.redis.keys import KeySchema
+from shared.redis.messages import CLOSE, InboxMessage
+
+
+class RecordingWriter:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.appended: list[tuple[str, dict, bool]] = []
+
+    async def append(self, worker_id: str, fields: dict, *, budgeted: bool = True) -> None:
+        if self.refuse and budgeted:
+            raise InboxFull("over budget")
+        self.appended.append((worker_id, fields, budgeted))
+
+
+def connection(writer: RecordingWriter, limit: int) -> RealtimeConnection:
+    pod = types.SimpleNamespace(
+        runtime=SessionRuntimeConfig(max_pending_input_bytes_per_session=limit),
+        settings=types.SimpleNamespace(api_keys=frozenset(), pod_id="api-t"),
+        metrics=ApiMetrics(),
+        inbox_writer=writer,
+        keys=KeySchema(),
+    )
+    conn = RealtimeConnection(None, pod, model=None, autostart=True, resume_only=False)
+    conn.session_id, conn.worker_id, conn.generation = "duplex-t", "w", 1
+    return conn
+
+
+def queued(conn: RealtimeConnection) -> list[dict]:
+    return [orjson.loads(item.data) for item in conn.queue._items]
+
+
+def append_frame(audio: bytes, event_id: str) -> str:
+    body = {"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}
+    return orjson.dumps({**body, "event_id": event_id}).decode()
+
+
+async def test_an_append_over_the_pending_input_limit_never_reaches_the_worker():
+    writer = RecordingWriter()
+    conn = connection(writer, limit=1000)
+    await conn._handle_frame(append_frame(b"\x00" * 1002, "big"))
+    await conn._handle_frame(append_frame(b"\x00" * 1000, "fits"))
+    [error] = queued(conn)
+    assert error["error"]["code"] == "input_backpressure"
+    assert error["error"]["event_id"] == "big"
+    assert len(writer.appended) == 1  # only the one that fits was written
+    assert writer.appended[0][1]["b"] == b"\x00" * 1000
+
+
+async def test_a_full_inbox_refuses_commands_with_a_retryable_error_but_not_closes():
+    writer = RecordingWriter(refuse=True)
+    conn = connection(writer, limit=1 << 20)
+    await conn._handle_frame(append_frame(b"\x00" * 640, "a1"))
+    [error] = queued(conn)
+    assert error["error"]["code"] == "input_backpressure"
+    assert error["error"]["retryable"] is True and error["error"]["event_id"] == "a1"
+    assert writer.appended == []
+    await conn._handle_frame(orjson.dumps({"type": "session.close"}).decode())
+    await conn._xadd("w", InboxMessage(CLOSE, "duplex-t", 1, 0, {"reason": "disconnect"}))
+    # a client's close and the pod's own always get through to a flooded worker
+    assert [budgeted for _, _, budgeted in writer.appended] == [False, False]
+    assert len(queued(conn)) == 1
