@@ -1,8 +1,8 @@
 """What the CPU plugins (echo, assistant) share: output paced in chunks of 100 ms.
 
 `extra_body.pace` sets the pace of a session's audio (1 = real time, 2 = twice as fast,
-0 = as fast as possible); the capabilities are those of a chunked, interruptible,
-resumable model.
+0 = as fast as possible); any other value must lie in `PACE_MIN`-`PACE_MAX`. The
+capabilities are those of a chunked, interruptible, resumable model.
 """
 
 from __future__ import annotations
@@ -18,14 +18,28 @@ from shared.contracts import (
 )
 
 CHUNK_MS = 100
+#: Slowest pace: 10x slower than real time. A tiny pace (1e-9) would hold a stage
+#: for years per chunk; NaN and inf compare false and slipped past a `< 0` check.
+PACE_MIN = 0.1
+#: Fastest paced value: beyond 10x real time, ask for 0 (unpaced) instead.
+PACE_MAX = 10.0
 
 
 def read_pace(extra_body: Mapping[str, Any]) -> float:
+    """`extra_body.pace`: 0 (unpaced) or a number in PACE_MIN-PACE_MAX; anything else
+    (negative, NaN, inf, 1e9, a string, a bool) is refused, not clamped, so a client
+    learns its value was not used."""
     pace = extra_body.get("pace", 1.0)
-    if not isinstance(pace, int | float) or isinstance(pace, bool) or pace < 0:
+    # range first: NaN fails every comparison, and float() of a huge int would overflow
+    if (
+        not isinstance(pace, int | float)
+        or isinstance(pace, bool)
+        or not (pace == 0 or PACE_MIN <= pace <= PACE_MAX)
+    ):
         raise DuplexRuntimeConfigError(
             "invalid_duplex_runtime_config",
-            "extra_body.pace must be a number >= 0",
+            f"extra_body.pace must be 0 (as fast as possible) or a number in "
+            f"{PACE_MIN:g}-{PACE_MAX:g}, got {pace!r:.40}",
             param="extra_body.pace",
         )
     return float(pace)

@@ -193,7 +193,8 @@ async def test_reaper_loop_survives_failures(monkeypatch):
 
 
 async def test_input_backpressure_by_bytes():
-    h = make_harness(max_pending_input_bytes_per_session=60_000)
+    # a reservation is the decoded size: 32 000 pcm16 bytes are 16 000 float32 samples, 64 000 bytes
+    h = make_harness(max_pending_input_bytes_per_session=100_000)
     try:
         session = await h.open()
         chunk = AppendAudio(audio=bytes(32_000), format="pcm16", sample_rate_hz=16000)

@@ -15,7 +15,14 @@ import numpy as np
 
 from services.worker.session.vad import ServerVadDetector, VadBackend, VadEvent
 from shared.contracts import TurnDetection
-from shared.protocol.duplex import AppendAudio, DuplexInputConverter, decode_audio, speech_verdict
+from shared.protocol.duplex import (
+    AppendAudio,
+    DuplexInputConverter,
+    RealtimeProtocolError,
+    decode_audio,
+    estimate_decoded_samples,
+    speech_verdict,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +44,27 @@ class InputPipeline:
     def has_vad(self) -> bool:
         return self._detector is not None
 
+    def decoded_samples(self, command: AppendAudio) -> int:
+        """Samples the append's audio becomes at the model input rate, from its length and
+        declared rate or WAV header, without decoding; raises `unsupported_audio_format`
+        (or `bad_audio`) for a header that would not decode."""
+        return estimate_decoded_samples(command.audio, command.audio_format, self.input_rate_hz)
+
     def runs_inline(self, command: AppendAudio) -> bool:
         """Whether converting this append is cheaper than handing it to a thread: without
         VAD a small append is a decode and a short resample (tens of microseconds), while
         the executor round trip and the GIL hand-off cost more than that (bench/profile,
-        `--load realtime`: ThreadPoolExecutor.submit alone was 4% of the worker)."""
-        return self._detector is None and len(command.audio) <= INLINE_MAX_BYTES
+        `--load realtime`: ThreadPoolExecutor.submit alone was 4% of the worker).
+
+        Both ends are bounded: the payload (decode work) and the resampled output
+        (resample work and memory). Payload size alone let a 6 KB WAV declaring 1 Hz
+        resample to 48 M samples on the event loop."""
+        if self._detector is not None or len(command.audio) > INLINE_MAX_BYTES:
+            return False
+        try:
+            return self.decoded_samples(command) <= INLINE_MAX_SAMPLES
+        except RealtimeProtocolError:
+            return True  # refused by the header check before any decode: cheap inline
 
     def configure_vad(self, settings: TurnDetection | None, stream_ms: int) -> None:
         """(Re)build the detector when turn detection changes; None turns it off."""
@@ -91,4 +113,5 @@ class InputPipeline:
 
 
 _EMPTY = np.zeros(0, np.float32)
-INLINE_MAX_BYTES = 8 * 1024  # 256 ms of pcm16 at 16 kHz
+INLINE_MAX_BYTES = 8 * 1024  # payload: 256 ms of pcm16 at 16 kHz
+INLINE_MAX_SAMPLES = 4096  # output: 256 ms at 16 kHz, 16 KiB of float32

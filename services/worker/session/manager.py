@@ -53,9 +53,21 @@ def new_session_id() -> str:
     return "duplex-" + uuid.uuid4().hex
 
 
-def _reserved_input_bytes(command: AppendAudio) -> int:
-    """Audio bytes plus decoded video frame bytes: both wait in memory until processed."""
-    return len(command.audio) + sum(len(frame) * 3 // 4 for frame in command.video_frames)
+#: The input ledger holds float32 samples (`InputLedger.buffered_bytes` is samples * 4).
+_DECODED_SAMPLE_BYTES = 4
+
+
+def _reserved_input_bytes(command: AppendAudio, pipeline: InputPipeline) -> int:
+    """What an append will occupy: its audio decoded and resampled to the model input rate
+    (float32), or its payload when that is larger, plus its decoded video frame bytes.
+
+    Counted on the decoded size, not the payload: a small payload can declare a rate
+    or header that decodes to far more (8 kHz G.711 becomes 8x its bytes at 16 kHz).
+    Sized from the length and declared rate or WAV header, so nothing is decoded here;
+    a header that would not decode raises `RealtimeProtocolError`."""
+    decoded = pipeline.decoded_samples(command) * _DECODED_SAMPLE_BYTES
+    video = sum(len(frame) * 3 // 4 for frame in command.video_frames)
+    return max(len(command.audio), decoded) + video
 
 
 class SessionManager(SessionHost):
@@ -188,7 +200,11 @@ class SessionManager(SessionHost):
         session = runner.session
         reserved = 0
         if isinstance(command, AppendAudio):
-            reserved = _reserved_input_bytes(command)
+            try:
+                reserved = _reserved_input_bytes(command, runner.pipeline)
+            except RealtimeProtocolError as exc:  # refused before any work is scheduled
+                runner.error(exc.code, exc.message, command.event_id, param=exc.param)
+                return
             pending = session.pending_input_bytes + session.input.buffered_bytes + reserved
             if pending > self.runtime.max_pending_input_bytes_per_session:
                 runner.error(

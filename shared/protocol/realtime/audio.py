@@ -1,13 +1,17 @@
 """PCM / G.711 / WAV decode and encode, and streaming resampling.
 
 Samples inside the codec are mono float32 in [-1, 1). Everything here is pure
-and synchronous; callers that sit on an event loop offload it to an executor.
+and synchronous; callers that sit on an event loop offload it to an executor,
+except `parse_wav_header` and `estimate_decoded_samples`, which read a header
+and a length only and so size the work before any of it is done.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import math
 import struct
 
 import numpy as np
@@ -18,10 +22,13 @@ from shared.protocol.realtime.formats import (
     G711_ALAW,
     G711_RATE_HZ,
     G711_ULAW,
+    MAX_RATE_HZ,
+    MIN_RATE_HZ,
     PCM16,
     PCM_F32LE,
     WAV,
     AudioFormat,
+    validate_rate,
 )
 
 _INT16_SCALE = 32768.0
@@ -141,34 +148,105 @@ def int16_to_alaw(samples: np.ndarray) -> bytes:
 
 # ---------------------------------------------------------------- WAV
 
+#: (format tag, bits per sample) pairs `decode_wav` decodes: PCM 8/16/24/32, float 32, A-law, µ-law.
+WAV_ENCODINGS = frozenset({(1, 8), (1, 16), (1, 24), (1, 32), (3, 32), (6, 8), (7, 8)})
+WAV_MAX_CHANNELS = 8
+#: A `fmt ` chunk is 16, 18 or 40 bytes; anything far larger is a lie about the header.
+_WAV_FMT_SIZES = range(16, 65)
+#: Chunks looked at before `data`: the walk runs on the event loop (at submit), so it is bounded.
+_WAV_MAX_CHUNKS = 32
+_WAVE_FORMAT_EXTENSIBLE = 0xFFFE
+
+
+def unsupported_audio(message: str, param: str = "audio") -> RealtimeProtocolError:
+    return RealtimeProtocolError("unsupported_audio_format", message, param=param)
+
+
+@dataclasses.dataclass(frozen=True)
+class WavHeader:
+    """What a RIFF/WAVE header says, checked: every field that scales decode or
+    resample work is in range, and `data_size` is what the payload really holds
+    (a `data` chunk that claims more is truncated), in whole frames."""
+
+    tag: int
+    channels: int
+    rate: int
+    bits: int
+    data_offset: int
+    data_size: int
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.channels * self.bits // 8
+
+    @property
+    def frames(self) -> int:
+        return self.data_size // self.frame_bytes
+
 
 def is_wav(data: bytes) -> bool:
     return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WAVE"
 
 
-def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
-    """A RIFF/WAVE payload as (mono float32, rate). Multichannel audio is averaged."""
+def parse_wav_header(data: bytes) -> WavHeader:
+    """Parse and check a WAV header without touching the samples (cheap: a bounded chunk walk).
+
+    A payload that is not a WAV file, or lacks a fmt/data chunk, is `bad_audio`;
+    a header we will not decode (rate outside 8-192 kHz, 0 or >8 channels, an
+    encoding we do not decode, a lying `fmt ` size, too many chunks) is
+    `unsupported_audio_format`: a 1 Hz header once made a 6 KB payload resample
+    16 000x on the worker's event loop.
+    """
     if not is_wav(data):
         raise bad_audio("not a RIFF/WAVE payload")
-    pos, fmt, pcm = 12, None, None
-    while pos + 8 <= len(data):
-        chunk_id, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
-        body = data[pos + 8 : pos + 8 + size]
-        if chunk_id == b"fmt " and len(body) >= 16:
-            fmt = struct.unpack_from("<HHIIHH", body)
-            if fmt[0] == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: real tag in the GUID
-                fmt = (struct.unpack_from("<H", body, 24)[0], *fmt[1:])
-        elif chunk_id == b"data":
-            pcm = body
+    pos, fmt = 12, None
+    for _ in range(_WAV_MAX_CHUNKS):
+        if pos + 8 > len(data):
             break
+        chunk_id, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if chunk_id == b"fmt ":
+            fmt = _read_fmt(data, pos + 8, size)
+        elif chunk_id == b"data":
+            if fmt is None:
+                break
+            return _checked_header(fmt, pos + 8, min(size, len(data) - pos - 8))
         pos += 8 + size + (size & 1)
-    if fmt is None or pcm is None:
-        raise bad_audio("WAV payload has no fmt or data chunk")
-    tag, channels, rate, _, _, bits = fmt
-    if channels < 1 or rate <= 0:
-        raise bad_audio(f"WAV payload declares {channels} channels at {rate} Hz")
-    frame = channels * max(bits // 8, 1)
-    pcm = pcm[: len(pcm) - len(pcm) % frame]
+    else:
+        raise unsupported_audio(f"WAV payload has more than {_WAV_MAX_CHUNKS} chunks before data")
+    raise bad_audio("WAV payload has no fmt or data chunk")
+
+
+def _read_fmt(data: bytes, offset: int, size: int) -> tuple[int, int, int, int]:
+    """(tag, channels, rate, bits) of a `fmt ` chunk body; the extensible tag is resolved."""
+    if size not in _WAV_FMT_SIZES or offset + size > len(data):
+        raise unsupported_audio(f"WAV fmt chunk size {size} is invalid")
+    tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", data, offset)
+    if tag == _WAVE_FORMAT_EXTENSIBLE:  # the real tag is the first 2 bytes of the GUID
+        if size < 26:
+            raise unsupported_audio(f"WAV extensible fmt chunk of {size} bytes has no subformat")
+        tag = struct.unpack_from("<H", data, offset + 24)[0]
+    return tag, channels, rate, bits
+
+
+def _checked_header(fmt: tuple[int, int, int, int], offset: int, available: int) -> WavHeader:
+    tag, channels, rate, bits = fmt
+    if not 1 <= channels <= WAV_MAX_CHANNELS:
+        raise unsupported_audio(f"WAV channels must be 1-{WAV_MAX_CHANNELS}, got {channels}")
+    if not MIN_RATE_HZ <= rate <= MAX_RATE_HZ:
+        raise unsupported_audio(
+            f"WAV sample rate must be {MIN_RATE_HZ}-{MAX_RATE_HZ} Hz, got {rate} Hz"
+        )
+    if (tag, bits) not in WAV_ENCODINGS:
+        raise unsupported_audio(f"unsupported WAV encoding (format tag {tag}, {bits} bits)")
+    frame = channels * bits // 8
+    return WavHeader(tag, channels, rate, bits, offset, available - available % frame)
+
+
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """A RIFF/WAVE payload as (mono float32, rate). Multichannel audio is averaged."""
+    header = parse_wav_header(data)
+    pcm = data[header.data_offset : header.data_offset + header.data_size]
+    tag, bits = header.tag, header.bits
     if tag == 1 and bits == 16:
         samples = np.frombuffer(pcm, "<i2").astype(np.float32) / np.float32(_INT16_SCALE)
     elif tag == 1 and bits == 8:
@@ -184,13 +262,11 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         samples = f32le_to_float(pcm)
     elif tag == 6 and bits == 8:
         samples = alaw_to_int16(pcm).astype(np.float32) / np.float32(_INT16_SCALE)
-    elif tag == 7 and bits == 8:
+    else:  # (7, 8): parse_wav_header admits nothing else
         samples = ulaw_to_int16(pcm).astype(np.float32) / np.float32(_INT16_SCALE)
-    else:
-        raise bad_audio(f"unsupported WAV encoding (format tag {tag}, {bits} bits)")
-    if channels > 1:
-        samples = samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
-    return samples.astype(np.float32, copy=False), rate
+    if header.channels > 1:
+        samples = samples.reshape(-1, header.channels).mean(axis=1, dtype=np.float32)
+    return samples.astype(np.float32, copy=False), header.rate
 
 
 def encode_wav(samples: np.ndarray, rate: int) -> bytes:
@@ -224,7 +300,7 @@ def decode_audio(data: bytes, fmt: AudioFormat) -> tuple[np.ndarray, int]:
     own rate."""
     if fmt.encoding == WAV or is_wav(data):
         return decode_wav(data)
-    rate = fmt.rate if fmt.rate is not None else G711_RATE_HZ
+    rate = _declared_rate(fmt)
     if fmt.encoding == PCM16:
         return pcm16_to_float(data), rate
     if fmt.encoding == PCM_F32LE:
@@ -234,6 +310,36 @@ def decode_audio(data: bytes, fmt: AudioFormat) -> tuple[np.ndarray, int]:
     if fmt.encoding == G711_ALAW:
         return alaw_to_int16(data).astype(np.float32) / np.float32(_INT16_SCALE), rate
     raise RealtimeProtocolError("unsupported_audio_format", f"cannot decode {fmt.encoding!r}")
+
+
+#: Bytes per sample of the headerless input encodings.
+_SAMPLE_BYTES = {PCM16: 2, PCM_F32LE: 4, G711_ULAW: 1, G711_ALAW: 1}
+
+
+def _declared_rate(fmt: AudioFormat) -> int:
+    """The rate a headerless payload is at; checked here too, since an `AudioFormat`
+    built in code skips `validate_rate` and this rate drives the resampler."""
+    return validate_rate(fmt.rate if fmt.rate is not None else G711_RATE_HZ, param="sample_rate_hz")
+
+
+def estimate_decoded_samples(data: bytes, fmt: AudioFormat, target_rate: int) -> int:
+    """How many samples `data` becomes once decoded and resampled to `target_rate`,
+    from its length and declared rate (or its WAV header) alone: nothing is decoded.
+
+    Raises what `decode_audio` would raise for a bad header or format, so a caller
+    can refuse an append before scheduling any work. Exact up to the resampler's
+    lookahead (a few ms held back or released across appends).
+    """
+    if not data:
+        return 0
+    if fmt.encoding == WAV or is_wav(data):
+        header = parse_wav_header(data)
+        frames, rate = header.frames, header.rate
+    elif fmt.encoding in _SAMPLE_BYTES:
+        frames, rate = len(data) // _SAMPLE_BYTES[fmt.encoding], _declared_rate(fmt)
+    else:
+        raise unsupported_audio(f"cannot decode {fmt.encoding!r}", param="format")
+    return math.ceil(frames * target_rate / rate)
 
 
 def encode_audio(samples: np.ndarray, encoding: str, rate: int) -> bytes:
@@ -262,6 +368,13 @@ class StreamingResampler:
     """
 
     def __init__(self, in_rate: int, out_rate: int, quality: str = "HQ") -> None:
+        # The last gate before soxr: an out-of-range rate is refused, never resampled
+        # (soxr allocates the whole output at once: 1 Hz -> 16 kHz is 16 000x the input).
+        for rate in (in_rate, out_rate):
+            if not MIN_RATE_HZ <= rate <= MAX_RATE_HZ:
+                raise unsupported_audio(
+                    f"sample rate must be {MIN_RATE_HZ}-{MAX_RATE_HZ} Hz, got {rate} Hz"
+                )
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._stream = (

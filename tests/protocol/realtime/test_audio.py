@@ -138,11 +138,13 @@ def test_wav_float_24bit_8bit_and_extensible():
     assert (ext.tolist(), rate) == ([0.5], 48000)
 
 
-def test_wav_errors_are_bad_audio():
-    for payload in (b"RIFF\x04\x00\x00\x00WAVE", wav_bytes(np.zeros(2, "<i2"), 8000, tag=2)):
-        with pytest.raises(RealtimeProtocolError) as info:
-            audio.decode_wav(payload)
-        assert info.value.code == "bad_audio"
+def test_broken_wav_is_bad_audio_and_undecodable_wav_unsupported():
+    with pytest.raises(RealtimeProtocolError) as info:
+        audio.decode_wav(b"RIFF\x04\x00\x00\x00WAVE")  # no chunks: a broken payload
+    assert info.value.code == "bad_audio"
+    with pytest.raises(RealtimeProtocolError) as info:  # ADPCM: well formed, not decoded
+        audio.decode_wav(wav_bytes(np.zeros(2, "<i2"), 8000, tag=2))
+    assert info.value.code == "unsupported_audio_format"
 
 
 def test_encode_wav_decodes_back():
