@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import resource
 import signal
 
 import uvicorn
 
 from services.api.app import create_app
+from services.api.http_guard import GuardedH11Protocol
+from services.worker.metrics import WorkerMetrics
 from services.worker.process import WorkerProcess
+from shared.loop_lag import LoopLagMonitor
 from shared.redis.connection import RedisHandle, connect
 from shared.settings import ApiSettings, WorkerSettings
 
@@ -26,6 +31,9 @@ def _uvicorn_server(app, settings: ApiSettings) -> uvicorn.Server:
         app,
         host=settings.host,
         port=settings.port,
+        # h11 with a deadline for request heads and the concurrency limit on WebSocket
+        # upgrades too (services/api/http_guard.py); never httptools, whatever is installed
+        http=functools.partial(GuardedH11Protocol, header_timeout_s=settings.header_timeout_s),
         ws="websockets-sansio",
         # No permessage-deflate: base64 audio barely compresses, and compressing every frame
         # cost the API pod about 5% of its CPU in bench/profile for nothing.
@@ -35,10 +43,30 @@ def _uvicorn_server(app, settings: ApiSettings) -> uvicorn.Server:
         # SIGTERM: stop accepting, close sockets with 1012 (reconnect and resume), then
         # wait at most this long for connections to finish before exiting
         timeout_graceful_shutdown=settings.drain_timeout_s,
+        # an idle kept-alive connection is closed after this (uvicorn's own timer)
+        timeout_keep_alive=settings.keep_alive_s,  # typed int, used as a float delay
+        # past this many open connections (a WebSocket counts as one) requests and upgrades
+        # get 503 at once: a flood degrades into refusals, not into a pod out of descriptors
+        limit_concurrency=settings.limit_concurrency or None,
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # we own SIGTERM/SIGINT
+    _check_descriptors(settings.limit_concurrency)
     return server
+
+
+def _check_descriptors(limit_concurrency: int) -> None:
+    """The concurrency limit only protects the pod while it is below the descriptor limit:
+    past that, accept() fails and everyone is refused, with no 503 to say why."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Redis connections, the log and the listening socket need descriptors too
+    if soft != resource.RLIM_INFINITY and (not limit_concurrency or limit_concurrency > soft - 64):
+        log.warning(
+            "DUPLEX_LIMIT_CONCURRENCY=%d is not under the open-file limit %d (minus 64): "
+            "a connection flood will exhaust descriptors before it gets 503s",
+            limit_concurrency,
+            soft,
+        )
 
 
 async def _until_signal() -> None:
@@ -50,15 +78,26 @@ async def _until_signal() -> None:
     await stop.wait()
 
 
+def _worker_loop_lag(worker: WorkerProcess, warn_after_s: float | None) -> LoopLagMonitor:
+    """The worker's loop-lag monitor, its metric on the worker's GET /metrics."""
+    metrics = WorkerMetrics()
+    if worker.health is not None:
+        worker.health.registry = metrics.registry
+    return LoopLagMonitor(f"worker {worker.worker_id}", metrics.loop_lag, warn_after_s)
+
+
 async def run_worker(settings: WorkerSettings, redis: RedisHandle | None = None) -> None:
     if redis is None and not settings.redis_url:
         raise SystemExit("duplex worker needs DUPLEX_REDIS_URL (only `duplex serve` embeds Redis)")
     handle = redis or connect(settings.redis_url)
     worker = WorkerProcess(settings, handle)
+    loop_lag = _worker_loop_lag(worker, settings.loop_lag_warn_s)
     await worker.start()
+    loop_lag.start()  # after start(): loading a model blocks the loop, and is expected to
     try:
         await _until_signal()
     finally:
+        await loop_lag.stop()
         await worker.stop()
 
 
@@ -78,7 +117,12 @@ async def run_api(settings: ApiSettings) -> None:
 async def run_serve(api_settings: ApiSettings, worker_settings: WorkerSettings) -> None:
     handle = connect(api_settings.redis_url)
     worker = WorkerProcess(worker_settings, handle)
+    # One loop for both: the API pod's monitor logs its stalls; the worker's only feeds the
+    # worker's /metrics, when it has a health port at all.
+    loop_lag = _worker_loop_lag(worker, warn_after_s=None) if worker.health else None
     await worker.start()
+    if loop_lag is not None:
+        loop_lag.start()
     server = _uvicorn_server(create_app(api_settings, handle), api_settings)
     serving = asyncio.create_task(server.serve())
     print(
@@ -93,5 +137,7 @@ async def run_serve(api_settings: ApiSettings, worker_settings: WorkerSettings) 
         )
     finally:
         server.should_exit = True
+        if loop_lag is not None:
+            await loop_lag.stop()
         await worker.stop()
         await serving

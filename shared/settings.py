@@ -32,6 +32,8 @@ class RedisSettings:
     key_prefix: str = "duplex"
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 5.0
+    #: every process kind: log a WARNING when its event loop lags past this (shared/loop_lag.py)
+    loop_lag_warn_s: float = 0.1
 
     def __repr__(self) -> str:
         from shared.redis.connection import redact
@@ -50,6 +52,8 @@ class RedisSettings:
             values["heartbeat_interval_s"] = float(interval)
         if (ttl := _env("HEARTBEAT_TTL_S", env=env)) is not None:
             values["heartbeat_ttl_s"] = float(ttl)
+        if (lag := _env("LOOP_LAG_WARN_S", env=env)) is not None:
+            values["loop_lag_warn_s"] = float(lag)
         return values
 
 
@@ -107,6 +111,19 @@ class ApiSettings(RedisSettings):
     drain_timeout_s: float = 20.0
     #: placement: a worker takes a new session while its load is under ceil((1 + eps) * average)
     placement_epsilon: float = 0.25
+    # HTTP limits of a pod that faces the internet (docs/deploy.md, "Limits")
+    #: POST /v1/chat/completions bodies past this get 413 (counted while read, never buffered)
+    chat_max_body_bytes: int = 1024 * 1024
+    #: a new connection (or a kept-alive one between requests) must send a whole request
+    #: head within this, or it is closed: idle and slowloris sockets cannot pile up
+    header_timeout_s: float = 10.0
+    #: an idle kept-alive HTTP connection is closed after this (uvicorn's timeout_keep_alive)
+    keep_alive_s: float = 5.0
+    #: open connections (HTTP and WebSocket) past which requests and upgrades get 503; 0: none
+    limit_concurrency: int = 1000
+    #: browser Origins allowed on the WebSockets besides the page's own host; "*": any.
+    #: Empty: same-host only without API keys, any with them (the key is the credential).
+    allowed_origins: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
         keys = f"<{len(self.api_keys)} keys>" if self.api_keys else "none"
@@ -128,5 +145,17 @@ class ApiSettings(RedisSettings):
             values["drain_timeout_s"] = float(drain)
         if (epsilon := _env("PLACEMENT_EPSILON", env=env)) is not None:
             values["placement_epsilon"] = float(epsilon)
+        if (body := _env("CHAT_MAX_BODY_BYTES", env=env)) is not None:
+            values["chat_max_body_bytes"] = int(body)
+        if (header := _env("HEADER_TIMEOUT_S", env=env)) is not None:
+            values["header_timeout_s"] = float(header)
+        if (keep_alive := _env("KEEP_ALIVE_S", env=env)) is not None:
+            values["keep_alive_s"] = float(keep_alive)
+        if (concurrency := _env("LIMIT_CONCURRENCY", env=env)) is not None:
+            values["limit_concurrency"] = int(concurrency)
+        if (origins := _env("ALLOWED_ORIGINS", env=env)) is not None:
+            values["allowed_origins"] = frozenset(
+                o.strip().rstrip("/").lower() for o in origins.split(",") if o.strip()
+            )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -37,3 +37,36 @@ def test_worker_settings_from_env():
 def test_redact():
     assert redact("redis://:pw@host:1/0") == "redis://***@host:1/0"
     assert redact("redis://host:1/0") == "redis://host:1/0"
+
+
+def test_http_limits_and_origins_from_env():
+    defaults = ApiSettings()
+    assert (
+        defaults.chat_max_body_bytes,
+        defaults.header_timeout_s,
+        defaults.keep_alive_s,
+        defaults.limit_concurrency,
+        defaults.allowed_origins,
+        defaults.loop_lag_warn_s,
+    ) == (1024 * 1024, 10.0, 5.0, 1000, frozenset(), 0.1)
+    settings = ApiSettings.from_env(
+        {
+            "DUPLEX_CHAT_MAX_BODY_BYTES": "65536",
+            "DUPLEX_HEADER_TIMEOUT_S": "2.5",
+            "DUPLEX_KEEP_ALIVE_S": "3",
+            "DUPLEX_LIMIT_CONCURRENCY": "0",
+            "DUPLEX_ALLOWED_ORIGINS": " https://App.example.com/ ,, http://localhost:3000",
+            "DUPLEX_LOOP_LAG_WARN_S": "0.25",
+        }
+    )
+    assert (settings.chat_max_body_bytes, settings.header_timeout_s, settings.keep_alive_s) == (
+        65536,
+        2.5,
+        3.0,
+    )
+    assert settings.limit_concurrency == 0  # no limit
+    assert settings.allowed_origins == frozenset(
+        {"https://app.example.com", "http://localhost:3000"}
+    )
+    assert settings.loop_lag_warn_s == 0.25
+    assert WorkerSettings.from_env({"DUPLEX_LOOP_LAG_WARN_S": "0.5"}).loop_lag_warn_s == 0.5

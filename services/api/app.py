@@ -8,25 +8,17 @@ metrics); `create_app` wires them into routes.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import (
-    FileResponse,
-    JSONResponse,
-    PlainTextResponse,
-    Response,
-    StreamingResponse,
-)
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from services.api.chat import ChatCompletions, openai_error
 from services.api.connection import RealtimeConnection
 from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
@@ -34,10 +26,11 @@ from services.api.live import LiveHub
 from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
 from services.api.placement import WorkerDirectory
+from services.api.security import KeyChecker, SecurityHeaders, origin_allowed
 from shared.contracts import SessionRuntimeConfig
+from shared.loop_lag import LoopLagMonitor
 from shared.redis.connection import RedisHandle, connect
 from shared.redis.keys import KeySchema
-from shared.redis.messages import CHAT, InboxMessage
 from shared.redis.store import SessionStore
 from shared.settings import ApiSettings
 
@@ -66,6 +59,11 @@ class ApiPod:
         self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
         self.metrics = ApiMetrics()
         self.janitor = Janitor(self)
+        self.authorized = KeyChecker(settings.api_keys)
+        self.loop_lag = LoopLagMonitor(
+            f"API pod {settings.pod_id}", self.metrics.loop_lag, settings.loop_lag_warn_s
+        )
+        self._ready_detail: str | None = None  # the last failure ready() logged
         self.inbox_writer = InboxWriter(self.client, self.keys, self.store.scripts)
         self.liveness = PodLiveness(
             self.client, self.keys, self.store, settings.pod_id, settings.heartbeat_interval_s
@@ -79,8 +77,10 @@ class ApiPod:
         await self.hub.start()
         await self.liveness.start()
         await self.janitor.start()
+        self.loop_lag.start()
 
     async def stop(self) -> None:
+        await self.loop_lag.stop()
         await self.janitor.stop()
         await self.liveness.stop()
         await self.hub.stop()
@@ -88,17 +88,18 @@ class ApiPod:
         with contextlib.suppress(Exception):
             await self.client.zrem(self.keys.apis(), self.settings.pod_id)
 
-    def authorized(self, key: str | None) -> bool:
-        keys = self.settings.api_keys
-        if not keys:
-            return True
-        return key is not None and any(hmac.compare_digest(key, known) for known in keys)
-
     async def ready(self) -> tuple[bool, str]:
+        """(ready, reason) for GET /health/ready. The reason is public (probes carry no
+        key): it never names the Redis host, port or error; the log does, once a change."""
         try:
             await self.client.ping()
         except Exception as exc:
-            return False, f"redis unreachable: {exc}"
+            detail = f"{type(exc).__name__}: {exc}"
+            if detail != self._ready_detail:
+                log.warning("not ready: Redis unreachable (%s)", detail)
+                self._ready_detail = detail
+            return False, "redis unreachable"
+        self._ready_detail = None
         if not self.hub.connected.is_set():
             return False, "live event channel reconnecting"
         if not await self.directory.live_workers():
@@ -123,14 +124,6 @@ def _flag(value: str | None, default: bool) -> bool | None:
     return None
 
 
-def _openai_error(
-    status: int, message: str, code: str, error_type: str = "invalid_request_error"
-) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": error_type, "code": code}}, status_code=status
-    )
-
-
 def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastAPI:
     handle = redis or connect(settings.redis_url)
     pod = ApiPod(settings, handle)
@@ -150,8 +143,21 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
         finally:
             await pod.stop()
 
-    app = FastAPI(title="duplex-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No /openapi.json: the routes are OpenAI's (docs/wire-api.md), and a public schema
+    # only maps the surface for a scanner; /docs and /redoc were never served.
+    app = FastAPI(
+        title="duplex-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.pod = pod
+    app.add_middleware(SecurityHeaders)
+    chat_completions = ChatCompletions(
+        pod.client,
+        pod.keys,
+        pod.directory,
+        settings.chat_max_body_bytes,
+        settings.chat_timeout_s,
+        pod.inbox_writer,
+    )
 
     def http_key(request: Request) -> str | None:
         return _bearer(request.headers.get("authorization")) or request.query_params.get("api_key")
@@ -166,10 +172,16 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
         for protocol in subprotocols:
             if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
                 key = protocol[len(KEY_SUBPROTOCOL_PREFIX) :]
+        # both refusals come before accept(): the client gets HTTP 403, no session exists
         if not pod.authorized(key):
-            await websocket.close(
-                code=1008, reason="invalid or missing API key"
-            )  # before any session exists
+            await websocket.close(code=1008, reason="invalid or missing API key")
+            return
+        origin = websocket.headers.get("origin")
+        if not origin_allowed(
+            origin, websocket.headers.get("host"), settings.allowed_origins, pod.authorized.enabled
+        ):
+            log.info("WebSocket from Origin %r refused (DUPLEX_ALLOWED_ORIGINS)", origin[:200])
+            await websocket.close(code=1008, reason="origin not allowed")
             return
         accept = next((p for p in subprotocols if p == "realtime"), None)
         await websocket.accept(subprotocol=accept)
@@ -231,13 +243,13 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         if not pod.authorized(http_key(request)):
-            return _openai_error(401, "invalid or missing API key", "invalid_api_key")
+            return openai_error(401, "invalid or missing API key", "invalid_api_key")
         return PlainTextResponse(pod.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if not pod.authorized(http_key(request)):
-            return _openai_error(401, "invalid or missing API key", "invalid_api_key")
+            return openai_error(401, "invalid or missing API key", "invalid_api_key")
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "duplex-serve"}
             for m in await pod.directory.models()
@@ -247,81 +259,7 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         if not pod.authorized(http_key(request)):
-            return _openai_error(401, "invalid or missing API key", "invalid_api_key")
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return _openai_error(400, "the body is not JSON", "invalid_json")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return _openai_error(400, "messages must be a list", "bad_event")
-        model = body.get("model")
-        workers = [
-            w
-            for w in await pod.directory.candidates(model)
-            if w.capabilities.get("supports_chat_completions")
-        ]
-        if not workers:
-            return _openai_error(
-                404, f"no live worker serves chat completions for {model!r}", "model_not_found"
-            )
-        request_id = uuid.uuid4().hex
-        await pod.inbox_writer.append(
-            workers[0].worker_id,
-            InboxMessage(CHAT, request_id, payload={"messages": body["messages"]}).to_fields(),
-        )
-        reply = await pod.client.blpop(
-            [pod.keys.reply(request_id)], timeout=int(settings.chat_timeout_s)
-        )
-        if reply is None:
-            return _openai_error(
-                504, "the worker did not answer in time", "timeout", "server_error"
-            )
-        answer = orjson.loads(reply[1])
-        if not answer["ok"]:
-            status = 429 if answer["code"] == "resource_exhausted" else 400
-            return _openai_error(status, answer["message"], answer["code"])
-        completion_id = f"chatcmpl-{request_id}"
-        served = model or workers[0].model
-        if body.get("stream"):
-            return StreamingResponse(
-                _chat_stream(completion_id, served, answer["text"]), media_type="text/event-stream"
-            )
-        return JSONResponse(
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": served,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": answer["text"]},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            }
-        )
+            return openai_error(401, "invalid or missing API key", "invalid_api_key")
+        return await chat_completions(request)
 
     return app
-
-
-async def _chat_stream(completion_id: str, model: str, text: str) -> AsyncIterator[bytes]:
-    created = int(time.time())
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    yield chunk({"role": "assistant", "content": ""})
-    words = text.split(" ")
-    for index, word in enumerate(words):
-        yield chunk({"content": word if index == 0 else " " + word})
-    yield chunk({}, "stop")
-    yield b"data: [DONE]\n\n"

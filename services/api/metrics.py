@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from shared.loop_lag import lag_histogram
+
 
 class ApiMetrics:
     def __init__(self) -> None:
@@ -31,6 +33,9 @@ class ApiMetrics:
             buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=r,
         )
+        #: duplex_event_loop_lag_seconds (shared/loop_lag.py): a handler that computes
+        #: without yielding delays every socket of the pod; this says by how much
+        self.loop_lag = lag_histogram(r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

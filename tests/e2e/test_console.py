@@ -67,7 +67,10 @@ def console(base: str, microphone: Path, screenshot: str):
     flags = [*FLAGS, f"--use-file-for-fake-audio-capture={microphone}"]
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=flags)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        # bypass_csp: Playwright evaluates its wait conditions with eval(), which the
+        # console's Content-Security-Policy forbids (tests/e2e/test_hostile_http.py loads
+        # the console under the policy and checks it works there)
+        page = browser.new_page(viewport={"width": 1280, "height": 800}, bypass_csp=True)
         page.goto(base + "/")
         try:
             yield page

@@ -165,3 +165,58 @@ def test_optional_service_monitor_scrapes_metrics():
     monitor = render(sets=("serviceMonitor.enabled=true",))[("ServiceMonitor", "duplex-api")]
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint["path"] == "/metrics" in api_routes() and endpoint["port"] == "http"
+
+
+def test_http_limits_reach_the_api_pods_as_the_settings_they_name():
+    from shared.settings import ApiSettings, WorkerSettings
+
+    docs = render(PRODUCTION)
+    config = docs[("ConfigMap", "duplex-config")]["data"]
+    settings = ApiSettings.from_env(config)
+    assert (
+        settings.chat_max_body_bytes,
+        settings.header_timeout_s,
+        settings.keep_alive_s,
+        settings.limit_concurrency,
+        settings.loop_lag_warn_s,
+    ) == (1048576, 10.0, 5.0, 1000, 0.1)
+    assert settings.allowed_origins == frozenset({"https://app.example.com"})
+    assert WorkerSettings.from_env(config).loop_lag_warn_s == 0.1
+    assert ApiSettings.from_env(
+        render()[("ConfigMap", "duplex-config")]["data"]
+    ).allowed_origins == (frozenset())
+    bad = subprocess.run(
+        [HELM, "template", "duplex", str(CHART), "--set", "api.allowedOrigins={evil.example}"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0  # an Origin is scheme://host[:port]
+
+
+def test_the_ingress_limits_bodies_and_optionally_each_client_ip():
+    nginx = "nginx.ingress.kubernetes.io/"
+    production = render(PRODUCTION)[("Ingress", "duplex-api")]["metadata"]["annotations"]
+    assert production[nginx + "proxy-body-size"] == "1048576"  # = api.limits.chatMaxBodyBytes
+    assert (production[nginx + "limit-connections"], production[nginx + "limit-rps"]) == (
+        "20",
+        "10",
+    )
+    plain = render(sets=("api.ingress.enabled=true",))[("Ingress", "duplex-api")]
+    annotations = plain["metadata"]["annotations"]
+    assert not [name for name in annotations if name.startswith(nginx + "limit-")]  # off
+    assert int(annotations[nginx + "proxy-read-timeout"]) >= 3600
+    mine = render(
+        sets=(
+            "api.ingress.enabled=true",
+            "api.ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/proxy-body-size=4m",
+        )
+    )[("Ingress", "duplex-api")]["metadata"]["annotations"]
+    assert mine[nginx + "proxy-body-size"] == "4m"  # an explicit annotation wins
+
+
+def test_the_workers_metrics_are_scraped_on_their_health_port():
+    docs = render(sets=("serviceMonitor.enabled=true",))
+    endpoint = docs[("ServiceMonitor", "duplex-worker")]["spec"]["endpoints"][0]
+    assert (endpoint["port"], endpoint["path"]) == ("health", "/metrics")
+    service = docs[("Service", "duplex-worker")]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["health"]
