@@ -15,8 +15,9 @@ the first message of a new socket, resumes with forged tokens). After each frame
             frame opens a new session
 Failures: an unknown or internal error code, close code 1011/1006, no answer within 10 s,
 a `Traceback` in a server log, a dead server process, or a control turn that was not
-answered with its own echo. Writes docs/reliability.md (section fuzz). `run_fuzz()` is
-what the small fuzz test in the suite runs (tests/e2e/test_fuzz.py).
+answered with its own echo. Writes docs/reliability.md (section fuzz). Then it runs the
+resource exhaustion cases of bench/exhaustion.py (`--exhaustion-scale 0` skips them).
+`run_fuzz()` is what the small fuzz test in the suite runs (tests/e2e/test_fuzz.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from bench import exhaustion
 from bench.chaos import SESSION, Conversation, RecordingClient, check, converse, drain
 from bench.common import Stack, machine, now_utc, watchdog, write_section
 from bench.fuzz_frames import frames
@@ -262,7 +264,10 @@ async def main(args: argparse.Namespace) -> int:
     for failure in report.failures[:30]:
         print("FAILURE:", failure)
     write_section("reliability.md", "fuzz", table, "Fuzzing (`bench/fuzz.py`)")
-    return 0 if report.ok else 1
+    exhausted = True
+    if args.exhaustion_scale > 0:  # then the resource exhaustion cases (bench/exhaustion.py)
+        exhausted = await exhaustion.main(argparse.Namespace(scale=args.exhaustion_scale)) == 0
+    return 0 if report.ok and exhausted else 1
 
 
 if __name__ == "__main__":
@@ -270,4 +275,10 @@ if __name__ == "__main__":
     parser.add_argument("--frames", type=int, default=10_000)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--exhaustion-scale",
+        type=float,
+        default=1.0,
+        help="then run bench/exhaustion.py at this scale (0: skip)",
+    )
     raise SystemExit(asyncio.run(main(parser.parse_args())))

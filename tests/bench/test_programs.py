@@ -55,6 +55,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "profile",
         "chaos",
         "fuzz",
+        "exhaustion",
         "models",
         "cli_start",
     ],
