@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: frames longer than this are parsed off the event loop (a 20 ms pcm16 append is ~1 KiB)
+PARSE_INLINE_MAX_CHARS = 256 * 1024
+
+
 class HandshakeFailed(Exception):
     """The connection could not open or resume a session; the client was told why."""
 
@@ -172,7 +176,7 @@ class RealtimeConnection:
                 )
                 raise HandshakeFailed from None
             try:
-                event = parse_client_event(frame, self.context)
+                event = await self._parse(frame)
             except RealtimeProtocolError as exc:
                 self._send_event(DuplexErrorEvent.from_exception(exc))
                 continue
@@ -375,11 +379,21 @@ class RealtimeConnection:
                 return  # an idle socket is a disconnect
             await self._handle_frame(frame)
 
+    async def _parse(self, frame: str) -> Any:
+        """A client frame as a command. A large one is parsed on a thread: JSON and base64
+        cost about 5 ms per MiB, and a 10 MiB append parsed here held every socket of the
+        pod for 40-75 ms (bench/exhaustion.py, inbox_flood). The GIL still makes the loop
+        wait for parts of it (20-70 ms). Frames are still handled one at a time, in
+        order: the caller awaits this."""
+        if len(frame) <= PARSE_INLINE_MAX_CHARS:
+            return parse_client_event(frame, self.context)
+        return await asyncio.to_thread(parse_client_event, frame, self.context)
+
     async def _handle_frame(self, frame: str) -> None:
         if self.replaced or self.closed:
             return  # a superseded socket's input is ignored
         try:
-            command = parse_client_event(frame, self.context)
+            command = await self._parse(frame)
         except RealtimeProtocolError as exc:
             self._send_event(DuplexErrorEvent.from_exception(exc))
             return

@@ -15,11 +15,13 @@ from shared.redis.messages import COMMAND, InboxMessage
 def command_message(
     session_id: str, attachment: int, seq: int, command: DuplexCommand
 ) -> InboxMessage:
-    payload = command.to_dict()
-    audio = b""
-    if isinstance(command, AppendAudio):
-        payload.pop("audio", None)
-        audio = command.audio
+    if not isinstance(command, AppendAudio):
+        return InboxMessage(COMMAND, session_id, attachment, seq, command.to_dict())
+    # the audio travels raw beside the payload: to_dict() would base64-encode it only for
+    # it to be dropped (17% of the API pod's time under 8 MiB appends, bench/exhaustion)
+    payload = dataclasses.replace(command, audio=b"").to_dict()
+    payload.pop("audio", None)
+    audio = command.audio
     return InboxMessage(COMMAND, session_id, attachment, seq, payload, audio)
 
 

@@ -72,3 +72,26 @@ async def test_a_full_inbox_refuses_commands_with_a_retryable_error_but_not_clos
     # a client's close and the pod's own always get through to a flooded worker
     assert [budgeted for _, _, budgeted in writer.appended] == [False, False]
     assert len(queued(conn)) == 1
+
+
+async def test_a_large_frame_is_parsed_off_the_event_loop(monkeypatch):
+    import threading
+
+    import services.api.connection as connection_module
+
+    threads: list[int] = []
+    real_parse = connection_module.parse_client_event
+
+    def recording_parse(frame, context=None):
+        threads.append(threading.get_ident())
+        return real_parse(frame, context)
+
+    monkeypatch.setattr(connection_module, "parse_client_event", recording_parse)
+    writer = RecordingWriter()
+    conn = connection(writer, limit=16 << 20)
+    small, large = b"\x01\x00" * 100, b"\x02\x00" * (512 * 1024)
+    await conn._handle_frame(append_frame(small, "small"))
+    await conn._handle_frame(append_frame(large, "large"))
+    loop_thread = threading.get_ident()
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+    assert [fields["b"] for _, fields, _ in writer.appended] == [small, large]  # in order

@@ -197,3 +197,24 @@ def test_estimate_of_empty_and_unknown_formats():
     assert refused(estimate_decoded_samples, b"ab", AudioFormat("mp3", 16000), 16000).code == (
         "unsupported_audio_format"
     )
+
+
+def test_long_base64_decodes_in_pieces_exactly_as_in_one_call():
+    import base64 as b64
+    import os
+
+    from shared.protocol.realtime.audio import B64_PIECE_CHARS, b64decode_audio
+
+    for size in (B64_PIECE_CHARS * 3 // 4, B64_PIECE_CHARS * 3 // 4 + 1, 3 * 1024 * 1024 + 5):
+        raw = os.urandom(size)
+        assert b64decode_audio(b64.b64encode(raw).decode()) == raw
+    text = b64.b64encode(os.urandom(2 * 1024 * 1024)).decode()
+    # padding that ends a piece: the pieces alone would decode, one call refuses it
+    padded = text[: B64_PIECE_CHARS - 4] + "AA==" + text[B64_PIECE_CHARS:]
+    with pytest.raises(RealtimeProtocolError) as info:
+        b64decode_audio(padded)
+    assert info.value.code == "bad_audio"
+    broken = text[: B64_PIECE_CHARS * 2] + "!!!!" + text[B64_PIECE_CHARS * 2 + 4 :]
+    with pytest.raises(RealtimeProtocolError) as info:  # a bad character in a later piece
+        b64decode_audio(broken)
+    assert info.value.code == "bad_audio"
