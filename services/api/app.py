@@ -66,7 +66,12 @@ class ApiPod:
         self._ready_detail: str | None = None  # the last failure ready() logged
         self.inbox_writer = InboxWriter(self.client, self.keys, self.store.scripts)
         self.liveness = PodLiveness(
-            self.client, self.keys, self.store, settings.pod_id, settings.heartbeat_interval_s
+            self.client,
+            self.keys,
+            self.store,
+            settings.pod_id,
+            settings.heartbeat_interval_s,
+            settings.heartbeat_ttl_s,
         )
 
     def new_session_id(self) -> str:

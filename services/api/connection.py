@@ -67,6 +67,22 @@ log = logging.getLogger(__name__)
 PARSE_INLINE_MAX_CHARS = 256 * 1024
 
 
+#: client commands that pass a worker's full inbox: small, and what keeps a session alive
+#: or stops it (everything else, appends first, counts against the inbox's budget)
+UNBUDGETED = frozenset(
+    {
+        "session.heartbeat",
+        "session.close",
+        "response.cancel",
+        "input.cancel",
+        "barge_in",
+        "input_audio_buffer.clear",
+        "output_audio_buffer.clear",
+        "playback.ack",
+    }
+)
+
+
 class HandshakeFailed(Exception):
     """The connection could not open or resume a session; the client was told why."""
 
@@ -397,6 +413,8 @@ class RealtimeConnection:
         except RealtimeProtocolError as exc:
             self._send_event(DuplexErrorEvent.from_exception(exc))
             return
+        if self.replaced or self.closed:
+            return  # taken over (or ended) while a large frame was parsed on a thread
         if isinstance(command, SessionResume):
             self._error(
                 "unsupported_session_resume",
@@ -470,9 +488,10 @@ class RealtimeConnection:
             self.pod.metrics.sessions_closed.inc()
 
     async def _xadd(self, worker_id: str | None, message: InboxMessage) -> None:
-        # client commands count against the inbox's byte budget; opens, touches and
-        # closes (the client's too) are small and must get through to a flooded worker
-        budgeted = message.kind == COMMAND and message.payload.get("type") != CloseSession.TYPE
+        # client commands count against the inbox's budget; opens, touches, closes and the
+        # small commands that keep a session alive or stop it are never refused, so a
+        # session's neighbour flooding the worker cannot cut them off
+        budgeted = message.kind == COMMAND and message.payload.get("type") not in UNBUDGETED
         await self.pod.inbox_writer.append(worker_id or "", message.to_fields(), budgeted=budgeted)
 
     # ------------------------------------------------------------ worker -> client

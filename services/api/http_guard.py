@@ -11,6 +11,9 @@
 2. `limit_concurrency` for WebSocket upgrades. uvicorn answers 503 to a plain
    request past the limit but upgrades every WebSocket regardless; here an upgrade
    past the limit gets the same 503 instead of a session.
+3. The probes past `limit_concurrency`: `GET /health` and `/health/ready` are always
+   served. A pod full of sessions (or of sockets waiting out the head deadline) must
+   not fail its liveness probe and be restarted, which would drop every session on it.
 
 Written against uvicorn 0.55's `protocols/http/h11_impl.py`: it relies on
 `connection_made`, `data_received`, `on_response_complete`, `connection_lost`,
@@ -32,6 +35,10 @@ from uvicorn.server import ServerState
 log = logging.getLogger(__name__)
 
 
+#: answered whatever the connection count (the chart's liveness and readiness probes)
+PROBE_PATHS = frozenset({"/health", "/health/ready"})
+
+
 class GuardedH11Protocol(H11Protocol):
     def __init__(
         self,
@@ -45,6 +52,19 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self.header_timeout_s = header_timeout_s
         self._deadline: asyncio.TimerHandle | None = None
+
+    @property  # type: ignore[override]
+    def limit_concurrency(self) -> int | None:
+        """uvicorn reads this right after it has built the request's scope: a probe's
+        request sees no limit."""
+        scope = getattr(self, "scope", None)
+        if scope is not None and scope.get("type") == "http" and scope.get("path") in PROBE_PATHS:
+            return None
+        return self._limit_concurrency
+
+    @limit_concurrency.setter
+    def limit_concurrency(self, value: int | None) -> None:
+        self._limit_concurrency = value
 
     # ------------------------------------------------------------ the head deadline
 
@@ -95,7 +115,7 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------ WebSocket upgrades
 
     def _over_limit(self) -> bool:
-        limit = self.limit_concurrency
+        limit = self._limit_concurrency
         return limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:

@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from shared.redis.keys import KeySchema
-from shared.redis.messages import INBOX_MAXLEN, entry_bytes
+from shared.redis.messages import INBOX_MAX_ENTRIES, entry_bytes
 from shared.redis.scripts import Scripts
 
 MAX_BATCH = 512
@@ -36,6 +36,10 @@ INBOX_MAX_BYTES = 64 * 1024 * 1024
 REFUSED = -1  # inbox_append.lua: over the budget, nothing written
 
 _Pending = tuple[list[str], list[Any], asyncio.Future[None]]
+
+
+def _lost(result: Any) -> bool:
+    return isinstance(result, NoScriptError)
 
 
 class InboxFull(Exception):
@@ -50,13 +54,13 @@ class InboxWriter:
         scripts: Scripts | None = None,
         *,
         max_bytes: int = INBOX_MAX_BYTES,
-        maxlen: int = INBOX_MAXLEN,
+        max_entries: int = INBOX_MAX_ENTRIES,
     ) -> None:
         self.client = client
         self.keys = keys or KeySchema()
         self.script = (scripts or Scripts()).inbox_append
         self.max_bytes = max_bytes
-        self.maxlen = maxlen
+        self.max_entries = max_entries
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -71,7 +75,8 @@ class InboxWriter:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="inbox-writer")
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
-        args: list[Any] = [self.max_bytes if budgeted else 0, self.maxlen, entry_bytes(fields)]
+        budget = self.max_bytes if budgeted else 0
+        args: list[Any] = [budget, self.max_entries, entry_bytes(fields)]
         for name, value in fields.items():
             args += [name, value]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -113,24 +118,31 @@ class InboxWriter:
 
     async def _send(self, batch: list[_Pending]) -> None:
         results = await self._execute(batch)
-        missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
-        if missing:
-            # a Redis (or a cluster node) restarted and lost its scripts: those calls did
-            # not run, and the others of the same inbox failed with them (one node), so
-            # only they are sent again, in their order
-            await self.script.ensure_loaded(self.client)
-            retried = await self._execute([batch[i] for i in missing])
-            for index, result in zip(missing, retried, strict=True):
-                results[index] = result
         self.pipelines += 1
         self.commands += len(batch)
-        for (_, _, future), result in zip(batch, results, strict=True):
+        missing = [item for item, result in zip(batch, results, strict=True) if _lost(result)]
+        self._settle([(item, r) for item, r in zip(batch, results, strict=True) if not _lost(r)])
+        if missing:
+            # a Redis (or a cluster node) restarted and lost its scripts: those calls did
+            # not run (and the other calls of the same inbox failed with them: one node),
+            # so only they are sent again, in their order; the others are settled already
+            try:
+                await self.script.ensure_loaded(self.client)
+                retried = await self._execute(missing)
+            except Exception as exc:
+                self._fail(missing, exc)
+                return
+            self._settle(list(zip(missing, retried, strict=True)))
+
+    @staticmethod
+    def _settle(done: list[tuple[_Pending, Any]]) -> None:
+        for (_, _, future), result in done:
             if future.done():
                 continue  # its caller went away
             if isinstance(result, Exception):
                 future.set_exception(result)
             elif int(result) == REFUSED:
-                future.set_exception(InboxFull("the worker's inbox is over its byte budget"))
+                future.set_exception(InboxFull("the worker's inbox is over its budget"))
             else:
                 future.set_result(None)
 

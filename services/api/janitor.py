@@ -117,7 +117,8 @@ class Janitor:
                 session_id = member.decode()
                 meta = await pod.store.meta(session_id)
                 if meta.get("pod") == dead and meta.get("state") == "active":
-                    await pod.store.detach(session_id, int(meta["attachment_generation"]), grace_ms)
+                    generation = int(meta["attachment_generation"])
+                    await pod.store.detach(session_id, generation, grace_ms, by="sweep")
                     detached.append(session_id)
             await pod.client.delete(pod.keys.api_sessions(dead))
             await pod.client.zrem(pod.keys.apis(), dead)

@@ -9,10 +9,12 @@ while its client is still talking.
 
 So the pod keeps the attachment generation of every session it holds a socket for, and
 when its heartbeat finds that it had been removed from the registry (ZADD adds the member
-again instead of updating its score), it touches each of those sessions with its
-generation: `lease_touch.lua` makes a detached session active again when that generation
-still holds it (a resume elsewhere meanwhile has moved it on, and then nothing happens),
-and the pod indexes the session under itself again for the next sweep.
+again instead of updating its score) or that its previous beat is older than the TTL (a
+sweep may be under way), it touches each of those sessions with its generation:
+`lease_touch.lua` makes a session a sweep detached active again when that generation
+still holds it (a resume elsewhere meanwhile has moved it on, or its own socket left,
+and then nothing happens), and the pod indexes the session under itself again for the
+next sweep. A reclaim that fails is tried again at the next beat.
 """
 
 from __future__ import annotations
@@ -30,13 +32,22 @@ log = logging.getLogger(__name__)
 
 class PodLiveness:
     def __init__(
-        self, client: Any, keys: KeySchema, store: SessionStore, pod_id: str, interval_s: float
+        self,
+        client: Any,
+        keys: KeySchema,
+        store: SessionStore,
+        pod_id: str,
+        interval_s: float,
+        ttl_s: float,
     ) -> None:
         self.client = client
         self.keys = keys
         self.store = store
         self.pod_id = pod_id
         self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self._last_beat: float | None = None  # monotonic time of the last beat Redis took
+        self._reclaim_pending = False
         self._attached: dict[str, int] = {}  # session id -> attachment generation held here
         self._task: asyncio.Task[None] | None = None
         self._registered = False  # the first beat adds the pod: nothing to take back
@@ -67,10 +78,17 @@ class PodLiveness:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def beat(self) -> None:
+        now = time.monotonic()
+        # silent for longer than the TTL: another pod may be sweeping us right now
+        stalled = self._last_beat is not None and now - self._last_beat > self.ttl_s
         added = await self.client.zadd(self.keys.apis(), {self.pod_id: int(time.time() * 1000)})
-        if added and self._registered:
-            await self.reclaim()  # we were registered, and a sweep removed us
+        self._last_beat = now
+        if self._registered and (added or stalled):
+            self._reclaim_pending = True  # until one reclaim has gone all the way through
         self._registered = True
+        if self._reclaim_pending:
+            await self.reclaim()
+            self._reclaim_pending = False
 
     async def reclaim(self) -> int:
         """Take back the sessions this pod still holds sockets for; returns how many a
@@ -81,6 +99,8 @@ class PodLiveness:
             await self.client.sadd(self.keys.api_sessions(self.pod_id), *attached)
         taken_back = 0
         for session_id, generation in attached.items():
+            if self._attached.get(session_id) != generation:
+                continue  # its socket went meanwhile: its own detach stands
             touched = await self.store.touch(session_id, generation, self.pod_id)
             taken_back += touched == TOUCH_REACTIVATED
         log.warning(

@@ -69,8 +69,8 @@ class WorkerProcess:
         self.inbox = self.keys.inbox(settings.worker_id)
         self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
         self._tasks: list[asyncio.Task[None]] = []
-        self._unacked: list[bytes] = []  # inbox entries handled, not yet acked and deleted
-        self._unacked_bytes = 0  # their size, given back to the inbox's byte budget
+        # inbox entries handled, not yet acked and deleted: (entry id, size in bytes)
+        self._unacked: list[tuple[bytes, int]] = []
         self._ack_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._last_beat_ok = False
@@ -231,8 +231,9 @@ class WorkerProcess:
                 except Exception:
                     log.exception("inbox entry %r failed", entry_id)
             if entries:
-                self._unacked.extend(entry_id for entry_id, _ in entries)
-                self._unacked_bytes += sum(entry_bytes(fields) for _, fields in entries)
+                self._unacked.extend(
+                    (entry_id, entry_bytes(fields)) for entry_id, fields in entries
+                )
                 self._ack_wake.set()
 
     async def _ack_loop(self) -> None:
@@ -258,16 +259,14 @@ class WorkerProcess:
             backoff.reset()
 
     async def _ack_pending(self) -> None:
-        ids, self._unacked = self._unacked, []
-        size, self._unacked_bytes = self._unacked_bytes, 0
-        if not ids:
+        handled, self._unacked = self._unacked, []
+        if not handled:
             return
-        keys = [self.inbox, self.keys.inbox_bytes(self.worker_id)]
         try:
-            await self.store.scripts.inbox_ack(self.redis.client, keys, [INBOX_GROUP, size, *ids])
+            await self.store.inbox_ack(self.worker_id, handled)
         except BaseException:
-            self._unacked = ids + self._unacked
-            self._unacked_bytes += size
+            # all of them again: a batch that did go through deletes nothing twice
+            self._unacked = handled + self._unacked
             raise
 
     def _fresh(self, message: InboxMessage) -> bool:

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-#: entries a worker inbox keeps at most (trimmed approximately): a bound on count, beside
-#: the byte budget that inbox_append.lua enforces
-INBOX_MAXLEN = 100_000
+#: unhandled entries a worker inbox takes before client commands are refused: a bound on
+#: count, beside the byte budget (inbox_append.lua; never trimmed, which would drop them)
+INBOX_MAX_ENTRIES = 100_000
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
 #: live-channel messages that start with this byte are control notices, not events
 CONTROL_PREFIX = b"!"

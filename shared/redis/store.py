@@ -12,8 +12,8 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
-from shared.redis.keys import KeySchema
-from shared.redis.messages import INBOX_MAXLEN, entry_bytes
+from shared.redis.keys import INBOX_GROUP, KeySchema
+from shared.redis.messages import INBOX_MAX_ENTRIES, entry_bytes
 from shared.redis.scripts import Scripts
 
 
@@ -27,6 +27,7 @@ def _notice_event_id() -> str:
     return new_event_id()
 
 
+INBOX_ACK_BATCH = 1000  # entries per inbox_ack.lua call
 TOUCH_REACTIVATED = 2  # lease_touch.lua: a detached session taken back by its attachment
 
 
@@ -173,9 +174,13 @@ class SessionStore:
                 # nothing ran (every call is the same missing script): load it, send again
                 await script.ensure_loaded(self.client)
 
-    async def detach(self, session_id: str, attachment_generation: int, grace_ms: int) -> int:
-        """1 detached; 0 a newer attachment holds it; -1 unknown; -2 closed."""
-        args = [attachment_generation, now_ms(), grace_ms]
+    async def detach(
+        self, session_id: str, attachment_generation: int, grace_ms: int, by: str = "client"
+    ) -> int:
+        """1 detached; 0 a newer attachment holds it; -1 unknown; -2 closed. `by` is
+        "client" (its socket closed) or "sweep" (its pod was declared dead: the pod may
+        take it back, `touch`)."""
+        args = [attachment_generation, now_ms(), grace_ms, by]
         deadline = int(
             await self.scripts.lease_detach(self.client, [self.keys.session(session_id)], args)
         )
@@ -247,16 +252,27 @@ class SessionStore:
         )  # claimed, resumed or gone: unindexed
         return _text(worker) if worker else None
 
-    async def inbox_append(
-        self, worker_id: str, fields: Mapping[str, Any], *, maxlen: int = INBOX_MAXLEN
-    ) -> None:
-        """One control message (close) to a worker's inbox, outside its byte budget but
-        counted in it, like the API's pipelined commands (services/api/inbox_writer.py)."""
-        args: list[Any] = [0, maxlen, entry_bytes(fields)]
+    async def inbox_append(self, worker_id: str, fields: Mapping[str, Any]) -> None:
+        """One control message (close) to a worker's inbox, outside its budget but counted
+        in it, like the API's pipelined commands (services/api/inbox_writer.py)."""
+        args: list[Any] = [0, INBOX_MAX_ENTRIES, entry_bytes(fields)]
         for name, value in fields.items():
             args += [name, value]
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
         await self.scripts.inbox_append(self.client, keys, args)
+
+    async def inbox_ack(self, worker_id: str, handled: Sequence[tuple[Any, int]]) -> int:
+        """Acknowledge and delete handled inbox entries, (entry id, size) each, giving their
+        bytes back; in calls of INBOX_ACK_BATCH (Lua unpacks no more than ~8000 values,
+        and a backlog of acks after a Redis hiccup can be longer). Returns how many went."""
+        keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
+        deleted = 0
+        for start in range(0, len(handled), INBOX_ACK_BATCH):
+            args: list[Any] = [INBOX_GROUP]
+            for entry_id, size in handled[start : start + INBOX_ACK_BATCH]:
+                args += [entry_id, size]
+            deleted += int(await self.scripts.inbox_ack(self.client, keys, args))
+        return deleted
 
     async def ack(self, session_id: str, seq: int) -> int:
         return int(

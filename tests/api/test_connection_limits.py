@@ -25,6 +25,10 @@ class RecordingWriter:
         self.appended.append((worker_id, fields, budgeted))
 
 
+async def touched(*args, **kwargs) -> int:
+    return 1
+
+
 def connection(writer: RecordingWriter, limit: int) -> RealtimeConnection:
     pod = types.SimpleNamespace(
         runtime=SessionRuntimeConfig(max_pending_input_bytes_per_session=limit),
@@ -32,6 +36,7 @@ def connection(writer: RecordingWriter, limit: int) -> RealtimeConnection:
         metrics=ApiMetrics(),
         inbox_writer=writer,
         keys=KeySchema(),
+        store=types.SimpleNamespace(touch=touched),
     )
     conn = RealtimeConnection(None, pod, model=None, autostart=True, resume_only=False)
     conn.session_id, conn.worker_id, conn.generation = "duplex-t", "w", 1
@@ -59,7 +64,7 @@ async def test_an_append_over_the_pending_input_limit_never_reaches_the_worker()
     assert writer.appended[0][1]["b"] == b"\x00" * 1000
 
 
-async def test_a_full_inbox_refuses_commands_with_a_retryable_error_but_not_closes():
+async def test_a_full_inbox_refuses_appends_with_a_retryable_error_but_not_control():
     writer = RecordingWriter(refuse=True)
     conn = connection(writer, limit=1 << 20)
     await conn._handle_frame(append_frame(b"\x00" * 640, "a1"))
@@ -67,10 +72,20 @@ async def test_a_full_inbox_refuses_commands_with_a_retryable_error_but_not_clos
     assert error["error"]["code"] == "input_backpressure"
     assert error["error"]["retryable"] is True and error["error"]["event_id"] == "a1"
     assert writer.appended == []
+    await conn._handle_frame(orjson.dumps({"type": "session.heartbeat"}).decode())
+    await conn._handle_frame(orjson.dumps({"type": "response.cancel"}).decode())
     await conn._handle_frame(orjson.dumps({"type": "session.close"}).decode())
     await conn._xadd("w", InboxMessage(CLOSE, "duplex-t", 1, 0, {"reason": "disconnect"}))
-    # a client's close and the pod's own always get through to a flooded worker
-    assert [budgeted for _, _, budgeted in writer.appended] == [False, False]
+    # what keeps a session alive or stops it always gets through to a flooded worker
+    kinds = [
+        (fields["k"], orjson.loads(fields["p"]).get("type")) for _, fields, _ in writer.appended
+    ]
+    assert kinds == [
+        ("command", "session.heartbeat"),
+        ("command", "response.cancel"),
+        ("command", "session.close"),
+        ("close", None),
+    ]
     assert len(queued(conn)) == 1
 
 
@@ -95,3 +110,19 @@ async def test_a_large_frame_is_parsed_off_the_event_loop(monkeypatch):
     loop_thread = threading.get_ident()
     assert threads[0] == loop_thread and threads[1] != loop_thread
     assert [fields["b"] for _, fields, _ in writer.appended] == [small, large]  # in order
+
+
+async def test_a_frame_parsed_while_its_socket_was_taken_over_is_dropped(monkeypatch):
+    import services.api.connection as connection_module
+
+    writer = RecordingWriter()
+    conn = connection(writer, limit=16 << 20)
+    real_parse = connection_module.parse_client_event
+
+    def parse_then_taken_over(frame, context=None):
+        conn.replaced = True  # a resume elsewhere, while this large frame was parsed
+        return real_parse(frame, context)
+
+    monkeypatch.setattr(connection_module, "parse_client_event", parse_then_taken_over)
+    await conn._handle_frame(append_frame(b"\x02\x00" * (512 * 1024), "late"))
+    assert writer.appended == [] and queued(conn) == []

@@ -151,6 +151,13 @@ async def test_websocket_upgrades_past_the_limit_get_503(server):
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await closed_by_server(reader)).startswith(b"HTTP/1.1 503")  # plain HTTP too
         writer.close()
+        # the probes are answered past the limit: a full pod is not restarted by its
+        # liveness probe (which would drop every session on it)
+        for probe in (b"/health", b"/health/ready"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET " + probe + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert (await closed_by_server(reader)).startswith(b"HTTP/1.1 200")
+            writer.close()
         for ws in (first, second):
             await ws.send("served")
             assert await ws.recv() == "served"

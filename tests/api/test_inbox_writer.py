@@ -45,6 +45,18 @@ async def test_the_budget_counts_payload_and_audio_and_refuses_past_it(redis_cli
     assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 3 * size + 2
 
 
+async def test_the_inbox_is_bounded_in_entries_too_and_never_trimmed(redis_client):
+    writer = InboxWriter(redis_client, max_entries=3)
+    for n in range(3):
+        await writer.append("w", {"p": str(n)})
+    with pytest.raises(InboxFull):
+        await writer.append("w", {"p": "3"})
+    await writer.append("w", {"p": "close"}, budgeted=False)
+    await writer.stop()
+    entries = await redis_client.xrange(KEYS.inbox("w"))
+    assert [f[b"p"] for _, f in entries] == [b"0", b"1", b"2", b"close"]  # nothing dropped
+
+
 async def test_a_failing_command_fails_only_its_caller(redis_client):
     writer = InboxWriter(redis_client)
     await redis_client.set(KEYS.inbox("x"), "not a stream")

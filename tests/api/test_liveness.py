@@ -1,5 +1,7 @@
 """A pod declared dead while it was only stalled takes its attached sessions back."""
 
+import pytest
+
 from services.api.liveness import PodLiveness
 from shared.redis.keys import KeySchema
 from shared.redis.store import PublishItem, SessionStore, token_digest
@@ -17,14 +19,15 @@ async def sweep(client, store: SessionStore, pod_id: str) -> None:
     """What sweep_dead_apis does to a pod whose heartbeat is too old."""
     for member in await client.smembers(KEYS.api_sessions(pod_id)):
         sid = member.decode()
-        await store.detach(sid, int((await store.meta(sid))["attachment_generation"]), 30_000)
+        generation = int((await store.meta(sid))["attachment_generation"])
+        await store.detach(sid, generation, 30_000, by="sweep")
     await client.delete(KEYS.api_sessions(pod_id))
     await client.zrem(KEYS.apis(), pod_id)
 
 
 async def test_a_swept_pod_takes_back_what_it_still_holds_on_its_next_beat(redis_client):
     store = SessionStore(redis_client)
-    liveness = PodLiveness(redis_client, KEYS, store, "api-a", interval_s=60)
+    liveness = PodLiveness(redis_client, KEYS, store, "api-a", interval_s=60, ttl_s=600)
     for sid in ("duplex-1", "duplex-2", "duplex-3"):
         await active_session(store, sid)
         await redis_client.sadd(KEYS.api_sessions("api-a"), sid)
@@ -53,7 +56,7 @@ async def test_a_swept_pod_takes_back_what_it_still_holds_on_its_next_beat(redis
 
 async def test_a_session_resumed_elsewhere_meanwhile_is_not_taken_back(redis_client):
     store = SessionStore(redis_client)
-    liveness = PodLiveness(redis_client, KEYS, store, "api-a", interval_s=60)
+    liveness = PodLiveness(redis_client, KEYS, store, "api-a", interval_s=60, ttl_s=600)
     await active_session(store, "duplex-1")
     await redis_client.sadd(KEYS.api_sessions("api-a"), "duplex-1")
     liveness.attach("duplex-1", 1)
@@ -65,3 +68,43 @@ async def test_a_session_resumed_elsewhere_meanwhile_is_not_taken_back(redis_cli
     meta = await store.meta("duplex-1")
     assert meta["state"] == "active" and meta["pod"] == "api-b"
     assert meta["attachment_generation"] == "2"
+
+
+async def test_a_reclaim_that_failed_is_tried_again_and_a_long_silence_reclaims(redis_client):
+    store = SessionStore(redis_client)
+    liveness = PodLiveness(redis_client, KEYS, store, "api-a", interval_s=60, ttl_s=600)
+    await active_session(store, "duplex-1")
+    await redis_client.sadd(KEYS.api_sessions("api-a"), "duplex-1")
+    liveness.attach("duplex-1", 1)
+    await liveness.beat()
+    await sweep(redis_client, store, "api-a")
+    real_touch = store.touch
+
+    async def failing_touch(*args, **kwargs):
+        raise ConnectionError("Redis went away mid-reclaim")
+
+    store.touch = failing_touch
+    with pytest.raises(ConnectionError):
+        await liveness.beat()
+    store.touch = real_touch
+    await liveness.beat()  # registered again already (ZADD adds nothing): still reclaims
+    assert (await store.meta("duplex-1"))["state"] == "active"
+    # a sweep that detached the session but died before removing the pod: the pod only
+    # sees that its last beat is older than the TTL
+    generation = int((await store.meta("duplex-1"))["attachment_generation"])
+    await store.detach("duplex-1", generation, 30_000, by="sweep")
+    liveness.ttl_s = 0.0
+    await liveness.beat()
+    assert (await store.meta("duplex-1"))["state"] == "active"
+
+
+async def test_a_session_its_own_socket_left_is_not_taken_back(redis_client):
+    store = SessionStore(redis_client)
+    liveness = PodLiveness(redis_client, KEYS, store, "api-a", interval_s=60, ttl_s=600)
+    await active_session(store, "duplex-1")
+    liveness.attach("duplex-1", 1)
+    await liveness.beat()
+    await redis_client.zrem(KEYS.apis(), "api-a")  # swept...
+    await store.detach("duplex-1", 1, 30_000)  # ...while its client left (by="client")
+    await liveness.beat()
+    assert (await store.meta("duplex-1"))["state"] == "detached"  # its grace goes on

@@ -260,7 +260,7 @@ async def test_a_touch_by_the_attachment_that_holds_it_takes_a_swept_session_bac
     """A stalled pod's sessions are detached by a sweep; its sockets' touches reactivate
     them (same attachment generation), nobody else's do."""
     store = await opened(redis_client)
-    assert await store.detach(SID, 1, 30_000) == 1  # what sweep_dead_apis does
+    assert await store.detach(SID, 1, 30_000, by="sweep") == 1  # what sweep_dead_apis does
     assert await store.touch(SID) == 1  # a touch without a generation only refreshes
     assert await store.touch(SID, 2, "api-b") == 1  # not the holder: stays detached
     assert (await store.meta(SID))["state"] == "detached"
@@ -270,16 +270,19 @@ async def test_a_touch_by_the_attachment_that_holds_it_takes_a_swept_session_bac
     assert "lease_deadline" not in meta and "detached_at" not in meta
     assert await redis_client.zscore(KEYS.leases(), SID) is None  # no expiry is due
     assert await store.claim_expiry(SID) is None
+    assert await store.detach(SID, 1, 30_000) == 1  # its socket closed: by="client"
+    assert await store.touch(SID, 1, "api-a") == 1  # not taken back: its grace goes on
+    assert (await store.meta(SID))["state"] == "detached"
 
 
 async def test_a_touch_does_not_take_back_a_session_resumed_elsewhere_or_expiring(redis_client):
     store = await opened(redis_client)
-    await store.detach(SID, 1, 30_000)
+    await store.detach(SID, 1, 30_000, by="sweep")
     assert isinstance(await store.resume(SID, "tok-1", "tok-2", 0, "api-b"), ResumeGranted)
     assert await store.touch(SID, 1, "api-a") == 1  # generation 2 holds it now
     assert (await store.meta(SID))["pod"] == "api-b"
     other = await opened(redis_client, sid="duplex-test2")
-    await other.detach("duplex-test2", 1, 0)
+    await other.detach("duplex-test2", 1, 0, by="sweep")
     await asyncio.sleep(0.01)  # time itself is tested: the zero-grace deadline has passed
     assert await other.claim_expiry("duplex-test2") == "worker-a"
     assert await other.touch("duplex-test2", 1, "api-a") == 1
@@ -305,21 +308,38 @@ async def test_handled_inbox_entries_are_deleted_and_give_their_bytes_back(redis
     inbox, counter = KEYS.inbox("w"), KEYS.inbox_bytes("w")
     await redis_client.xgroup_create(inbox, "runners", id="0", mkstream=True)
     fields = {"k": "command", "p": b"{}", "b": b"\x01" * 500}
+    size = entry_bytes(fields)
     for _ in range(3):
         await store.inbox_append("w", fields)
-    assert int(await redis_client.get(counter)) == 3 * entry_bytes(fields)
+    assert int(await redis_client.get(counter)) == 3 * size
     reply = await redis_client.xreadgroup("runners", "w", {inbox: ">"}, count=2)
-    ids = [entry_id for entry_id, _ in reply[0][1]]
-    deleted = await store.scripts.inbox_ack(
-        redis_client, [inbox, counter], ["runners", 2 * entry_bytes(fields), *ids]
-    )
-    assert deleted == 2 and await redis_client.xlen(inbox) == 1
-    assert int(await redis_client.get(counter)) == entry_bytes(fields)
-    pending = await redis_client.xpending(inbox, "runners")
-    assert pending["pending"] == 0
-    await redis_client.set(counter, 10**9)  # drifted (say, MAXLEN trimmed counted entries)
+    handled = [(entry_id, size) for entry_id, _ in reply[0][1]]
+    assert await store.inbox_ack("w", handled) == 2
+    assert await redis_client.xlen(inbox) == 1
+    assert int(await redis_client.get(counter)) == size  # the one not handled yet
+    assert (await redis_client.xpending(inbox, "runners"))["pending"] == 0
+    assert await store.inbox_ack("w", handled) == 0  # sent again (a lost reply): no change
+    assert int(await redis_client.get(counter)) == size
+    await redis_client.set(counter, 10**9)  # drifted (say, a sweep deleted the stream)
     reply = await redis_client.xreadgroup("runners", "w", {inbox: ">"})
-    last = [entry_id for entry_id, _ in reply[0][1]]
-    await store.scripts.inbox_ack(redis_client, [inbox, counter], ["runners", 502, *last])
+    await store.inbox_ack("w", [(entry_id, size) for entry_id, _ in reply[0][1]])
     assert await redis_client.xlen(inbox) == 0
     assert int(await redis_client.get(counter)) == 0  # an empty inbox holds nothing
+
+
+async def test_a_backlog_of_acks_longer_than_lua_can_unpack_goes_through(redis_client):
+    """After a Redis hiccup a worker may owe thousands of acks: Lua unpacks ~8000 values
+    at most, so one call with them all would fail for ever."""
+    store = SessionStore(redis_client)
+    inbox = KEYS.inbox("w")
+    await redis_client.xgroup_create(inbox, "runners", id="0", mkstream=True)
+    pipeline = redis_client.pipeline(transaction=False)
+    for n in range(9000):
+        pipeline.xadd(inbox, {"p": str(n)})
+    await pipeline.execute()
+    await redis_client.set(KEYS.inbox_bytes("w"), 9000)
+    reply = await redis_client.xreadgroup("runners", "w", {inbox: ">"}, count=9000)
+    handled = [(entry_id, 1) for entry_id, _ in reply[0][1]]
+    assert await store.inbox_ack("w", handled) == 9000
+    assert await redis_client.xlen(inbox) == 0
+    assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 0

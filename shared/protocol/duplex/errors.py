@@ -124,9 +124,9 @@ _RATE_LIMIT: list[tuple[str, str]] = [
         "input_backpressure",
         "pending input over the session's limit (counted as decoded float32 samples at the "
         "model rate, so 16 MiB is about 4.4 minutes at 16 kHz whatever the input encoding; "
-        "an append larger than the limit is refused by the API pod), pending turns over the "
-        "limit, or (`retryable: true`) the worker's inbox over its byte budget; the command "
-        "is dropped",
+        "an append whose payload alone is over it is refused by the API pod), pending turns "
+        "over the limit, or (`retryable: true`) the worker's inbox over its budget; the "
+        "command is dropped",
     ),
 ]
 

@@ -1,15 +1,31 @@
 -- inbox_ack.lua: a worker has handled these inbox entries: acknowledge and delete them.
 -- Deleting (not only XACK) is what keeps an append's audio from staying in Redis after
--- its command ran; the byte counter of inbox_append.lua is given back at the same time.
+-- its command ran; each deleted entry gives its bytes back to the budget of
+-- inbox_append.lua. Only entries this call really deleted count, so an ack sent again
+-- (its reply was lost) gives nothing back twice.
 -- KEYS[1] duplex:worker:{WID}:inbox         stream
 -- KEYS[2] duplex:worker:{WID}:inbox_bytes   string: bytes of the entries not yet handled
--- ARGV[1] consumer group   ARGV[2] bytes of these entries   ARGV[3..] entry ids
+-- ARGV[1] consumer group   ARGV[2..] entry id, its size in bytes, entry id, size, ...
+--         (at most a few thousand values a call: Lua unpacks no more than about 8000)
 -- returns how many entries were deleted
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
-local deleted = redis.call('XDEL', KEYS[1], unpack(ARGV, 3))
-local left = redis.call('DECRBY', KEYS[2], ARGV[2])
--- An empty inbox holds 0 bytes whatever the counter says: this heals the counter after
--- MAXLEN trimmed entries that were counted, or a sweep deleted the stream but not it.
+local ids = {}
+for i = 2, #ARGV, 2 do
+  ids[#ids + 1] = ARGV[i]
+end
+if #ids == 0 then
+  return 0
+end
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+local deleted, freed = 0, 0
+for i = 2, #ARGV, 2 do
+  if redis.call('XDEL', KEYS[1], ARGV[i]) == 1 then
+    deleted = deleted + 1
+    freed = freed + tonumber(ARGV[i + 1])
+  end
+end
+local left = redis.call('DECRBY', KEYS[2], freed)
+-- An empty inbox holds 0 bytes whatever the counter says: this heals the counter should
+-- a sweep have deleted the stream but not it.
 if left < 0 or redis.call('XLEN', KEYS[1]) == 0 then
   redis.call('SET', KEYS[2], 0)
 end

@@ -59,6 +59,6 @@ local lease = redis.call('HINCRBY', meta, 'lease_generation', 1)
 local attachment = redis.call('HINCRBY', meta, 'attachment_generation', 1)
 redis.call('HSET', meta, 'previous_token_sha256', ARGV[2], 'resume_token_sha256', ARGV[3],
   'state', 'active', 'last_activity', ARGV[5], 'pod', ARGV[6])
-redis.call('HDEL', meta, 'detached_at', 'lease_deadline')
+redis.call('HDEL', meta, 'detached_at', 'lease_deadline', 'detached_by')
 return {'ok', attachment, lease, redis.call('HGET', meta, 'worker'), next_seq,
   redis.call('HGET', meta, 'session') or '', redis.call('HGET', meta, 'model')}
