@@ -142,16 +142,19 @@ async def test_past_the_connection_limit_requests_and_upgrades_get_a_clear_503(k
     async with websockets.connect(url) as first, websockets.connect(url) as second:
         await first.send('{"type":"session.update","session":{}}')
         assert orjson.loads(await first.recv())["type"] == "session.created"
-        refused = httpx.get(f"{keyed.base}/health")  # 3 connections: the limit
+        auth = {"Authorization": f"Bearer {KEY}"}
+        refused = httpx.get(f"{keyed.base}/v1/models", headers=auth)  # 3 connections: the limit
         assert (refused.status_code, refused.text) == (503, "Service Unavailable")
+        probe = httpx.get(f"{keyed.base}/health")  # the probes are answered past the limit
+        assert probe.status_code == 200
         with pytest.raises(websockets.InvalidStatus) as upgrade:
             async with websockets.connect(url):
                 pass
         assert upgrade.value.response.status_code == 503
         await second.send('{"type":"session.update","session":{}}')
         assert orjson.loads(await second.recv())["type"] == "session.created"
-    async with httpx.AsyncClient() as http:
-        while (await http.get(f"{keyed.base}/health")).status_code != 200:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+        while (await http.get(f"{keyed.base}/v1/models")).status_code != 200:
             await asyncio.sleep(0.05)  # until the server has seen both sockets close
 
 
