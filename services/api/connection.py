@@ -168,8 +168,7 @@ class RealtimeConnection:
                 writer.cancel()
 
     async def _drain_then_close(self) -> None:
-        while len(self.queue):
-            await asyncio.sleep(0.01)
+        await self.queue.drained()  # the writer has taken everything queued
         with contextlib.suppress(Exception):
             await self.ws.close(1000)
 
@@ -300,22 +299,25 @@ class RealtimeConnection:
         """The worker's answer to an open: session.created or an error (control notices skipped).
 
         session.created is not journaled: if its live message was missed (the pub/sub
-        connection was reconnecting), the session hash, which the same script marked
-        active with the session object, stands in for it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.pod.settings.open_timeout_s
-        while loop.time() < deadline:
-            try:
-                async with asyncio.timeout(min(0.5, max(0.0, deadline - loop.time()))):
+        connection was reconnecting, which the hub announces with CATCH_UP), the session
+        hash, which the same script marked active with the session object, stands in for
+        it. The hash is read then, and once more when the open timeout runs out."""
+        try:
+            async with asyncio.timeout(self.pod.settings.open_timeout_s):
+                while True:
                     data = await self.live.get()
-            except TimeoutError:
-                meta = await self.pod.store.meta(self.session_id)
-                if meta.get("state") == "active" and meta.get("session"):
-                    created = DuplexSessionCreated(session=orjson.loads(meta["session"]))
-                    return created.to_dict()
-                continue
-            if not data.startswith(CONTROL_PREFIX):
-                return orjson.loads(data)
+                    if data == CATCH_UP:
+                        if (created := await self._created_from_hash()) is not None:
+                            return created
+                    elif not data.startswith(CONTROL_PREFIX):
+                        return orjson.loads(data)
+        except TimeoutError:
+            return await self._created_from_hash()
+
+    async def _created_from_hash(self) -> dict[str, Any] | None:
+        meta = await self.pod.store.meta(self.session_id)
+        if meta.get("state") == "active" and meta.get("session"):
+            return DuplexSessionCreated(session=orjson.loads(meta["session"])).to_dict()
         return None
 
     async def _resume(self, request: SessionResume) -> None:

@@ -42,6 +42,8 @@ class OutputQueue:
         self.bytes = 0
         self.overflowed = False
         self._ready = asyncio.Event()
+        self._empty = asyncio.Event()  # set while nothing is queued (`drained`)
+        self._empty.set()
 
     def __len__(self) -> int:
         return len(self._items) + (self._closure is not None)
@@ -52,6 +54,7 @@ class OutputQueue:
             if self._closure is None:
                 self._closure = item
                 self._ready.set()
+                self._empty.clear()
             return True
         priority = item.wire_type in PRIORITY_TYPES
         if self.overflowed and not priority:
@@ -71,6 +74,7 @@ class OutputQueue:
         self._items.append(item)
         self.bytes += size
         self._ready.set()
+        self._empty.clear()
         return True
 
     def drop_audio(self, response_id: str | None) -> int:
@@ -94,9 +98,19 @@ class OutputQueue:
             if self._items:
                 item = self._items.popleft()
                 self.bytes -= len(item.data)
+                self._note_if_empty()
                 return item
             if self._closure is not None:
                 item, self._closure = self._closure, None
+                self._note_if_empty()
                 return item
             self._ready.clear()
             await self._ready.wait()
+
+    async def drained(self) -> None:
+        """Return once every queued item has been taken by `get` (the writer)."""
+        await self._empty.wait()
+
+    def _note_if_empty(self) -> None:
+        if not self._items and self._closure is None:
+            self._empty.set()

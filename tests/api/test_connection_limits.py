@@ -126,3 +126,32 @@ async def test_a_frame_parsed_while_its_socket_was_taken_over_is_dropped(monkeyp
     monkeypatch.setattr(connection_module, "parse_client_event", parse_then_taken_over)
     await conn._handle_frame(append_frame(b"\x02\x00" * (512 * 1024), "late"))
     assert writer.appended == [] and queued(conn) == []
+
+
+async def test_an_open_whose_created_event_was_missed_is_answered_from_the_hash():
+    """No polling: the hash is read when the hub says it reconnected (CATCH_UP), or once
+    when the open timeout runs out."""
+    from services.api.live import CATCH_UP
+
+    created = {"state": "active", "session": orjson.dumps({"id": "duplex-t"}).decode()}
+    answers = [{"state": "opening"}, created]  # what the hash says at each read
+    reads: list[str] = []
+
+    async def meta(session_id: str) -> dict:
+        reads.append(session_id)
+        return answers[min(len(reads), len(answers)) - 1]
+
+    conn = connection(RecordingWriter(), limit=1 << 20)
+    conn.pod.store.meta = meta
+    conn.pod.settings.open_timeout_s = 30.0
+    conn.live.put_nowait(b"!takeover 2")  # control notices are skipped
+    conn.live.put_nowait(CATCH_UP)  # reconnected, but the worker had not answered yet
+    conn.live.put_nowait(CATCH_UP)  # reconnected again: now the hash has it
+    reply = await conn._first_reply()
+    assert reply["type"] == "session.created" and reply["session"] == {"id": "duplex-t"}
+    assert len(reads) == 2  # one read per CATCH_UP, none on a timer
+    answers[:] = [{"state": "opening"}]
+    reads.clear()
+    conn.pod.settings.open_timeout_s = 0.05
+    assert await conn._first_reply() is None  # timed out, and the hash has nothing either
+    assert len(reads) == 1  # read once, at the timeout

@@ -70,3 +70,24 @@ async def test_closure_comes_after_everything_queued_and_get_waits():
     assert not waiter.done()
     queue.put(item("late"))
     assert (await asyncio.wait_for(waiter, 1)).wire_type == "late"
+
+
+async def test_drained_returns_once_the_writer_took_everything_queued():
+    queue = OutputQueue(max_bytes=10**6, max_events=100, reserve_bytes=10, reserve_events=1)
+    await queue.drained()  # nothing queued: at once
+    queue.put(item("a"))
+    queue.put(item("session.closed"))
+    drained = asyncio.create_task(queue.drained())
+    await asyncio.sleep(0)
+    assert not drained.done()  # two items wait for the writer
+    assert (await queue.get()).wire_type == "a"
+    await asyncio.sleep(0)
+    assert not drained.done()  # the closure is still queued
+    assert (await queue.get()).wire_type == "session.closed"
+    await drained
+    queue.put(item("b"))
+    again = asyncio.create_task(queue.drained())
+    await asyncio.sleep(0)
+    assert not again.done()
+    await queue.get()
+    await again
