@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -73,9 +72,6 @@ class ApiPod:
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
         )
-
-    def new_session_id(self) -> str:
-        return "duplex-" + uuid.uuid4().hex
 
     async def start(self) -> None:
         await self.store.scripts.ensure_loaded(self.client)

@@ -27,6 +27,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from services.api.inbox_writer import InboxFull
 from services.api.live import CATCH_UP
 from services.api.output_queue import CLOSURE_TYPES, OutItem, OutputQueue
+from shared.ids import new_session_id
 from shared.protocol.duplex import (
     AppendAudio,
     CloseSession,
@@ -54,6 +55,7 @@ from shared.redis.messages import (
     TAKEOVER,
     TOUCH,
     InboxMessage,
+    takeover_notice,
 )
 from shared.redis.store import ResumeResync, SessionStoreError, key_digest, token_digest
 
@@ -223,7 +225,7 @@ class RealtimeConnection:
             )
             raise HandshakeFailed
         model = requested or self.model
-        session_id = pod.new_session_id()
+        session_id = new_session_id()
         candidates = await pod.directory.candidates(model, session_id)
         if not candidates:
             served = await pod.directory.models()
@@ -347,7 +349,7 @@ class RealtimeConnection:
         self.generation, self.resumable = result.attachment_generation, True
         pod.liveness.attach(sid, self.generation)
         await pod.client.sadd(pod.keys.api_sessions(pod.settings.pod_id), sid)
-        await pod.hub.publish(pod.keys.live(sid), TAKEOVER + str(self.generation).encode())
+        await pod.hub.publish(pod.keys.live(sid), takeover_notice(self.generation))
         session = orjson.loads(result.session) if result.session else {}
         self._observe_session(session)
         self.created_sent = True  # a resumed session is past its creation

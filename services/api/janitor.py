@@ -30,6 +30,7 @@ import arq.worker
 from arq import cron
 from arq.connections import ArqRedis
 
+from shared.ids import EXPIRED_CLOSE_REASON
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.redis.messages import CLOSE, InboxMessage
 from shared.redis.store import PublishItem
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EVERY_SECOND = set(range(60))
-EXPIRED_CLOSE_REASON = "timeout"
 
 
 async def _no_redis_info(*args: Any, **kwargs: Any) -> None:

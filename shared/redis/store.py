@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
+from shared.ids import now_ms
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.messages import INBOX_MAX_ENTRIES, entry_bytes
 from shared.redis.scripts import Scripts
@@ -29,10 +29,6 @@ def _notice_event_id() -> str:
 
 INBOX_ACK_BATCH = 1000  # entries per inbox_ack.lua call
 TOUCH_REACTIVATED = 2  # lease_touch.lua: a detached session taken back by its attachment
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def token_digest(token: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,6 +31,7 @@ from shared.contracts import (
     SessionRuntimeConfig,
     StagePort,
 )
+from shared.ids import EXPIRED_CLOSE_REASON, new_session_id
 from shared.protocol.duplex import (
     AppendAudio,
     Commit,
@@ -44,14 +44,6 @@ from shared.protocol.duplex import (
 )
 
 log = logging.getLogger(__name__)
-
-#: session.closed reason after a lease expiry (session.expired carries the why).
-EXPIRED_CLOSE_REASON = "timeout"
-
-
-def new_session_id() -> str:
-    return "duplex-" + uuid.uuid4().hex
-
 
 #: The input ledger holds float32 samples (`InputLedger.buffered_bytes` is samples * 4).
 _DECODED_SAMPLE_BYTES = 4
