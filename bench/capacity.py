@@ -32,8 +32,8 @@ import redis.asyncio as redis_async
 import websockets
 
 from bench.common import IMAGES, CpuMeter, Stack, machine, now_utc, percentile, write_section
+from harness.sessions import sine
 from shared.protocol.duplex import float_to_pcm16
-from tests.sessions import sine
 
 APPEND_S = 0.02
 TURN_APPENDS = 100  # 2 s of speech per turn

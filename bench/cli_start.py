@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.common import machine, now_utc, write_section
-from tests.redis_server import RedisServer
+from harness.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DUPLEX = str(Path(sys.executable).with_name("duplex"))

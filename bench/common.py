@@ -1,7 +1,7 @@
 """What every benchmark program shares: a stack of real processes, statistics,
 per-process CPU and memory readings from /proc, and writing a section of a doc.
 
-The processes are the same ones the end-to-end tests start (`tests/e2e/processes.py`):
+The processes are the same ones the end-to-end tests start (`harness/processes.py`):
 a real redis-server and real `duplex worker` / `duplex api` processes.
 """
 
@@ -18,8 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from tests.e2e.processes import HttpProcess, Process, start_api, start_worker
-from tests.redis_server import RedisServer
+from harness.processes import HttpProcess, Process, start_api, start_worker
+from harness.redis_server import RedisServer
 
 # where the programs write their sections and plots: the repository's docs/, or elsewhere
 # (the suite's smoke runs of every program write to a temporary folder)

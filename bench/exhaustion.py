@@ -45,10 +45,10 @@ import websockets
 
 from bench.chaos import SESSION, Conversation, RecordingClient, check, converse, drain
 from bench.common import Stack, machine, now_utc, rss_bytes, watchdog, write_section
+from harness.redis_server import free_port
 from shared.client.duplex_client import realtime_url
 from shared.loop_lag import LAG_METRIC
 from shared.redis.keys import KeySchema
-from tests.redis_server import free_port
 
 MIB = 1024 * 1024
 KEY = "sk-exhaustion"

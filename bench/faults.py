@@ -23,10 +23,10 @@ import orjson
 import redis.asyncio as redis_async
 
 from bench.common import write_section
+from harness.processes import start_api, start_worker
+from harness.redis_server import RedisServer
 from shared.client.duplex_client import DuplexClient
 from shared.redis.keys import KeySchema
-from tests.e2e.processes import start_api, start_worker
-from tests.redis_server import RedisServer
 
 GRACE_S = 5.0
 

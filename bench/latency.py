@@ -30,12 +30,12 @@ import redis.asyncio as redis_async
 import websockets
 
 from bench.common import IMAGES, Stack, machine, now_utc, summary, write_section
+from harness.sessions import speech_wav
 from plugins.echo import EchoPlugin
 from services.worker.session.manager import SessionManager
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import float_to_pcm16
-from tests.sessions import speech_wav
 
 CADENCE_S = 0.02
 VAD = {"turn_detection": {"type": "server_vad", "create_response": False}}

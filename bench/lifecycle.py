@@ -25,8 +25,8 @@ import websockets
 
 from bench.common import Stack, machine, now_utc, summary, write_section
 from bench.redis_path import redis_floor
+from harness.sessions import sine
 from shared.protocol.duplex import float_to_pcm16
-from tests.sessions import sine
 
 REPLAY = 100
 FAST = {"extra_body": {"pace": 0}}

@@ -25,10 +25,10 @@ import redis.asyncio as redis_async
 import websockets
 
 from bench.common import Stack, machine, now_utc, rss_bytes, write_section
+from harness.sessions import sine
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import float_to_pcm16
 from shared.redis.keys import KeySchema
-from tests.sessions import sine
 
 MIB = 1024 * 1024
 FAST = {"extra_body": {"pace": 0}}

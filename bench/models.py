@@ -12,7 +12,7 @@ assistant  a real redis-server, `duplex worker --plugin assistant`, `duplex api`
            streams a synthesized question in real time and times, from the end of its
            speech: speech_stopped (the VAD's silence_duration_ms is 500 ms of it), the
            transcript, and the first audio delta of the answer
-vllm       AsyncLLM start-up on the tiny Llama of tests/vllm (the tests make it), then one
+vllm       AsyncLLM start-up on the tiny Llama of harness/tiny_llama.py (made here), then one
            request's time to first token and tokens per second
 Writes docs/models.md (section models).
 """
@@ -28,11 +28,10 @@ import time
 import numpy as np
 
 from bench.common import Stack, machine, now_utc, write_section
+from harness.speech import ASSISTANT_SESSION, say, spoken
 from plugins.assistant import AssistantPlugin
 from plugins.assistant.tts import EspeakSynthesizer
 from shared.client.duplex_client import DuplexClient
-from tests.e2e.test_assistant import SESSION, say
-from tests.plugins.test_assistant import spoken
 
 PHRASES = [
     "hello",
@@ -79,7 +78,7 @@ def asr_rtf(mode: str) -> tuple[float, int]:
 async def assistant_latency(turns: int) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = {"stopped": [], "transcript": [], "first_audio": []}
     with Stack(plugin="assistant") as stack:
-        client = await DuplexClient(stack.apis[0].base, heartbeat_s=None).connect(SESSION)
+        client = await DuplexClient(stack.apis[0].base, heartbeat_s=None).connect(ASSISTANT_SESSION)
         for turn in range(turns):
             phrase = PHRASES[turn % len(PHRASES)]
             speech = spoken(phrase, lead_s=0.3, tail_s=0.0)
@@ -105,9 +104,9 @@ async def assistant_latency(turns: int) -> dict[str, list[float]]:
 
 
 async def vllm_figures() -> dict[str, float]:
+    from harness.tiny_llama import TINY_ENGINE, make_tiny_llama
     from services.worker.stages.vllm import EngineSettings, VllmStagePort, build_engine
     from shared.contracts import DuplexFence, StagePlan, TextRequest
-    from tests.vllm.conftest import TINY_ENGINE, make_tiny_llama
 
     path = tempfile.mkdtemp(prefix="tiny-llama-")
     make_tiny_llama(path)

@@ -25,8 +25,8 @@ import redis.asyncio as redis_async
 import websockets
 
 from bench.common import summary, write_section
-from tests.e2e.processes import start_api, start_worker
-from tests.redis_server import RedisServer
+from harness.processes import start_api, start_worker
+from harness.redis_server import RedisServer
 
 
 async def redis_floor(url: str, n: int) -> list[float]:

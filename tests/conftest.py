@@ -4,9 +4,9 @@ import importlib.util
 
 import pytest
 
-from tests.redis_cluster import RedisClusterServers
-from tests.redis_server import RedisServer
-from tests.sessions import make_harness
+from harness.redis_cluster import RedisClusterServers
+from harness.redis_server import RedisServer
+from harness.sessions import make_harness
 
 # tests/vllm needs vLLM, which lives in its own venv (`make test-vllm`)
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.redis_server import free_port
 from services.cli import EXIT_NOT_AVAILABLE, main
-from tests.redis_server import free_port
 
 
 def duplex_executable() -> str:

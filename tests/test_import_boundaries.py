@@ -1,6 +1,7 @@
 """The import rules of architecture.md section 3, checked two ways: by reading
 every import statement, and by importing the package in a clean interpreter and
-looking at what got loaded."""
+looking at what got loaded. Also the rules of the repository's other packages: tests/
+and bench/ share harness/; bench never imports tests; the product imports none of them."""
 
 import ast
 import subprocess
@@ -11,12 +12,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OUR_TOP_LEVEL = ("shared", "services", "plugins")
+# Not in the wheel: run from a checkout (pytest and `python -m bench.X` from the root).
+CHECKOUT_ONLY = ("harness", "tests", "bench")
 
 
-def imports_of(package: str) -> set[str]:
-    """Every module of ours named by an import statement under `package`."""
+def imports_of(package: str, tops: tuple[str, ...] = OUR_TOP_LEVEL) -> set[str]:
+    """Every module under the top-level names `tops` named by an import statement under
+    `package` (absolute imports: a relative one stays inside `package`)."""
     found: set[str] = set()
-    for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+    folder = ROOT / package.replace(".", "/")
+    assert folder.is_dir(), folder
+    for path in folder.rglob("*.py"):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -25,7 +31,7 @@ def imports_of(package: str) -> set[str]:
                 names = [node.module]
             else:
                 continue
-            found.update(n for n in names if n.split(".")[0] in OUR_TOP_LEVEL)
+            found.update(n for n in names if n.split(".")[0] in tops)
     return found
 
 
@@ -79,6 +85,40 @@ def test_only_the_protocol_package_touches_the_realtime_half():
 )
 def test_service_boundaries(package, forbidden):
     assert not any(m.startswith(forbidden) for m in imports_of(package))
+
+
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        ("bench", ("tests",)),
+        ("harness", ("tests", "bench")),
+        *((product, CHECKOUT_ONLY) for product in OUR_TOP_LEVEL),
+    ],
+    ids=["bench", "harness", *OUR_TOP_LEVEL],
+)
+def test_harness_boundaries(package, forbidden):
+    """tests/ and bench/ both import harness/; bench never imports tests, the harness imports
+    neither, and the product (what the wheel ships) imports none of the three."""
+    found = imports_of(package, tops=forbidden)
+    assert not found, f"{package} imports {sorted(found)}"
+
+
+def test_bench_and_harness_load_no_tests():
+    """Every module of bench/ and harness/, imported in a clean interpreter from the repository
+    root (as `python -m bench.X` runs), loads nothing of tests/."""
+    code = (
+        "import importlib, pkgutil, sys, bench, harness\n"
+        "for package in (bench, harness):\n"
+        "    for module in pkgutil.iter_modules(package.__path__, package.__name__ + '.'):\n"
+        "        importlib.import_module(module.name)\n"
+        "print('\\n'.join(sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = set(out.stdout.split())
+    assert "bench.common" in loaded and "harness.processes" in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "tests"}
 
 
 def test_no_typing_protocol_seams():

@@ -11,9 +11,9 @@ import contextlib
 import pytest
 import websockets
 
+from harness.redis_server import free_port
 from services.serve import _uvicorn_server
 from shared.settings import ApiSettings
-from tests.redis_server import free_port
 
 HEADER_TIMEOUT_S = 0.5
 #: generous bound for "the server closes it": reached only when the deadline is broken

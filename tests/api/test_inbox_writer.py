@@ -87,7 +87,7 @@ async def test_scripts_lost_by_a_restarted_redis_are_loaded_again(redis_server):
 async def test_redis_unreachable_reaches_every_caller_and_the_writer_goes_on():
     import redis.asyncio as redis_async
 
-    from tests.redis_server import free_port
+    from harness.redis_server import free_port
 
     dead = redis_async.Redis(port=free_port(), socket_connect_timeout=0.5)
     writer = InboxWriter(dead)

@@ -4,8 +4,8 @@ import base64
 
 import numpy as np
 
+from harness.sessions import sine
 from shared.protocol.duplex import float_to_int16, int16_to_ulaw
-from tests.sessions import sine
 
 
 async def test_json_appends_use_the_sessions_input_format(harness):

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.processes import HttpProcess, Process, start_api, start_serve, start_worker
+from harness.processes import HttpProcess, Process, start_api, start_serve, start_worker
 
 
 @dataclasses.dataclass

@@ -5,8 +5,8 @@ import json
 import os
 import subprocess
 
+from harness.processes import DUPLEX
 from shared.client.duplex_client import DuplexClient
-from tests.e2e.processes import DUPLEX
 
 
 def admin_env(cluster) -> dict[str, str]:

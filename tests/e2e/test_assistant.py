@@ -2,22 +2,12 @@
 speaking synthesized speech in real time, a spoken answer, and a barge-in."""
 
 import asyncio
-import time
 
-import numpy as np
 import pytest
 
+from harness.processes import start_serve
+from harness.speech import ASSISTANT_SESSION, say, spoken
 from shared.client.duplex_client import DuplexClient
-from shared.protocol.duplex import float_to_pcm16
-from tests.e2e.processes import start_serve
-from tests.plugins.test_assistant import spoken
-
-SESSION = {
-    "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
-    "turn_detection": {"type": "server_vad"},
-    "playback_commit_policy": "ack_only",
-    "extra_body": {"pace": 1},
-}
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +20,8 @@ def assistant():
         process.stop()
 
 
-async def say(client: DuplexClient, audio: np.ndarray) -> None:
-    """Stream like a microphone: 20 ms appends in real time."""
-    pcm = float_to_pcm16(audio)
-    started = time.monotonic()
-    for n, i in enumerate(range(0, len(pcm), 640)):
-        await asyncio.sleep(max(0.0, started + n * 0.02 - time.monotonic()))
-        await client.append_audio(pcm[i : i + 640])
-
-
 async def test_hello_is_heard_answered_aloud_and_barged_into(assistant):
-    client = await DuplexClient(assistant.base, heartbeat_s=None).connect(SESSION)
+    client = await DuplexClient(assistant.base, heartbeat_s=None).connect(ASSISTANT_SESSION)
     try:
         await say(client, spoken("hello"))
         heard = (await client.until("conversation.item.input_audio_transcription.completed"))[-1]
@@ -82,7 +63,7 @@ async def test_a_worker_pod_serves_the_assistant(redis_server):
     """`duplex worker --plugin assistant` behind `duplex api` on a real Redis."""
     import uuid
 
-    from tests.e2e.processes import start_api, start_worker
+    from harness.processes import start_api, start_worker
 
     prefix = f"duplex-test-{uuid.uuid4().hex[:8]}"
     worker = start_worker(redis_server.url, prefix, "assistant-worker", plugin="assistant")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.processes import start_serve
+from harness.processes import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SPEECH = ROOT / "tests" / "data" / "speech_16k.wav"  # "Hello there, can you hear me?"
+SPEECH = ROOT / "harness" / "data" / "speech_16k.wav"  # "Hello there, can you hear me?"
 ARTIFACTS = ROOT / "test-artifacts"
 API_KEY = "console-test-key"
 
@@ -129,7 +129,7 @@ def test_talk_hear_the_echo_drop_and_resume(page):
 
 def test_talk_to_the_assistant(tmp_path):
     """`duplex serve --plugin assistant`: the page shows what it heard and what it said."""
-    from tests.plugins.test_assistant import spoken
+    from harness.speech import spoken
 
     audio = (spoken("hello", lead_s=0.5, tail_s=6.0) * 32767).astype("<i2").tobytes()
     microphone = tmp_path / "hello.wav"

@@ -16,10 +16,10 @@ import orjson
 import pytest
 import websockets
 
+from harness.processes import start_api, start_worker
+from harness.sessions import sine
 from shared.client.duplex_client import DuplexClient, realtime_url
 from shared.protocol.duplex import float_to_pcm16
-from tests.e2e.processes import start_api, start_worker
-from tests.sessions import sine
 
 MIB = 1024 * 1024
 #: Generous for allocator noise; one refused 6 KB append used to cost 491 MiB.

@@ -14,9 +14,9 @@ import orjson
 import pytest
 import websockets
 
+from harness.processes import start_api, start_serve, start_worker
+from harness.redis_server import RedisServer, free_port
 from shared.client.duplex_client import realtime_url
-from tests.e2e.processes import start_api, start_serve, start_worker
-from tests.redis_server import RedisServer, free_port
 
 KEY = "sk-hostile-1"
 LISTED_ORIGIN = "https://app.example"

@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as redis_async
 import websockets
 
+from harness.processes import start_api, start_worker
 from shared.client.duplex_client import realtime_url
 from shared.redis.keys import KeySchema
-from tests.e2e.processes import start_api, start_worker
 
 KEYS_ENV = "k1,k2"
 FAST = {

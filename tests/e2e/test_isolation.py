@@ -6,9 +6,9 @@ import base64
 import orjson
 import websockets
 
+from harness.sessions import sine
 from shared.client.duplex_client import DuplexClient, realtime_url
 from shared.protocol.duplex import float_to_pcm16
-from tests.sessions import sine
 
 
 async def abuse(base: str) -> list[str]:

@@ -5,8 +5,8 @@ import base64
 import pytest
 from openai import AsyncOpenAI
 
+from harness.sessions import sine
 from shared.protocol.duplex import float_to_pcm16
-from tests.sessions import sine
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import numpy as np
 import orjson
 import websockets
 
+from harness.sessions import sine
 from plugins.echo.stage import resample_whole
 from shared.client.duplex_client import DuplexClient, DuplexClientError, realtime_url
 from shared.protocol.duplex import AudioFormat, DuplexInputConverter, float_to_pcm16
-from tests.sessions import sine
 
 REAL_TIME = {"extra_body": {"pace": 1}}
 
@@ -170,9 +170,9 @@ async def test_resume_of_a_closed_session_is_expired(cluster):
 
 
 async def test_a_worker_stops_cleanly_on_sigterm(cluster):
+    from harness.processes import start_worker
     from shared.redis.connection import connect
     from shared.redis.keys import KeySchema
-    from tests.e2e.processes import start_worker
 
     keys = KeySchema(cluster.prefix)
     client = connect(cluster.redis_url).client

@@ -5,8 +5,8 @@ import orjson
 import pytest
 import websockets
 
+from harness.processes import start_serve
 from shared.client.duplex_client import DuplexClient, realtime_url
-from tests.e2e.processes import start_serve
 
 KEY = "sk-test-123"
 

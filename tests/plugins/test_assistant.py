@@ -6,33 +6,19 @@ import datetime
 import numpy as np
 import pytest
 
+from harness.sessions import appends, make_harness, send_all, types
+from harness.speech import spoken
 from plugins.assistant import AssistantPlugin
 from plugins.assistant.asr import SphinxRecognizer
 from plugins.assistant.responder import llm_prompt, reply, sentences
 from plugins.assistant.tts import EspeakSynthesizer
 from services.worker.plugins import load_plugin
-from shared.protocol.duplex import StreamingResampler
-from tests.sessions import appends, make_harness, send_all, types
 
 VAD_SESSION = {
     "turn_detection": {"type": "server_vad"},
     "extra_body": {"pace": 1},
     "playback_commit_policy": "ack_only",
 }
-
-
-def spoken(text: str, lead_s: float = 0.4, tail_s: float = 1.0) -> np.ndarray:
-    """`text` said by espeak-ng, at 16 kHz, between silences."""
-    tts = EspeakSynthesizer.shared()
-    resampler = StreamingResampler(tts.sample_rate_hz, 16000)
-    speech = np.concatenate([resampler.process(tts.synthesize(text)), resampler.flush()])
-    return np.concatenate(
-        [
-            np.zeros(int(lead_s * 16000), np.float32),
-            speech,
-            np.zeros(int(tail_s * 16000), np.float32),
-        ]
-    )
 
 
 @pytest.mark.parametrize(

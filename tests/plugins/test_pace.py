@@ -4,11 +4,11 @@ import math
 
 import pytest
 
+from harness.sessions import make_harness
 from plugins.assistant import AssistantPlugin
 from plugins.echo import EchoPlugin
 from plugins.paced import PACE_MAX, PACE_MIN, read_pace
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig, DuplexSessionError
-from tests.sessions import make_harness
 
 ABSURD = [-1, -0.0001, math.nan, math.inf, -math.inf, 1e9, 10**400, 0.05, 10.5, True, "1", None]
 

@@ -3,10 +3,10 @@ generated text is what the assistant says."""
 
 import pytest
 
+from harness.sessions import make_harness
 from plugins.assistant import AssistantPlugin
 from services.worker.plugins import load_plugin
 from services.worker.stages.vllm import VllmStagePort
-from tests.sessions import make_harness
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -2,9 +2,9 @@
 
 import asyncio
 
+from harness.sessions import appends, make_harness, send_all, sine, types
 from plugins.echo import EchoStagePort
 from shared.contracts import StageOutput
-from tests.sessions import appends, make_harness, send_all, sine, types
 from tests.worker.test_echo_turn import RESPONSE_END
 
 CANCELLED_CHAIN = RESPONSE_END  # a cancel closes what was opened, in the same order

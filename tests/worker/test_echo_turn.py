@@ -5,6 +5,7 @@ import base64
 import numpy as np
 import pytest
 
+from harness.sessions import appends, send_all, sine, types
 from plugins.echo.stage import resample_whole
 from shared.protocol.duplex import (
     AudioFormat,
@@ -14,7 +15,6 @@ from shared.protocol.duplex import (
     pcm16_to_float,
     ulaw_to_int16,
 )
-from tests.sessions import appends, send_all, sine, types
 
 RESPONSE_START = [
     "response.created",

@@ -4,9 +4,9 @@ and only appends small in output run on the event loop (issue 14)."""
 import struct
 import threading
 
+from harness.sessions import appends, make_harness, send_all, sine, types
 from services.worker.session.input_pipeline import InputPipeline
 from shared.protocol.duplex import AppendAudio, float_to_pcm16
-from tests.sessions import appends, make_harness, send_all, sine, types
 
 
 def wav(payload: bytes, rate: int, *, tag: int = 1, bits: int = 16) -> bytes:

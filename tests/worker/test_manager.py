@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
+from harness.sessions import FAST, appends, make_harness, send_all, sine, types
 from plugins.echo import EchoPlugin, EchoStagePort
 from shared.contracts import DuplexSessionError, StageCleanupError
 from shared.protocol.duplex import AppendAudio, Commit, Heartbeat
-from tests.sessions import FAST, appends, make_harness, send_all, sine, types
 
 
 async def refused(coro) -> DuplexSessionError:

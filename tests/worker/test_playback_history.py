@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.sessions import appends, make_harness, send_all, sine
+from harness.sessions import appends, make_harness, send_all, sine
 
 
 async def echo_turn(session, seconds: float = 1.0):

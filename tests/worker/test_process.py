@@ -94,7 +94,7 @@ async def test_a_refused_open_is_published_as_an_error():
 async def test_health_endpoints_follow_the_worker():
     import httpx
 
-    from tests.redis_server import free_port
+    from harness.redis_server import free_port
 
     port = free_port()
     handle = connect(None)

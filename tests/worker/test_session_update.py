@@ -1,7 +1,7 @@
 """session.update rules and conversation items."""
 
+from harness.sessions import appends, send_all, sine, types
 from shared.protocol.duplex import AudioFormat
-from tests.sessions import appends, send_all, sine, types
 
 
 async def test_update_reconfigures_and_echoes_the_session(harness):

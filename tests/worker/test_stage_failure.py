@@ -1,8 +1,8 @@
 """A failing stage fails only its response; the session and its history go on."""
 
+from harness.sessions import appends, make_harness, send_all, sine, types
 from plugins.echo import EchoStagePort
 from shared.contracts import StageOutput
-from tests.sessions import appends, make_harness, send_all, sine, types
 
 
 class FailingPort(EchoStagePort):

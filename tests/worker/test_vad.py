@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from harness.sessions import appends, make_harness, send_all, speech_wav, types
 from services.worker.session.vad import (
     ServerVadDetector,
     SileroOnnxBackend,
@@ -10,7 +11,6 @@ from services.worker.session.vad import (
     silero_model_path,
 )
 from shared.contracts import TurnDetection
-from tests.sessions import appends, make_harness, send_all, speech_wav, types
 
 VAD_SESSION = {"turn_detection": {"type": "server_vad"}, "extra_body": {"pace": 1}}
 

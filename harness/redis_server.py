@@ -1,4 +1,4 @@
-"""A real redis-server for the suite, started on a free port (and stopped) by the tests."""
+"""A real redis-server on a free loopback port, started and stopped by the tests and bench/."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Real `duplex` processes for end-to-end tests: started, awaited ready, killed."""
+"""Real `duplex` processes for the end-to-end tests and bench/: started, awaited ready, killed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.redis_server import free_port
+from harness.redis_server import free_port
 
 DUPLEX = str(Path(sys.executable).with_name("duplex"))
 

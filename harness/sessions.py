@@ -1,4 +1,4 @@
-"""Helpers for session tests: a SessionManager with the echo model, driven by the inline client."""
+"""A SessionManager with the echo model, driven by the inline client; test audio (sine, speech)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def appends(samples: np.ndarray, rate: int, chunk_ms: int = 20, **fields) -> lis
 
 
 def speech_wav() -> tuple[np.ndarray, int]:
-    """'Hello there, can you hear me?' spoken by espeak-ng (tests/data/README.md)."""
+    """'Hello there, can you hear me?' spoken by espeak-ng (harness/data/README.md)."""
     with wave.open(str(DATA / "speech_16k.wav")) as wav:
         data = wav.readframes(wav.getnframes())
         return np.frombuffer(data, "<i2").astype(np.float32) / 32768, wav.getframerate()

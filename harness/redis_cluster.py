@@ -1,4 +1,4 @@
-"""A 3-master Redis Cluster on loopback ports, made by the tests themselves."""
+"""A 3-master Redis Cluster on loopback ports, made by the tests themselves (no external one)."""
 
 from __future__ import annotations
 
