@@ -64,7 +64,8 @@ class OpenResult:
 
 
 class SessionHost(abc.ABC):
-    """Sessions by id: open, command, lease operations, close."""
+    """Sessions by id: open, command, idle lease, close. Detach, resume and the
+    disconnect grace are the session store's (Redis), not the host's."""
 
     @abc.abstractmethod
     async def open(
@@ -86,14 +87,6 @@ class SessionHost(abc.ABC):
     @abc.abstractmethod
     async def close(self, session_id: str, reason: str = "client_close") -> None:
         """Idempotent. `session.closed` is emitted after the stage cleanup."""
-
-    @abc.abstractmethod
-    async def detach(self, session_id: str, expected_generation: int) -> None:
-        """The client's connection dropped: start the disconnect grace period."""
-
-    @abc.abstractmethod
-    async def resume(self, session_id: str, expected_generation: int) -> int:
-        """Compare-and-set on the lease generation; returns the new generation."""
 
     @abc.abstractmethod
     async def touch(self, session_id: str) -> None:

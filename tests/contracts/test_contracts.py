@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.worker.session.lease import LeaseConflict, LeaseState
+from services.worker.session.lease import LeaseState
 from shared.contracts import (
     DuplexCapabilities,
     DuplexFence,
@@ -53,18 +53,14 @@ def test_capabilities_render_for_the_wire():
     assert DuplexCapabilities().to_realtime()["implementation_level"] == "turn_based_duplex"
 
 
-def test_lease_generation_cas_and_expiry():
+def test_the_idle_lease_expires_idle_sessions_only():
     now = [0.0]
-    lease = LeaseState(idle_ttl_s=10, disconnect_grace_s=5, clock=lambda: now[0])
+    lease = LeaseState(idle_ttl_s=10, clock=lambda: now[0])
     assert lease.generation == 0 and lease.expiry(9.9, busy=False) is None
     assert lease.expiry(10, busy=False) == "idle_ttl_expired"
     assert lease.expiry(10, busy=True) is None  # active operations keep it alive
-    lease.detach(0, now=1)
-    assert lease.expiry(6, busy=True) == "disconnect_grace_expired"
-    with pytest.raises(LeaseConflict):
-        lease.resume(1)
-    assert lease.resume(0, now=2) == 1 and lease.detached_at is None
-    with pytest.raises(LeaseConflict):
-        lease.detach(0)  # an older connection cannot detach the newer attachment
+    lease.touch(5)
+    assert lease.expiry(14.9, busy=False) is None and lease.expiry(15, busy=False)
     lease.mark_terminal()
-    assert lease.generation == 2 and lease.expiry(1e9, busy=False) is None
+    assert lease.generation == 1 and lease.expiry(1e9, busy=False) is None
+    assert LeaseState(idle_ttl_s=None).expiry(1e9, busy=False) is None

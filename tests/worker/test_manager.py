@@ -54,7 +54,6 @@ async def test_unknown_session(harness):
     error = await refused(harness.manager.submit("duplex-nope", Heartbeat(event_id="x")))
     assert (error.code, error.error_type) == ("unknown_session", "invalid_request_error")
     assert (await refused(harness.manager.touch("duplex-nope"))).code == "unknown_session"
-    assert (await refused(harness.manager.resume("duplex-nope", 0))).code == "unknown_session"
     await harness.manager.close("duplex-nope")  # closing an unknown id is a no-op
 
 
@@ -147,25 +146,16 @@ async def test_idle_ttl_expiry():
         await h.manager.shutdown()
 
 
-async def test_disconnect_grace_expiry_and_resume_inside_grace():
-    h = make_harness(disconnect_grace_s=30.0, idle_ttl_s=None)
+async def test_the_worker_expires_only_idle_sessions_the_grace_is_redis():
+    """Detach, resume and the disconnect grace live in Redis (lease_detach.lua, the
+    janitor): the worker's reaper only expires sessions idle past their TTL."""
+    h = make_harness(idle_ttl_s=None)
     try:
-        kept, lost = await h.open(), await h.open()
-        await h.manager.detach(kept.session_id, 0)
-        await h.manager.detach(lost.session_id, 0)
-        h.clock.now += 10
-        assert await h.manager.resume(kept.session_id, 0) == 1  # the lease CAS
-        assert (
-            await refused(h.manager.resume(kept.session_id, 0))
-        ).code == "session_resume_conflict"
-        assert (
-            await refused(h.manager.detach(kept.session_id, 0))
-        ).code == "session_resume_conflict"
-        h.clock.now += 25
-        assert await h.manager.reap_once() == [(lost.session_id, "disconnect_grace_expired")]
-        assert h.manager.session_ids() == [kept.session_id]
+        session = await h.open()
         h.clock.now += 10_000
-        assert await h.manager.reap_once() == []  # idle TTL disabled, attached
+        assert await h.manager.reap_once() == []  # idle TTL disabled: nothing expires
+        assert h.manager.session_ids() == [session.session_id]
+        assert not hasattr(h.manager, "detach") and not hasattr(h.manager, "resume")
     finally:
         await h.manager.shutdown()
 

@@ -1,4 +1,10 @@
-"""A session's lease: generation CAS, disconnect grace, idle TTL (contract section 5)."""
+"""A session's idle lease on its worker: last activity and the idle TTL (contract section 5).
+
+Only the idle half of the contract's lease lives here. Attachment, detach, disconnect
+grace and the generation CAS of a resume are Redis's (`lease_detach.lua`,
+`lease_resume.lua`, the janitor's `expire_leases`): the worker never sees a socket, so an
+in-memory copy of them could only disagree with the truth.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,16 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-EXPIRED_DISCONNECT_GRACE = "disconnect_grace_expired"
 EXPIRED_IDLE_TTL = "idle_ttl_expired"
-
-
-class LeaseConflict(Exception):
-    """A detach or resume carried a generation that is no longer current."""
 
 
 @dataclasses.dataclass
 class LeaseState:
-    """Generation starts at 0; resume must name the current one and bumps it."""
+    """Idle TTL from the last activity; None disables it. `generation` is the contract's
+    lease generation at open (0), bumped once when the session ends."""
 
     idle_ttl_s: float | None
-    disconnect_grace_s: float
     generation: int = 0
-    detached_at: float | None = None
     clock: Callable[[], float] = time.monotonic
     last_activity: float = dataclasses.field(default=0.0)
     terminal: bool = False
@@ -32,32 +32,13 @@ class LeaseState:
     def touch(self, now: float | None = None) -> None:
         self.last_activity = self.clock() if now is None else now
 
-    def detach(self, expected_generation: int, now: float | None = None) -> None:
-        """Fenced: a newer attachment is never detached by an older connection."""
-        if self.terminal or expected_generation != self.generation:
-            raise LeaseConflict(f"lease generation is {self.generation}, not {expected_generation}")
-        now = self.clock() if now is None else now
-        self.detached_at = now
-        self.last_activity = now
-
-    def resume(self, expected_generation: int, now: float | None = None) -> int:
-        if self.terminal or expected_generation != self.generation:
-            raise LeaseConflict(f"lease generation is {self.generation}, not {expected_generation}")
-        self.generation += 1
-        self.detached_at = None
-        self.touch(now)
-        return self.generation
-
     def mark_terminal(self) -> None:
         self.terminal = True
         self.generation += 1
 
     def expiry(self, now: float, *, busy: bool) -> str | None:
-        """Why the lease has expired at `now`, or None."""
-        if self.terminal:
+        """Why the lease has expired at `now`, or None: idle past the TTL while no
+        operation is running."""
+        if self.terminal or self.idle_ttl_s is None or busy:
             return None
-        if self.detached_at is not None and now >= self.detached_at + self.disconnect_grace_s:
-            return EXPIRED_DISCONNECT_GRACE
-        if self.idle_ttl_s is not None and not busy and now >= self.last_activity + self.idle_ttl_s:
-            return EXPIRED_IDLE_TTL
-        return None
+        return EXPIRED_IDLE_TTL if now >= self.last_activity + self.idle_ttl_s else None

@@ -16,7 +16,7 @@ from typing import Any
 
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import InputPipeline
-from services.worker.session.lease import LeaseConflict, LeaseState
+from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.runner import Dispatched, SessionRunner
 from services.worker.session.vad import SileroOnnxBackend, VadBackend, VadUnavailable
@@ -143,9 +143,7 @@ class SessionManager(SessionHost):
                 config=config,
                 runtime_config=runtime_config,
                 capabilities=self.capabilities,
-                lease=LeaseState(
-                    self.runtime.idle_ttl_s, self.runtime.disconnect_grace_s, clock=self.clock
-                ),
+                lease=LeaseState(self.runtime.idle_ttl_s, clock=self.clock),
                 input=InputLedger(self.plugin.input_sample_rate_hz),
             )
             runner = SessionRunner(
@@ -224,18 +222,6 @@ class SessionManager(SessionHost):
 
     async def touch(self, session_id: str) -> None:
         self.runner(session_id).session.lease.touch(self.clock())
-
-    async def detach(self, session_id: str, expected_generation: int) -> None:
-        try:
-            self.runner(session_id).session.lease.detach(expected_generation, self.clock())
-        except LeaseConflict as exc:
-            raise DuplexSessionError("session_resume_conflict", str(exc)) from None
-
-    async def resume(self, session_id: str, expected_generation: int) -> int:
-        try:
-            return self.runner(session_id).session.lease.resume(expected_generation, self.clock())
-        except LeaseConflict as exc:
-            raise DuplexSessionError("session_resume_conflict", str(exc)) from None
 
     # ------------------------------------------------------------ close
 
