@@ -46,6 +46,7 @@ import websockets
 from bench.chaos import SESSION, Conversation, RecordingClient, check, converse, drain
 from bench.common import Stack, machine, now_utc, rss_bytes, watchdog, write_section
 from harness.redis_server import free_port
+from harness.sockets import closed_by_server
 from shared.client.duplex_client import realtime_url
 from shared.loop_lag import LAG_METRIC
 from shared.redis.keys import KeySchema
@@ -285,16 +286,14 @@ class Attack:
             health = (await http.get(f"{api.base}/health")).status_code
         started = time.monotonic()
 
-        async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+        async def closed(reader: asyncio.StreamReader) -> bool:
             try:
-                async with asyncio.timeout(HEADER_TIMEOUT_S * 5):
-                    while await reader.read(1024):
-                        pass
+                await closed_by_server(reader, HEADER_TIMEOUT_S * 5)
                 return True
             except (TimeoutError, ConnectionError):
                 return False
 
-        results = await asyncio.gather(*(closed_by_server(r) for r, _ in streams))
+        results = await asyncio.gather(*(closed(r) for r, _ in streams))
         took = time.monotonic() - started
         for _, writer in streams:
             writer.close()

@@ -12,12 +12,12 @@ import pytest
 import websockets
 
 from harness.redis_server import free_port
+from harness.sockets import closed_by_server
 from services.serve import _uvicorn_server
 from shared.settings import ApiSettings
 
 HEADER_TIMEOUT_S = 0.5
 #: generous bound for "the server closes it": reached only when the deadline is broken
-EOF_WITHIN_S = 30
 
 
 class App:
@@ -62,16 +62,6 @@ async def server():
     uvicorn_server.should_exit = True
     app.release.set()
     await task
-
-
-async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
-    """Everything the server sent, once it closed the connection."""
-    received = b""
-    async with asyncio.timeout(EOF_WITHIN_S):
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := await reader.read(65536):
-                received += chunk
-    return received
 
 
 async def test_silent_and_half_sent_requests_are_closed(server):

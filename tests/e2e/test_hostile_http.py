@@ -4,7 +4,6 @@ deadline); a keyed `duplex serve` with a tiny connection limit; a `duplex serve`
 Redis dies. Waits are on observable things (a socket's EOF, a status), never on time."""
 
 import asyncio
-import contextlib
 import socket
 import uuid
 from pathlib import Path
@@ -16,11 +15,11 @@ import websockets
 
 from harness.processes import start_api, start_serve, start_worker
 from harness.redis_server import RedisServer, free_port
+from harness.sockets import closed_by_server
 from shared.client.duplex_client import realtime_url
 
 KEY = "sk-hostile-1"
 LISTED_ORIGIN = "https://app.example"
-EOF_WITHIN_S = 30  # "the server closes it": only a broken deadline gets near this
 MIB = 1024 * 1024
 
 
@@ -115,15 +114,6 @@ def test_the_worker_serves_its_loop_lag_on_its_health_port(pod):
 
 
 # ---------------------------------------------------------------- connections
-
-
-async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
-    received = b""
-    async with asyncio.timeout(EOF_WITHIN_S):
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := await reader.read(65536):
-                received += chunk
-    return received
 
 
 async def test_idle_and_half_sent_connections_are_closed_by_the_server(pod):
