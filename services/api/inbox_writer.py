@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from shared.redis.keys import KeySchema
-from shared.redis.messages import INBOX_MAX_ENTRIES, entry_bytes
+from shared.redis.messages import entry_bytes
 from shared.redis.scripts import Scripts
 
 MAX_BATCH = 512
@@ -54,13 +54,11 @@ class InboxWriter:
         scripts: Scripts | None = None,
         *,
         max_bytes: int = INBOX_MAX_BYTES,
-        max_entries: int = INBOX_MAX_ENTRIES,
     ) -> None:
         self.client = client
         self.keys = keys or KeySchema()
         self.script = (scripts or Scripts()).inbox_append
         self.max_bytes = max_bytes
-        self.max_entries = max_entries
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -75,8 +73,7 @@ class InboxWriter:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="inbox-writer")
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
-        budget = self.max_bytes if budgeted else 0
-        args: list[Any] = [budget, self.max_entries, entry_bytes(fields)]
+        args: list[Any] = [self.max_bytes if budgeted else 0, entry_bytes(fields)]
         for name, value in fields.items():
             args += [name, value]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

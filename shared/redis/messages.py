@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 
-#: unhandled entries a worker inbox takes before client commands are refused: a bound on
-#: count, beside the byte budget (inbox_append.lua; never trimmed, which would drop them)
-INBOX_MAX_ENTRIES = 100_000
+#: what an inbox entry costs the budget at least (a stream entry's own overhead, about):
+#: with it the byte budget of inbox_append.lua also bounds the count of entries (64 MiB /
+#: 640 B is about 100 000), so one counter does both and Redis runs no XLEN per append
+MIN_ENTRY_BYTES = 640
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
 #: live-channel messages that start with this byte are control notices, not events
 CONTROL_PREFIX = b"!"
@@ -57,13 +58,14 @@ class InboxMessage:
 
 
 def entry_bytes(fields: Mapping[Any, Any]) -> int:
-    """What an inbox entry costs the inbox's byte budget: its payload and its audio.
+    """What an inbox entry costs the inbox's budget: its payload and its audio, and at least
+    MIN_ENTRY_BYTES.
 
     The API counts it from the fields it writes (str keys), the worker from the fields it
     reads (bytes keys): both must agree, so only the two byte fields count."""
     payload = fields.get("p", fields.get(b"p", b""))
     audio = fields.get("b", fields.get(b"b", b""))
-    return len(payload) + len(audio)
+    return max(len(payload) + len(audio), MIN_ENTRY_BYTES)
 
 
 def takeover_notice(attachment_generation: int) -> bytes:

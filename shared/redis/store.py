@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shared.ids import now_ms
 from shared.redis.keys import INBOX_GROUP, KeySchema
-from shared.redis.messages import INBOX_MAX_ENTRIES, entry_bytes
+from shared.redis.messages import entry_bytes
 from shared.redis.scripts import Scripts
 
 
@@ -251,7 +251,7 @@ class SessionStore:
     async def inbox_append(self, worker_id: str, fields: Mapping[str, Any]) -> None:
         """One control message (close) to a worker's inbox, outside its budget but counted
         in it, like the API's pipelined commands (services/api/inbox_writer.py)."""
-        args: list[Any] = [0, INBOX_MAX_ENTRIES, entry_bytes(fields)]
+        args: list[Any] = [0, entry_bytes(fields)]
         for name, value in fields.items():
             args += [name, value]
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]

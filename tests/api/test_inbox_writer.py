@@ -7,7 +7,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from services.api.inbox_writer import InboxFull, InboxWriter
 from shared.redis.keys import KeySchema
-from shared.redis.messages import entry_bytes
+from shared.redis.messages import MIN_ENTRY_BYTES, entry_bytes
 
 KEYS = KeySchema()
 
@@ -42,11 +42,14 @@ async def test_the_budget_counts_payload_and_audio_and_refuses_past_it(redis_cli
     await writer.stop()
     kinds = [f[b"k"] for _, f in await redis_client.xrange(KEYS.inbox("w"))]
     assert kinds == [b"command"] * 3 + [b"close"]  # the refused one was never written
-    assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 3 * size + 2
+    # the close costs the least an entry costs
+    assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 3 * size + MIN_ENTRY_BYTES
 
 
 async def test_the_inbox_is_bounded_in_entries_too_and_never_trimmed(redis_client):
-    writer = InboxWriter(redis_client, max_entries=3)
+    # tiny entries cost MIN_ENTRY_BYTES each: the byte budget bounds their count
+    assert entry_bytes({"p": "0"}) == MIN_ENTRY_BYTES
+    writer = InboxWriter(redis_client, max_bytes=3 * MIN_ENTRY_BYTES)
     for n in range(3):
         await writer.append("w", {"p": str(n)})
     with pytest.raises(InboxFull):
