@@ -361,6 +361,15 @@ async def _run_exhaustion(scale: float) -> tuple[list[Case], dict[str, int]]:
         await asyncio.gather(drainer, return_exceptions=True)
         figures = check(conversation)
         control_figures = {"turns": conversation.turns, **figures}
+        if figures["lost"]:  # say which, and what came around them: a lost event is a bug
+            seqs = {f["server_event_seq"] for f in control.delivered if "server_event_seq" in f}
+            missing = sorted(set(range(1, max(seqs) + 1)) - seqs)
+            near = [
+                (f.get("server_event_seq"), f.get("type"))
+                for f in control.frames
+                if abs((f.get("server_event_seq") or -99) - missing[0]) <= 3
+            ]
+            print(f"control session lost seqs {missing[:10]}; frames near: {near}")
         if conversation.ended_by is not None:
             control_figures["ended"] = 1
         await attack.redis.aclose()

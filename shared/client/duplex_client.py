@@ -101,6 +101,8 @@ class DuplexClient:
         self._events: asyncio.Queue[DuplexEvent | BaseException] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._relinked = asyncio.Event()  # set (and replaced) whenever `_ws` is replaced
+        self._failure: DuplexClientError | None = None  # the resume that ended the session
         self._unacked = 0
         self._defaults = InputAudioDefaults()
 
@@ -170,6 +172,7 @@ class DuplexClient:
                 reply = orjson.loads(await ws.recv())
             if reply.get("type") == "session.resumed":
                 self._ws = ws
+                self._relink()
                 self.resume_token = reply.get("resume_token") or self.resume_token
                 self.attachment_generation = reply.get(
                     "attachment_generation", self.attachment_generation
@@ -205,9 +208,16 @@ class DuplexClient:
             try:
                 await self._resume()
             except DuplexClientError as exc:
+                self._failure = exc
+                self._relink()  # senders waiting for a new connection hear the failure
                 self._events.put_nowait(exc)
                 return
             self._connected.set()
+
+    def _relink(self) -> None:
+        """The socket was replaced (or will never be): wake the senders waiting for it."""
+        relinked, self._relinked = self._relinked, asyncio.Event()
+        relinked.set()
 
     def _deliver(self, data: dict[str, Any]) -> None:
         seq = server_event_seq(data)
@@ -244,12 +254,22 @@ class DuplexClient:
     # ------------------------------------------------------------ commands
 
     async def _send_raw(self, command: DuplexCommand) -> None:
-        await self._connected.wait()
-        try:
-            await self._ws.send(command.to_json().decode())
-        except ConnectionClosed:
-            await self._connected.wait()  # the reader resumes; send on the new connection
-            await self._ws.send(command.to_json().decode())
+        data = command.to_json().decode()
+        while True:
+            await self._connected.wait()
+            ws, relinked = self._ws, self._relinked
+            try:
+                await ws.send(data)
+                return
+            except ConnectionClosed:
+                if self._closing:
+                    raise
+                # The reader resumes on a new connection. It may not have seen this close
+                # yet (`_connected` still set: a write can fail before the read does), so
+                # wait for the socket to be replaced, not for `_connected`.
+                await relinked.wait()
+                if self._failure is not None:
+                    raise self._failure from None
 
     async def send(self, command: DuplexCommand | Mapping[str, Any]) -> None:
         if not isinstance(command, DuplexCommand):

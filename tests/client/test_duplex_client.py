@@ -14,3 +14,62 @@ async def test_close_returns_while_the_connection_never_comes_back():
     started = time.monotonic()
     await client.close()
     assert time.monotonic() - started < 2
+
+
+class FakeSocket:
+    """A connection whose send fails as a killed pod's does, or records what it sent."""
+
+    def __init__(self, dead: bool) -> None:
+        self.dead = dead
+        self.sent: list[str] = []
+
+    async def send(self, data: str) -> None:
+        if self.dead:
+            from websockets.exceptions import ConnectionClosedError
+
+            raise ConnectionClosedError(None, None)  # "no close frame received or sent"
+        self.sent.append(data)
+
+
+async def test_a_send_that_fails_before_the_reader_notices_waits_for_the_resume():
+    """A write to a killed pod can fail before the reader sees the close, while the client
+    still counts itself connected: the command must go out on the resumed connection,
+    not fail (bench/chaos, test_killing_api_pods, under load)."""
+    import asyncio
+
+    from shared.client.duplex_client import DuplexClient
+    from shared.protocol.duplex import Heartbeat
+
+    client = DuplexClient("ws://127.0.0.1:9")
+    dead, resumed = FakeSocket(dead=True), FakeSocket(dead=False)
+    client._ws = dead
+    client._connected.set()  # the reader has not noticed yet
+    sending = asyncio.create_task(client._send_raw(Heartbeat(event_id="hb")))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not sending.done()  # waiting for a new connection, not retrying the dead one
+    client._connected.clear()  # what the reader does, then resumes:
+    client._ws = resumed
+    client._relink()
+    client._connected.set()
+    await sending
+    assert len(resumed.sent) == 1 and '"hb"' in resumed.sent[0]
+
+
+async def test_a_send_waiting_for_a_resume_hears_that_it_failed():
+    import asyncio
+
+    import pytest
+
+    from shared.client.duplex_client import DuplexClient, DuplexClientError
+    from shared.protocol.duplex import Heartbeat
+
+    client = DuplexClient("ws://127.0.0.1:9")
+    client._ws = FakeSocket(dead=True)
+    client._connected.set()
+    sending = asyncio.create_task(client._send_raw(Heartbeat(event_id="hb")))
+    await asyncio.sleep(0)
+    client._failure = DuplexClientError("session_resume_expired", "gone")
+    client._relink()
+    with pytest.raises(DuplexClientError):
+        await sending
