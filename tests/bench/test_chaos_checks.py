@@ -13,11 +13,13 @@ def unparsed_events(monkeypatch):
     monkeypatch.setattr("shared.client.duplex_client.parse_server_event", lambda data: data)
 
 
-def session_with_one_answer(audio: bytes | None = None) -> Conversation:
+def session_with_one_answer(
+    audio: bytes | None = None, names_ms: int = 200, spoken_ms: int = 200
+) -> Conversation:
     client = RecordingClient("ws://unused")
     conversation = Conversation(client, 0)
-    pcm = turn_audio(200)
-    conversation.spoken[200] = pcm
+    pcm = turn_audio(spoken_ms)
+    conversation.spoken[spoken_ms] = pcm
     echo = expected_echo(pcm) if audio is None else audio
     frames = [
         {"type": "response.created", "response": {"id": "resp_1"}},
@@ -29,7 +31,7 @@ def session_with_one_answer(audio: bytes | None = None) -> Conversation:
         {
             "type": "response.output_audio_transcript.done",
             "response_id": "resp_1",
-            "transcript": "echo 200 ms",
+            "transcript": f"echo {names_ms} ms",
         },
         {"type": "response.done", "response": {"id": "resp_1", "status": "completed"}},
     ]
@@ -41,7 +43,8 @@ def session_with_one_answer(audio: bytes | None = None) -> Conversation:
 def test_a_clean_session_passes():
     conversation = session_with_one_answer()
     assert 200 in conversation.client.answered
-    assert check(conversation) == {"lost": 0, "duplicated": 0, "mismatched": 0, "events": 4}
+    figures = check(conversation)
+    assert figures == {"lost": 0, "duplicated": 0, "mismatched": 0, "partial": 0, "events": 4}
 
 
 def test_a_gap_in_the_seqs_is_a_lost_event():
@@ -66,3 +69,30 @@ def test_a_replayed_seq_is_dropped_by_the_client_not_counted():
 def test_audio_that_is_not_the_echo_is_a_mismatch():
     wrong = expected_echo(turn_audio(200))[:-2] + b"\x00\x01"
     assert check(session_with_one_answer(wrong))["mismatched"] == 1
+
+
+def cut(pcm: bytes, first_chunk: int, chunks: int) -> bytes:
+    """The turn less `chunks` 20 ms appends from `first_chunk` on (lost with a pod)."""
+    return pcm[: 640 * first_chunk] + pcm[640 * (first_chunk + chunks) :]
+
+
+def test_the_answer_to_a_turn_a_resume_cut_into_is_partial_not_a_mismatch():
+    kept = cut(turn_audio(300), first_chunk=4, chunks=5)  # 200 ms of the 300 arrived
+    conversation = session_with_one_answer(expected_echo(kept), names_ms=200, spoken_ms=300)
+    conversation.resumed_in.add(300)
+    figures = check(conversation)
+    assert (figures["mismatched"], figures["partial"]) == (0, 1)
+
+
+def test_a_cut_answer_without_a_resume_in_its_turn_is_a_mismatch():
+    kept = cut(turn_audio(300), first_chunk=4, chunks=5)
+    conversation = session_with_one_answer(expected_echo(kept), names_ms=200, spoken_ms=300)
+    figures = check(conversation)
+    assert (figures["mismatched"], figures["partial"]) == (1, 0)
+
+
+def test_input_missing_in_two_places_is_a_mismatch_even_after_a_resume():
+    twice = cut(cut(turn_audio(300), first_chunk=2, chunks=2), first_chunk=6, chunks=3)
+    conversation = session_with_one_answer(expected_echo(twice), names_ms=200, spoken_ms=300)
+    conversation.resumed_in.add(300)
+    assert check(conversation)["mismatched"] == 1
