@@ -46,18 +46,23 @@ def loaded_by(module: str) -> set[str]:
     return set(out.stdout.split())
 
 
+#: the leaf module of the one coded-error base (it imports nothing): every package may use it
+LEAF = "shared.errors"
+
+
 def test_realtime_imports_nothing_else_of_ours():
-    assert all(
-        m.startswith("shared.protocol.realtime") for m in imports_of("shared.protocol.realtime")
-    )
+    allowed = ("shared.protocol.realtime", LEAF)
+    assert all(m.startswith(allowed) for m in imports_of("shared.protocol.realtime"))
     loaded = loaded_by("shared.protocol.realtime")
-    assert loaded - {"shared", "shared.protocol"} == {
-        m for m in loaded if m.startswith("shared.protocol.realtime")
-    }
+    assert loaded - {"shared", "shared.protocol"} == {m for m in loaded if m.startswith(allowed)}
+
+
+def test_the_error_base_imports_nothing_of_ours():
+    assert loaded_by(LEAF) == {"shared", LEAF}
 
 
 def test_duplex_imports_only_realtime():
-    allowed = ("shared.protocol.realtime", "shared.protocol.duplex")
+    allowed = ("shared.protocol.realtime", "shared.protocol.duplex", LEAF)
     assert all(m.startswith(allowed) for m in imports_of("shared.protocol.duplex"))
     loaded = loaded_by("shared.protocol.duplex") - {"shared", "shared.protocol"}
     assert loaded and all(m.startswith(allowed) for m in loaded)

@@ -23,6 +23,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from shared.client.receiving import receive_until
+from shared.errors import CodedError
 from shared.protocol.duplex import (
     AppendAudio,
     CommandContext,
@@ -41,12 +42,11 @@ from shared.protocol.duplex import (
 log = logging.getLogger(__name__)
 
 
-class DuplexClientError(Exception):
+class DuplexClientError(CodedError):
     """The server refused the session (open or resume); `code` is its error code."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
+        super().__init__(code, message)
 
 
 @dataclasses.dataclass(frozen=True)

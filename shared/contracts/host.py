@@ -10,34 +10,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.contracts.config import DuplexCapabilities
-from shared.protocol.duplex import (
-    DuplexCommand,
-    DuplexErrorEvent,
-    DuplexEvent,
-    error_type_for,
-    retryable_for,
-)
+from shared.protocol.duplex import CodedError, DuplexCommand, DuplexErrorEvent, DuplexEvent
 
 
-class DuplexSessionError(Exception):
+class DuplexSessionError(CodedError):
     """A session operation failed with a contract error code."""
 
     def __init__(
         self, code: str, message: str, *, related_event_id: str | None = None, **extra: Any
     ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.related_event_id = related_event_id
-        self.extra = extra
-
-    @property
-    def error_type(self) -> str:
-        return error_type_for(self.code)
-
-    @property
-    def retryable(self) -> bool | None:
-        return retryable_for(self.code)
+        super().__init__(code, message, related_event_id=related_event_id, extra=extra)
 
     def to_event(self) -> DuplexErrorEvent:
         return DuplexErrorEvent.for_code(

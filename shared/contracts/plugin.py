@@ -30,16 +30,14 @@ from shared.contracts.config import (
     SessionRuntimeConfig,
 )
 from shared.contracts.stages import DuplexFence, StageOutput, StagePlan, StagePort
+from shared.errors import CodedError
 
 
-class DuplexRuntimeConfigError(Exception):
+class DuplexRuntimeConfigError(CodedError):
     """The plugin refused a session's configuration; `code` is a contract error code."""
 
     def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.param = param
+        super().__init__(code, message, param=param)
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
+from shared.errors import CodedError
 from shared.ids import now_ms
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.messages import entry_bytes
@@ -41,13 +42,8 @@ def key_digest(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-class SessionStoreError(Exception):
+class SessionStoreError(CodedError):
     """A script refused: `code` is the contract error code."""
-
-    def __init__(self, code: str, message: str = "") -> None:
-        super().__init__(f"{code}: {message}" if message else code)
-        self.code = code
-        self.message = message or code
 
 
 @dataclasses.dataclass(frozen=True)

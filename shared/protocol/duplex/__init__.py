@@ -18,6 +18,7 @@ from shared.protocol.duplex.commands import __all__ as _command_names
 from shared.protocol.duplex.errors import (
     ERROR_CODES,
     ERROR_TYPES_BY_CODE,
+    CodedError,
     ErrorCode,
     RealtimeProtocolError,
     error_type_for,
@@ -67,6 +68,7 @@ __all__ = [
     "WAV",
     "AudioFormat",
     "ErrorCode",
+    "CodedError",
     "RealtimeProtocolError",
     "WireFormatError",
     "dumps",

@@ -14,7 +14,9 @@ from shared.protocol.realtime.errors import (
     INVALID_REQUEST_ERROR,
     RATE_LIMIT_ERROR,
     SERVER_ERROR,
+    CodedError,
     RealtimeProtocolError,
+    register_code_table,
 )
 
 
@@ -206,9 +208,13 @@ def retryable_for(code: str | None) -> bool | None:
     return entry.retryable if entry else None
 
 
+register_code_table(lambda code: (error_type_for(code), retryable_for(code)))
+
+
 __all__ = [
     "ERROR_CODES",
     "ERROR_TYPES_BY_CODE",
+    "CodedError",
     "ErrorCode",
     "RealtimeProtocolError",
     "error_type_for",

@@ -6,36 +6,30 @@ Realtime codec raises them by name so that it never depends on that table.
 
 from __future__ import annotations
 
-from typing import Any
+from shared.errors import CodedError, register_code_table
 
 INVALID_REQUEST_ERROR = "invalid_request_error"
 SERVER_ERROR = "server_error"
 RATE_LIMIT_ERROR = "rate_limit_error"
 ERROR_TYPES = (INVALID_REQUEST_ERROR, SERVER_ERROR, RATE_LIMIT_ERROR)
 
+__all__ = [
+    "ERROR_TYPES",
+    "INVALID_REQUEST_ERROR",
+    "RATE_LIMIT_ERROR",
+    "SERVER_ERROR",
+    "CodedError",
+    "RealtimeProtocolError",
+    "register_code_table",
+]
 
-class RealtimeProtocolError(Exception):
+
+class RealtimeProtocolError(CodedError):
     """A client event (or part of one) was rejected.
 
     `related_event_id` is the client's own `event_id`, echoed back as
     `error.event_id` so the client can correlate the rejection.
     """
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        related_event_id: str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.param = param
-        self.related_event_id = related_event_id
-        self.extra = dict(extra or {})
 
     def with_event_id(self, event_id: str | None) -> RealtimeProtocolError:
         """Attach the client's event id when the raiser did not know it."""

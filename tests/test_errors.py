@@ -1,0 +1,73 @@
+"""One coded-error base: every error that carries a contract code subclasses CodedError and
+reads its error type and retryability from the code table."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from shared.client.duplex_client import DuplexClientError
+from shared.contracts import DuplexSessionError
+from shared.contracts.plugin import DuplexRuntimeConfigError
+from shared.errors import CodedError
+from shared.protocol.duplex import ERROR_CODES, RealtimeProtocolError
+from shared.redis.store import SessionStoreError
+
+ROOT = Path(__file__).resolve().parents[1]
+CODED = [
+    RealtimeProtocolError,
+    DuplexSessionError,
+    DuplexRuntimeConfigError,
+    DuplexClientError,
+    SessionStoreError,
+]
+
+
+@pytest.mark.parametrize("cls", CODED, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "code, error_type, retryable",
+    [
+        ("bad_event", "invalid_request_error", None),
+        ("worker_lost", "server_error", True),
+        ("resource_exhausted", "rate_limit_error", True),
+        ("not_a_code_of_ours", "invalid_request_error", None),
+    ],
+)
+def test_every_coded_error_classifies_through_the_table(cls, code, error_type, retryable):
+    error = cls(code, "why")
+    assert isinstance(error, CodedError)
+    assert (error.code, error.message, str(error)) == (code, "why", f"{code}: why")
+    assert (error.error_type, error.retryable) == (error_type, retryable)
+
+
+def test_the_table_is_what_the_base_reads():
+    for code, entry in ERROR_CODES.items():
+        error = CodedError(code)
+        assert (error.error_type, error.retryable) == (entry.error_type, entry.retryable)
+        assert error.message == code and str(error) == code
+
+
+def test_no_other_exception_class_keeps_a_code_of_its_own():
+    """An exception class that sets `self.code` itself is a second coded-error tree."""
+    offenders = []
+    for top in ("shared", "services", "plugins"):
+        for path in (ROOT / top).rglob("*.py"):
+            if path == ROOT / "shared" / "errors.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                for inner in ast.walk(node):
+                    targets = inner.targets if isinstance(inner, ast.Assign) else []
+                    if any(
+                        isinstance(t, ast.Attribute)
+                        and t.attr == "code"
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                        for t in targets
+                    ) and any(
+                        isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception"))
+                        for b in node.bases
+                    ):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert offenders == []
