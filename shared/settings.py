@@ -21,6 +21,63 @@ def _env(name: str, default: str | None = None, env: Mapping[str, str] | None = 
     return (os.environ if env is None else env).get(ENV_PREFIX + name, default)
 
 
+MIB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionPolicy:
+    """The deployment's session policy, one for both process kinds (reference-contract.md
+    4.4 and 4.5): the API pod applies the grace, the door limit on appends and the output
+    queue bounds; the worker the idle TTL, the input budgets and its slots. Each field is
+    read from `DUPLEX_<FIELD>` (e.g. `DUPLEX_DISCONNECT_GRACE_S`,
+    `DUPLEX_MAX_PENDING_INPUT_BYTES_PER_SESSION`), so pods and workers given the same
+    environment (the chart's ConfigMap) apply the same policy. All values > 0, except
+    `idle_ttl_s`, which may be None (`none`) to disable idle expiry.
+
+    The plugin ABC knows it as `shared.contracts.SessionRuntimeConfig` (the same class)."""
+
+    idle_ttl_s: float | None = 300.0
+    disconnect_grace_s: float = 30.0
+    reaper_interval_s: float = 5.0
+    resume_replay_ttl_s: float = 60.0
+    resume_replay_max_bytes_per_session: int = 8 * MIB
+    max_pending_input_bytes_per_session: int = 16 * MIB
+    max_pending_turns_per_session: int = 4
+    max_sessions: int = 1
+    max_pending_output_bytes_per_session: int = 2 * MIB
+    max_pending_output_events_per_session: int = 512
+    output_reserve_bytes: int = 64 * 1024
+    output_reserve_events: int = 8
+    server_vad_model_path: str | None = None
+    executor_threads: int = 4
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None and field.name in ("idle_ttl_s", "server_vad_model_path"):
+                continue
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"session policy: {field.name} must be > 0, got {value!r}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> SessionPolicy:
+        values: dict = {}
+        for field in dataclasses.fields(cls):
+            raw = _env(field.name.upper(), env=env)
+            if raw is None:
+                continue
+            if field.name == "server_vad_model_path":
+                values[field.name] = raw or None
+            elif field.name == "idle_ttl_s" and raw.strip().lower() in ("", "none", "0"):
+                values[field.name] = None
+            elif isinstance(field.default, int):
+                values[field.name] = int(raw)
+            else:
+                values[field.name] = float(raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -69,6 +126,12 @@ class WorkerSettings(RedisSettings):
     llm_model: str | None = None
     #: the assistant's speech recognition: hybrid (default), lm or grammar (plugins/assistant)
     assistant_asr: str = "hybrid"
+    #: the session policy (its max_sessions is this worker's `max_sessions`)
+    session: SessionPolicy = dataclasses.field(default_factory=SessionPolicy)
+
+    def session_policy(self) -> SessionPolicy:
+        """The policy this worker applies: the deployment's, with this worker's slots."""
+        return dataclasses.replace(self.session, max_sessions=self.max_sessions)
 
     def plugin_options(self) -> dict[str, str]:
         """What `DuplexModelPlugin.from_options` receives."""
@@ -92,6 +155,7 @@ class WorkerSettings(RedisSettings):
             values["llm_model"] = llm_model
         if asr := _env("ASSISTANT_ASR", env=env):
             values["assistant_asr"] = asr
+        values["session"] = SessionPolicy.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -106,7 +170,6 @@ class ApiSettings(RedisSettings):
     api_keys: frozenset[str] = frozenset()
     config_timeout_s: float = 10.0
     open_timeout_s: float = 10.0
-    disconnect_grace_s: float = 30.0
     chat_timeout_s: float = 30.0
     drain_timeout_s: float = 20.0
     #: placement: a worker takes a new session while its load is under ceil((1 + eps) * average)
@@ -124,6 +187,12 @@ class ApiSettings(RedisSettings):
     #: browser Origins allowed on the WebSockets besides the page's own host; "*": any.
     #: Empty: same-host only without API keys, any with them (the key is the credential).
     allowed_origins: frozenset[str] = frozenset()
+    #: the session policy, the same as the workers' (DUPLEX_DISCONNECT_GRACE_S and the rest)
+    session: SessionPolicy = dataclasses.field(default_factory=SessionPolicy)
+
+    @property
+    def disconnect_grace_s(self) -> float:
+        return self.session.disconnect_grace_s
 
     def __repr__(self) -> str:
         keys = f"<{len(self.api_keys)} keys>" if self.api_keys else "none"
@@ -137,8 +206,7 @@ class ApiSettings(RedisSettings):
             values["api_keys"] = frozenset(k.strip() for k in keys.split(",") if k.strip())
         if (pod := _env("POD_ID", env=env)) is not None:
             values["pod_id"] = pod
-        if (grace := _env("DISCONNECT_GRACE_S", env=env)) is not None:
-            values["disconnect_grace_s"] = float(grace)
+        values["session"] = SessionPolicy.from_env(env)
         if (config_timeout := _env("CONFIG_TIMEOUT_S", env=env)) is not None:
             values["config_timeout_s"] = float(config_timeout)
         if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:

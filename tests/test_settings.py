@@ -1,7 +1,10 @@
 """Settings come from DUPLEX_* variables and flags; secrets never show in repr."""
 
+import pytest
+
+from shared.contracts import SessionRuntimeConfig
 from shared.redis.connection import redact
-from shared.settings import ApiSettings, WorkerSettings
+from shared.settings import ApiSettings, SessionPolicy, WorkerSettings
 
 
 def test_api_settings_from_env_and_overrides():
@@ -70,3 +73,26 @@ def test_http_limits_and_origins_from_env():
     )
     assert settings.loop_lag_warn_s == 0.25
     assert WorkerSettings.from_env({"DUPLEX_LOOP_LAG_WARN_S": "0.5"}).loop_lag_warn_s == 0.5
+
+
+def test_one_session_policy_for_both_process_kinds():
+    """Pods and workers read the same DUPLEX_<FIELD> variables into the same policy."""
+    env = {
+        "DUPLEX_DISCONNECT_GRACE_S": "12.5",
+        "DUPLEX_IDLE_TTL_S": "none",
+        "DUPLEX_MAX_PENDING_INPUT_BYTES_PER_SESSION": "4096",
+        "DUPLEX_MAX_PENDING_OUTPUT_EVENTS_PER_SESSION": "64",
+        "DUPLEX_MAX_SESSIONS": "3",
+    }
+    api, worker = ApiSettings.from_env(env), WorkerSettings.from_env(env)
+    assert api.session == worker.session
+    policy = worker.session_policy()
+    assert (policy.disconnect_grace_s, policy.idle_ttl_s) == (12.5, None)
+    assert policy.max_pending_input_bytes_per_session == 4096
+    assert policy.max_pending_output_events_per_session == 64
+    assert policy.max_sessions == 3 == worker.max_sessions
+    assert api.disconnect_grace_s == 12.5
+    assert SessionRuntimeConfig is SessionPolicy  # the plugin ABC's name for the same class
+    assert ApiSettings.from_env({}).session == SessionPolicy()
+    with pytest.raises(ValueError, match="disconnect_grace_s"):
+        ApiSettings.from_env({"DUPLEX_DISCONNECT_GRACE_S": "0"})

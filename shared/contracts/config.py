@@ -2,8 +2,8 @@
 
 `DuplexSessionConfig` (what one session runs with) is read from the wire by
 the codec and re-exported here; `DuplexCapabilities` is what a model can do;
-`SessionRuntimeConfig` is the deployment's per-worker session policy
-(reference-contract.md 4.4 and 4.5).
+`SessionRuntimeConfig` is the deployment's session policy, the same for API pods and
+workers (`shared.settings.SessionPolicy`; reference-contract.md 4.4 and 4.5).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import dataclasses
 from typing import Any
 
 from shared.protocol.duplex import DuplexSessionConfig, ResponseCreateOptions, TurnDetection
-
-MIB = 1024 * 1024
+from shared.settings import SessionPolicy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,33 +84,9 @@ class DuplexCapabilities:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
-class SessionRuntimeConfig:
-    """A worker's session policy (deploy config `duplex_session:`). All values > 0,
-    except `idle_ttl_s`, which may be None to disable idle expiry."""
-
-    idle_ttl_s: float | None = 300.0
-    disconnect_grace_s: float = 30.0
-    reaper_interval_s: float = 5.0
-    resume_replay_ttl_s: float = 60.0
-    resume_replay_max_bytes_per_session: int = 8 * MIB
-    max_pending_input_bytes_per_session: int = 16 * MIB
-    max_pending_turns_per_session: int = 4
-    max_sessions: int = 1
-    max_pending_output_bytes_per_session: int = 2 * MIB
-    max_pending_output_events_per_session: int = 512
-    output_reserve_bytes: int = 64 * 1024
-    output_reserve_events: int = 8
-    server_vad_model_path: str | None = None
-    executor_threads: int = 4
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is None and field.name in ("idle_ttl_s", "server_vad_model_path"):
-                continue
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
-                raise ValueError(f"SessionRuntimeConfig.{field.name} must be > 0, got {value!r}")
+#: the plugin ABC's name for the deployment's session policy: one class, defined with the
+#: settings it is read from (`shared.settings.SessionPolicy`)
+SessionRuntimeConfig = SessionPolicy
 
 
 __all__ = [
