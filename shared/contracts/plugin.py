@@ -5,7 +5,7 @@ It merges the three halves of the seed's design:
 - session policy: capabilities, validation of client `extra_body`, the
   server-owned runtime config of a session;
 - engine policy: which stage requests to submit for a response (turn-based
-  models) or for each input unit (model-native models), sampling defaults;
+  models);
 - data plane: turning raw stage outputs into what the runner projects
   (audio, text, listen, done).
 
@@ -125,21 +125,9 @@ class DuplexModelPlugin(abc.ABC):
     def create_stage_port(self, runtime: SessionRuntimeConfig) -> StagePort:
         """The stages of this model, shared by every session of one worker."""
 
-    def configure_sampling_params(
-        self, runtime_config: Mapping[str, Any], defaults: Sequence[Any]
-    ) -> tuple[Any, ...]:
-        """Sampling parameters per stage, from the stages' defaults."""
-        return tuple(defaults)
-
     @abc.abstractmethod
     def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
         """The stage submission that produces one response to a committed turn."""
-
-    def plan_append(
-        self, fence: DuplexFence, request_id: str, audio: np.ndarray, config: DuplexSessionConfig
-    ) -> StagePlan | None:
-        """Model-native models: the submission for one input unit. Turn-based: None."""
-        return None
 
     # ------------------------------------------------------------ data plane
 

@@ -108,10 +108,6 @@ class StagePort(abc.ABC):
         """Start the reserved request with its first input."""
 
     @abc.abstractmethod
-    async def submit_update(self, plan: StagePlan) -> None:
-        """Feed a running request its next input (resumable requests)."""
-
-    @abc.abstractmethod
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Stop generation of these requests now; no output of theirs follows."""
 

@@ -53,9 +53,6 @@ class TaskStagePort(StagePort):
         self._tasks[plan.request_id] = task
         task.add_done_callback(lambda t, rid=plan.request_id: self._forget(rid, t))
 
-    async def submit_update(self, plan: StagePlan) -> None:
-        await self.submit_initial(plan)  # one-shot requests: an update restarts
-
     async def abort(self, request_ids: Sequence[str]) -> None:
         tasks = [self._tasks.pop(rid) for rid in request_ids if rid in self._tasks]
         self._aborted.update(request_ids)

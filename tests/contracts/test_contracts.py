@@ -64,3 +64,25 @@ def test_the_idle_lease_expires_idle_sessions_only():
     lease.mark_terminal()
     assert lease.generation == 1 and lease.expiry(1e9, busy=False) is None
     assert LeaseState(idle_ttl_s=None).expiry(1e9, busy=False) is None
+
+
+def test_every_hook_of_the_seams_has_a_caller_in_the_services():
+    """A hook the worker never calls is a second, dead contract: wire it or remove it."""
+    import ast
+    from pathlib import Path
+
+    from shared.contracts import DuplexModelPlugin, StagePort
+
+    root = Path(__file__).resolve().parents[2]
+    used: set[str] = set()
+    for path in (root / "services").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                used.add(node.attr)
+    for seam in (DuplexModelPlugin, StagePort):
+        hooks = {
+            name
+            for name, value in vars(seam).items()
+            if not name.startswith("_") and (callable(value) or isinstance(value, property))
+        }
+        assert hooks and hooks <= used, f"{seam.__name__}: never called {sorted(hooks - used)}"
