@@ -14,10 +14,10 @@ from typing import Any, TextIO
 import orjson
 from redis import exceptions as redis_errors
 
-from services.cli import EXIT_NOT_AVAILABLE
+from services.exit_codes import EXIT_NOT_AVAILABLE
+from shared.redis.boundary import CloseRequest, WorkerRegistration
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
-from shared.redis.messages import CLOSE, InboxMessage
 from shared.redis.store import SessionStore
 
 
@@ -166,8 +166,8 @@ class Admin:
         if not meta or meta.get("state") == "closed":
             self._note(f"no open session {session_id}")
             return 1
-        message = InboxMessage(CLOSE, session_id, 0, 0, {"reason": reason})
-        await self.store.inbox_append(meta["worker"], message.to_fields())
+        close = CloseRequest(session_id, reason)
+        await self.store.inbox_append(meta["worker"], close.to_fields())
         self._print(f"asked {meta['worker']} to close {session_id} ({reason})")
         return 0
 
@@ -175,11 +175,15 @@ class Admin:
         beats = await self.client.zrange(self.keys.workers(), 0, -1, withscores=True)
         rows = []
         for worker_id, score in beats:
+            registration = WorkerRegistration.from_hash(
+                _text(worker_id), await self.client.hgetall(self.keys.worker(_text(worker_id)))
+            )
+            # the hash's fields as redis-cli shows them, but the capabilities (too long)
             info = {
-                _text(k): _text(v)
-                for k, v in (await self.client.hgetall(self.keys.worker(_text(worker_id)))).items()
+                field: _text(value)
+                for field, value in (registration.to_hash() if registration else {}).items()
+                if field != "capabilities"
             }
-            info.pop("capabilities", None)
             rows.append(
                 {
                     "worker_id": _text(worker_id),

@@ -30,8 +30,8 @@ from starlette.requests import ClientDisconnect
 
 from services.api.inbox_writer import InboxFull, InboxWriter
 from services.api.placement import WorkerDirectory
+from shared.redis.boundary import ChatReply, ChatRequest
 from shared.redis.keys import KeySchema
-from shared.redis.messages import CHAT, InboxMessage
 
 #: a reply is cut here (64 Ki characters, about 16k tokens): a chat through a speech
 #: model's API is short, and the cap bounds what one request can make the pod send
@@ -164,9 +164,9 @@ class ChatCompletions:
                 404, f"no live worker serves chat completions for {model!r}", "model_not_found"
             )
         request_id = uuid.uuid4().hex
-        message = InboxMessage(CHAT, request_id, payload={"messages": body["messages"]})
+        chat = ChatRequest(request_id, body["messages"])
         try:  # within the inbox's byte budget, like the sessions' commands; deleted once handled
-            await self.inbox.append(workers[0].worker_id, message.to_fields())
+            await self.inbox.append(workers[0].worker_id, chat.to_fields())
         except InboxFull:
             return openai_error(
                 429, "the worker has too many unhandled requests; retry", "rate_limit_exceeded"
@@ -174,11 +174,11 @@ class ChatCompletions:
         reply = await self.client.blpop([self.keys.reply(request_id)], timeout=int(self.timeout_s))
         if reply is None:
             return openai_error(504, "the worker did not answer in time", "timeout", "server_error")
-        answer = orjson.loads(reply[1])
-        if not answer["ok"]:
-            status = 429 if answer["code"] == "resource_exhausted" else 400
-            return openai_error(status, answer["message"], answer["code"])
-        text: str = answer["text"]
+        answer = ChatReply.parse(reply[1])
+        if not answer.ok:
+            status = 429 if answer.code == "resource_exhausted" else 400
+            return openai_error(status, answer.message, answer.code)
+        text = answer.text
         finish = "stop"
         if len(text) > MAX_REPLY_CHARS:
             text, finish = text[:MAX_REPLY_CHARS], "length"

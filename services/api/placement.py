@@ -3,23 +3,12 @@ order consistent hashing with bounded loads gives (services/api/ring.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
-import orjson
-
 from services.api.ring import DEFAULT_EPSILON, HashRing, bounded_order
+from shared.redis.boundary import WorkerRegistration
 from shared.redis.keys import KeySchema
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerInfo:
-    worker_id: str
-    model: str
-    max_sessions: int
-    active: int
-    capabilities: dict[str, Any]
 
 
 class WorkerDirectory:
@@ -31,7 +20,7 @@ class WorkerDirectory:
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.epsilon = epsilon
 
-    async def live_workers(self) -> list[WorkerInfo]:
+    async def live_workers(self) -> list[WorkerRegistration]:
         since = int((time.time() - self.heartbeat_ttl_s) * 1000)
         ids = await self.client.zrangebyscore(self.keys.workers(), since, "+inf")
         if not ids:
@@ -39,25 +28,17 @@ class WorkerDirectory:
         pipeline = self.client.pipeline(transaction=False)
         for worker_id in ids:
             pipeline.hgetall(self.keys.worker(worker_id.decode()))
-        out = []
-        for worker_id, raw in zip(ids, await pipeline.execute(), strict=True):
-            if not raw:
-                continue
-            out.append(
-                WorkerInfo(
-                    worker_id=worker_id.decode(),
-                    model=raw[b"model"].decode(),
-                    max_sessions=int(raw.get(b"max_sessions", b"0")),
-                    active=int(raw.get(b"active", b"0")),
-                    capabilities=orjson.loads(raw.get(b"capabilities", b"{}")),
-                )
-            )
-        return out
+        registrations = (
+            WorkerRegistration.from_hash(worker_id.decode(), raw)
+            for worker_id, raw in zip(ids, await pipeline.execute(), strict=True)
+        )
+        # a heartbeat whose hash is gone (or holds only a load update) places nothing
+        return [registration for registration in registrations if registration is not None]
 
     async def models(self) -> list[str]:
         return sorted({worker.model for worker in await self.live_workers()})
 
-    async def candidates(self, model: str | None, key: str = "") -> list[WorkerInfo]:
+    async def candidates(self, model: str | None, key: str = "") -> list[WorkerRegistration]:
         """Workers that serve `model` (any model when None) and have room, in the order
         to try them for the session `key`."""
         workers = {

@@ -3,18 +3,20 @@
 One consumer task reads the worker's inbox stream with XREADGROUP BLOCK and
 dispatches each entry in order; entries are acknowledged after dispatch.
 Commands carry (attachment generation, seq) from the API connection that sent
-them, so a redelivered command is recognised and dropped.
+them, so a redelivered command is recognised and dropped. Every entry and the
+registration hash are records of `shared.redis.boundary`; the long-lived loops
+(heartbeat, inbox, ack) run supervised (`shared.supervised`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
 
-import orjson
 from redis import exceptions as redis_errors
 
 from services.worker.health import HealthServer
@@ -24,19 +26,21 @@ from services.worker.session.manager import SessionManager
 from shared.backoff import Backoff
 from shared.contracts import DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
-from shared.redis.command_messages import command_from_message
-from shared.redis.keys import INBOX_GROUP, KeySchema
-from shared.redis.messages import (
-    CHAT,
-    CLOSE,
-    COMMAND,
-    OPEN,
-    TOUCH,
+from shared.redis.boundary import (
+    ChatReply,
+    ChatRequest,
+    CloseRequest,
+    CommandRecord,
     InboxMessage,
+    OpenRequest,
+    TouchRequest,
+    WorkerRegistration,
     entry_bytes,
 )
+from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
+from shared.supervised import SupervisedLoop, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +70,19 @@ class WorkerProcess:
             sessions_key=self.keys.worker_sessions(settings.worker_id),
         )
         self.manager = SessionManager(self.plugin, self.runtime, self.publisher)
+        self.registration = WorkerRegistration(
+            worker_id=settings.worker_id,
+            model=self.plugin.plugin_id,
+            max_sessions=self.runtime.max_sessions,
+            capabilities=self.manager.capabilities.to_realtime(),
+            version=VERSION,
+        )
         self.inbox = self.keys.inbox(settings.worker_id)
         self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[SupervisedLoop] = []
+        # where the next XREADGROUP starts: first our own pending entries (a restart), then
+        # new ones; kept here so a restarted consume loop does not dispatch handled ones again
+        self._read_from = "0"
         # inbox entries handled, not yet acked and deleted: (entry id, size in bytes)
         self._unacked: list[tuple[bytes, int]] = []
         self._ack_wake = asyncio.Event()
@@ -94,10 +108,12 @@ class WorkerProcess:
         self.manager.start()
         if self.health is not None:
             await self.health.start()
-        self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat"),
-            asyncio.create_task(self._consume_loop(), name="worker-inbox"),
-            asyncio.create_task(self._ack_loop(), name="worker-inbox-ack"),
+        self._loops = [
+            SupervisedLoop.every(
+                "worker-heartbeat", self.settings.heartbeat_interval_s, self._heartbeat
+            ).start(),
+            SupervisedLoop("worker-inbox", self._consume_loop).start(),
+            SupervisedLoop("worker-inbox-ack", self._ack_loop).start(),
         ]
         log.info(
             "worker %s serving %s (max %d sessions)",
@@ -115,9 +131,7 @@ class WorkerProcess:
             await self.health.stop()
         with contextlib.suppress(Exception):
             await self.redis.client.zrem(self.keys.workers(), self.worker_id)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_all(self._loops)
         with contextlib.suppress(Exception):
             await self._ack_pending()
         await self.manager.shutdown("shutdown")
@@ -132,25 +146,16 @@ class WorkerProcess:
             )
 
     async def _register(self) -> None:
-        self._started_at = int(time.time() * 1000)
-        self._capabilities = orjson.dumps(self.manager.capabilities.to_realtime())
+        started_at = int(time.time() * 1000)
+        self.registration = dataclasses.replace(self.registration, started_at=started_at)
         await self._beat()
 
     async def _beat(self) -> None:
         """The whole registration, every beat: a Redis that restarted empty learns it again."""
         client = self.redis.client
+        registration = dataclasses.replace(self.registration, active=self.manager.slots_in_use)
         pipeline = client.pipeline(transaction=False)
-        pipeline.hset(
-            self.keys.worker(self.worker_id),
-            mapping={
-                "model": self.plugin.plugin_id,
-                "max_sessions": self.runtime.max_sessions,
-                "active": self.manager.slots_in_use,
-                "capabilities": self._capabilities,
-                "version": VERSION,
-                "started_at": self._started_at,
-            },
-        )
+        pipeline.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash())
         pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
         await pipeline.execute()
         self._last_beat_ok = True
@@ -166,19 +171,18 @@ class WorkerProcess:
 
     async def _report_load(self) -> None:
         """Placement reads `active`: keep it current between heartbeats."""
-        await self.redis.client.hset(
-            self.keys.worker(self.worker_id), "active", self.manager.slots_in_use
-        )
+        load = WorkerRegistration.load_fields(self.manager.slots_in_use)
+        await self.redis.client.hset(self.keys.worker(self.worker_id), mapping=load)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
-            try:
-                await self._beat()
-                self._forget_closed_sessions()
-            except Exception:
-                self._last_beat_ok = False
-                log.exception("worker heartbeat failed")
+    async def _heartbeat(self) -> None:
+        """One beat (every heartbeat interval). A failed one turns readiness false and is
+        tried again at the next interval: Redis being away is no failure of the loop."""
+        try:
+            await self._beat()
+            self._forget_closed_sessions()
+        except Exception:
+            self._last_beat_ok = False
+            log.exception("worker heartbeat failed")
 
     def _forget_closed_sessions(self) -> None:
         """Redelivery marks of sessions this worker no longer holds (closed by their
@@ -190,15 +194,17 @@ class WorkerProcess:
     # ------------------------------------------------------------ inbox
 
     async def _consume_loop(self) -> None:
+        """Read and dispatch for ever. Redis errors are retried here (NOGROUP: the group is
+        made again; others after a backoff); what escapes restarts it under its supervisor,
+        from `_read_from`, so entries already dispatched are not dispatched again."""
         reader = self.redis.new_client()
-        last_id = "0"  # first our own pending entries (a restart), then new ones
         backoff = Backoff()
         while True:
             try:
                 reply = await reader.xreadgroup(
                     INBOX_GROUP,
                     self.worker_id,
-                    {self.inbox: last_id},
+                    {self.inbox: self._read_from},
                     count=READ_COUNT,
                     block=READ_BLOCK_MS,
                 )
@@ -222,8 +228,8 @@ class WorkerProcess:
                 continue
             backoff.reset()
             entries = reply[0][1] if reply else []
-            if not entries and last_id == "0":
-                last_id = ">"
+            if not entries and self._read_from == "0":
+                self._read_from = ">"
                 continue
             for entry_id, fields in entries:
                 try:
@@ -269,32 +275,33 @@ class WorkerProcess:
             self._unacked = handled + self._unacked
             raise
 
-    def _fresh(self, message: InboxMessage) -> bool:
+    def _fresh(self, record: CommandRecord) -> bool:
         """False for a command already applied (redelivery)."""
-        mark = (message.attachment, message.seq)
-        if mark <= self._applied.get(message.session_id, (0, 0)):
+        mark = (record.attachment, record.seq)
+        if mark <= self._applied.get(record.session_id, (0, 0)):
             return False
-        self._applied[message.session_id] = mark
+        self._applied[record.session_id] = mark
         return True
 
     async def dispatch(self, message: InboxMessage) -> None:
         sid = message.session_id
         try:
-            if message.kind == OPEN:
-                await self.manager.open(message.payload.get("session") or {}, session_id=sid)
-                await self.redis.client.sadd(self.keys.worker_sessions(self.worker_id), sid)
-                await self._report_load()
-            elif message.kind == COMMAND:
-                if self._fresh(message):
-                    await self.manager.submit(sid, command_from_message(message))
-            elif message.kind == CLOSE:
-                await self.manager.close(sid, message.payload.get("reason", "client_close"))
-                self._applied.pop(sid, None)
-                await self._report_load()
-            elif message.kind == TOUCH:
-                await self.manager.touch(sid)
-            elif message.kind == CHAT:
-                await self._chat(message)
+            match message.record():  # a command is rebuilt as the API validated it
+                case CommandRecord() as record:
+                    if self._fresh(record):
+                        await self.manager.submit(sid, record.command)
+                case OpenRequest(session=session):
+                    await self.manager.open(session, session_id=sid)
+                    await self.redis.client.sadd(self.keys.worker_sessions(self.worker_id), sid)
+                    await self._report_load()
+                case CloseRequest(reason=reason):
+                    await self.manager.close(sid, reason)
+                    self._applied.pop(sid, None)
+                    await self._report_load()
+                case TouchRequest():
+                    await self.manager.touch(sid)
+                case ChatRequest() as request:
+                    await self._chat(request)
         except (DuplexSessionError, RealtimeProtocolError) as exc:
             event_id = (
                 message.payload.get("event_id") if isinstance(message.payload, dict) else None
@@ -302,17 +309,16 @@ class WorkerProcess:
             error = DuplexErrorEvent.for_code(exc.code, exc.message, related_event_id=event_id)
             self.publisher.emit(sid, error)
 
-    async def _chat(self, message: InboxMessage) -> None:
-        reply_key = self.keys.reply(message.session_id)
+    async def _chat(self, request: ChatRequest) -> None:
+        reply_key = self.keys.reply(request.request_id)
         try:
-            text = await self.manager.chat_completion(message.payload.get("messages") or [])
-            reply = {"ok": True, "text": text}
+            reply = ChatReply.answer(await self.manager.chat_completion(request.messages))
         except DuplexSessionError as exc:
-            reply = {"ok": False, "code": exc.code, "message": exc.message}
+            reply = ChatReply.failure(exc.code, exc.message)
         except Exception as exc:
             log.exception("chat completion failed")
-            reply = {"ok": False, "code": "internal_error", "message": str(exc)}
+            reply = ChatReply.failure("internal_error", str(exc))
         pipeline = self.redis.client.pipeline(transaction=False)
-        pipeline.rpush(reply_key, orjson.dumps(reply))
+        pipeline.rpush(reply_key, reply.to_bytes())
         pipeline.expire(reply_key, REPLY_TTL_S)
         await pipeline.execute()

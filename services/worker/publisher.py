@@ -3,7 +3,9 @@
 `emit` (called by the session runners) only appends to a per-session buffer
 and wakes the flusher; the flusher sends every buffered event of every session
 in one pipelined round trip of `event_publish.lua` calls, one call per session.
-Events of one session keep their order: the flusher is the only sender.
+Events of one session keep their order: the flusher is the only sender. The
+flusher is a supervised loop: a failed batch is put back in front and retried by
+the loop itself; anything else that escapes restarts it, with what it holds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.protocol.duplex import DuplexEvent, dumps
 from shared.redis.store import PublishItem, SessionStore
+from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class RedisEventPublisher(SessionEventSink):
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
+        self._loop: SupervisedLoop | None = None
         self._backoff = Backoff()
         self.published = 0
 
@@ -62,9 +65,11 @@ class RedisEventPublisher(SessionEventSink):
         self._wake.set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="event-publisher")
+        self._loop = SupervisedLoop("event-publisher", self._run).start()
 
     async def _run(self) -> None:
+        if self._pending:
+            self._wake.set()  # restarted with events in hand: send them first
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -104,10 +109,9 @@ class RedisEventPublisher(SessionEventSink):
             await self._idle.wait()
 
     async def stop(self) -> None:
-        if self._task is not None:
+        if self._loop is not None:
             try:
                 await self.flush()
             except TimeoutError:
                 log.warning("stopping with unpublished events")
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await self._loop.stop()
