@@ -11,7 +11,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-EXIT_NOT_AVAILABLE = 3
+from services.exit_codes import EXIT_NOT_AVAILABLE
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,8 +10,8 @@ failure starts the backoff again from the shortest pause.
 Two shapes of body fit:
 - a coroutine that runs for ever (`SupervisedLoop("janitor", worker.async_run)`);
 - a step repeated on a clock (`SupervisedLoop.every("api-heartbeat", 2.0, pod.beat)`): a
-  step that fails is logged and the next one comes after the backoff pause, not the
-  interval.
+  step that fails is logged, and the next one comes after the backoff pause and then the
+  interval (the restarted loop starts with its sleep).
 """
 
 from __future__ import annotations
