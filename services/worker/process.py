@@ -61,7 +61,7 @@ class WorkerProcess:
         self.plugin = load_plugin(
             settings.plugin, settings.plugin_options(), max_sessions=settings.max_sessions
         )
-        self.runtime = runtime or SessionRuntimeConfig(max_sessions=settings.max_sessions)
+        self.runtime = runtime or settings.session_policy()
         self.publisher = RedisEventPublisher(
             self.store,
             max_bytes=self.runtime.resume_replay_max_bytes_per_session,

@@ -220,3 +220,17 @@ def test_the_workers_metrics_are_scraped_on_their_health_port():
     assert (endpoint["port"], endpoint["path"]) == ("health", "/metrics")
     service = docs[("Service", "duplex-worker")]
     assert [p["name"] for p in service["spec"]["ports"]] == ["health"]
+
+
+def test_pods_and_workers_read_one_session_policy_from_the_config_map():
+    from shared.settings import ApiSettings, SessionPolicy, WorkerSettings
+
+    config = render(PRODUCTION)[("ConfigMap", "duplex-config")]["data"]
+    api, worker = ApiSettings.from_env(config), WorkerSettings.from_env(config)
+    assert api.session == worker.session == SessionPolicy()  # the chart's defaults are ours
+    tuned = render(
+        sets=("config.idleTtlSeconds=60", "config.maxPendingInputBytesPerSession=4194304")
+    )[("ConfigMap", "duplex-config")]["data"]
+    policy = WorkerSettings.from_env(tuned).session
+    assert (policy.idle_ttl_s, policy.max_pending_input_bytes_per_session) == (60.0, 4194304)
+    assert ApiSettings.from_env(tuned).session == policy
