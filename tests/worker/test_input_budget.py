@@ -63,7 +63,7 @@ async def test_a_hostile_wav_header_is_refused_at_submit_and_the_session_goes_on
     ):
         await session.send(append(payload, event_id=event_id))
         assert runner.session.pending_input_bytes == 0  # nothing reserved, nothing scheduled
-        assert runner._tail is None
+        assert runner.input.queue.idle
         error = await session.recv()
         assert (error.code, error.param, error.related_event_id) == (
             "unsupported_audio_format",

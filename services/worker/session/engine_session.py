@@ -1,4 +1,5 @@
-"""`EngineSession`: every piece of state of one session, written only by its runner."""
+"""`EngineSession`: every piece of state of one session, written only on its runner's task
+(the single-writer invariant of `runner.py`)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class EngineSession:
     epoch: int = 0
     turn_id: int = 0
     turn_state: str = "idle"
-    #: bumped by input_audio_buffer.clear: appends in flight from before are dropped
+    #: bumped by input.cancel: appends and commits in flight from before are dropped
     input_generation: int = 0
     active: ActiveResponse | None = None
     last_response: ActiveResponse | None = None

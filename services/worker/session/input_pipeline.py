@@ -1,8 +1,10 @@
 """The slow half of input handling: decode, resample, speech verdict, VAD.
 
-Runs on the manager's executor, one call at a time per session, in append
-order. A lock guards the resampler and VAD state because a cancelled append
-task leaves its executor call running while the next append may start.
+Called by the session's one input task (`InputQueue`), one append at a time, in
+append order, on the event loop or the manager's executor. A lock guards the
+resampler and VAD state all the same: the runner's task resets and reconfigures
+them (input clear and cancel, session.update) while a conversion may be running
+on the executor, and a stopped input task leaves its executor call running.
 """
 
 from __future__ import annotations

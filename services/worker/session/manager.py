@@ -42,6 +42,7 @@ from shared.protocol.duplex import (
     SessionClosed,
     SessionExpired,
 )
+from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class SessionManager(SessionHost):
         self._runners: dict[str, SessionRunner] = {}
         self._closing: dict[str, EngineSession] = {}
         self._opening = 0
-        self._reaper: asyncio.Task[None] | None = None
+        self._reaper: SupervisedLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ admission
@@ -232,7 +233,12 @@ class SessionManager(SessionHost):
             self.close(session_id, reason), name=f"session-close:{session_id}"
         )
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._closed_later)
+
+    def _closed_later(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
 
     async def close(self, session_id: str, reason: str = "client_close") -> None:
         runner = self._runners.pop(session_id, None)
@@ -292,22 +298,19 @@ class SessionManager(SessionHost):
                 self._closing.pop(session_id, None)
         return due
 
-    async def reaper_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.runtime.reaper_interval_s)
-            try:
-                await self.reap_once()
-            except Exception:  # the reaper survives its own failures
-                log.exception("session reaper tick failed")
+    async def _reap(self) -> None:
+        await self.reap_once()  # looked up at each tick, so a test may replace reap_once
 
     def start(self) -> None:
+        """The reaper: a failed tick is logged and retried after a backoff pause."""
         if self._reaper is None:
-            self._reaper = asyncio.create_task(self.reaper_loop(), name="session-reaper")
+            self._reaper = SupervisedLoop.every(
+                "session-reaper", self.runtime.reaper_interval_s, self._reap
+            ).start()
 
     async def shutdown(self, reason: str = "shutdown") -> None:
         if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
+            await self._reaper.stop()
             self._reaper = None
         await asyncio.gather(*(self.close(sid, reason) for sid in list(self._runners)))
         await asyncio.gather(*self._background, return_exceptions=True)

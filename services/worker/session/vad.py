@@ -2,7 +2,8 @@
 
 One `SileroOnnxBackend` (one ONNX session) per worker is shared by every
 session; each session owns a `ServerVadDetector` with its own recurrent state.
-The detector runs on the runner's executor, in append order.
+The detector runs on the manager's executor, called by the session's input task
+(`InputQueue`) in append order.
 """
 
 from __future__ import annotations

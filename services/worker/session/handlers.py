@@ -1,0 +1,274 @@
+"""What each client command does to a session: `HANDLERS`, a table from command class to
+handler, and `dispatch`, its one entry point.
+
+Invariant: handlers run on the session's runner task, one command at a time, and reach
+the session only through a `SessionContext`: its state and the two controllers that own
+its input (`InputController`) and its responses (`ResponseController`). This module
+never sees the runner; the runner calls `dispatch`, never the other way round.
+
+Commands that act on the input stream (`IN_INPUT_ORDER`) do not run when dispatched:
+they queue behind the appends and commits sent before them and come back as `InOrder`
+items, so response.create answers the turn committed just before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from services.worker.session.engine_session import EngineSession, new_item_id
+from services.worker.session.input_controller import InputController
+from services.worker.session.response_controller import ResponseController
+from shared.contracts import DuplexModelPlugin, DuplexSessionError, ResponseCreateOptions
+from shared.protocol.duplex import (
+    AckPlayback,
+    AppendAudio,
+    AppendText,
+    BargeIn,
+    CancelInput,
+    CancelResponse,
+    ClearInput,
+    ClearOutputAudio,
+    CloseSession,
+    Commit,
+    ConversationItemAdded,
+    ConversationItemCreated,
+    ConversationItemDone,
+    ConversationItemRetrieved,
+    CreateItem,
+    CreateResponse,
+    DeleteItem,
+    DuplexCommand,
+    DuplexConversationItemDeleted,
+    DuplexEvent,
+    Heartbeat,
+    InputAudioBufferCleared,
+    OutputAudioBufferCleared,
+    SessionHeartbeatAck,
+    SessionUpdated,
+    SignalTurn,
+    TruncateItem,
+    TurnEvent,
+    UpdateSession,
+)
+
+
+@dataclasses.dataclass
+class SessionContext:
+    """What a handler may touch. `on_close(session_id, reason)` asks the manager to close
+    the session from outside its runner (closing stops the runner)."""
+
+    session: EngineSession
+    plugin: DuplexModelPlugin
+    input: InputController
+    responses: ResponseController
+    emit: Callable[[DuplexEvent], None]
+    on_close: Callable[[str, str], None] | None = None
+
+
+#: `reserved` is what the manager reserved at dispatch: input bytes for an append, a
+#: pending commit for a commit, 0 for the rest.
+Handler = Callable[[SessionContext, Any, int], Awaitable[None]]
+
+#: commands that act on the input stream: they wait for the appends and commits sent before them
+IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput)
+
+
+async def dispatch(
+    ctx: SessionContext, command: DuplexCommand, reserved: int = 0, *, in_order: bool = False
+) -> None:
+    """Run one command; `in_order`: it has come back from the input queue (module head)."""
+    handler = HANDLERS.get(type(command))
+    if handler is None:
+        raise DuplexSessionError("unknown_event", f"{command.wire_type} is not a session command")
+    if isinstance(command, IN_INPUT_ORDER) and not in_order:
+        ctx.input.schedule_in_order(command)
+        return
+    await handler(ctx, command, reserved)
+
+
+# ---------------------------------------------------------------- input
+
+
+async def _append(ctx: SessionContext, command: AppendAudio, reserved: int) -> None:
+    if not command.audio and not command.video_frames:
+        return  # an empty append is a no-op
+    if not command.audio and not ctx.session.capabilities.allows_video_without_audio:
+        raise DuplexSessionError(
+            "invalid_video_frames", "this model needs audio with every video frame"
+        )
+    ctx.input.schedule_append(command, reserved)
+
+
+async def _append_text(ctx: SessionContext, command: AppendText, reserved: int) -> None:
+    if ctx.session.model_native:
+        raise DuplexSessionError(
+            "native_text_append_unsupported", "a model-native session takes audio only"
+        )
+    ctx.input.append_text(command.text)
+
+
+async def _commit(ctx: SessionContext, command: Commit, reserved: int) -> None:
+    ctx.input.schedule_commit(command, reserved=bool(reserved))
+
+
+async def _clear_input(ctx: SessionContext, command: ClearInput, reserved: int) -> None:
+    """Runs in input order: what was appended before it is applied, then dropped."""
+    ctx.input.reset()
+    ctx.emit(InputAudioBufferCleared())
+
+
+async def _cancel_input(ctx: SessionContext, command: CancelInput, reserved: int) -> None:
+    """Runs at once: input still in flight is dropped, not waited for."""
+    ctx.input.drop_in_flight()
+    ctx.input.reset()
+    await ctx.responses.advance_epoch("input_cancelled")
+    ctx.emit(InputAudioBufferCleared())
+
+
+# ---------------------------------------------------------------- responses
+
+
+async def _create_response(ctx: SessionContext, command: CreateResponse, reserved: int) -> None:
+    session = ctx.session
+    options = ResponseCreateOptions.from_realtime(
+        command.options, private_keys=ctx.plugin.private_runtime_config_keys
+    )
+    if session.model_native:
+        options.check_native()
+    if session.active is not None:
+        raise DuplexSessionError(
+            "response_already_active", f"response {session.active.response_id} is active"
+        )
+    if not session.pending_turns:
+        if session.unanswered_items:
+            session.unanswered_items = 0  # the refusal consumes the items
+            raise DuplexSessionError(
+                "text_only_turn_unsupported", "this model answers committed audio, not items"
+            )
+        raise DuplexSessionError(
+            "response_create_without_input", "commit audio before response.create"
+        )
+    await ctx.responses.start_response(session.pending_turns[-1], options, command.event_id)
+
+
+async def _cancel_response(ctx: SessionContext, command: CancelResponse, reserved: int) -> None:
+    active = ctx.session.active
+    if active is None or (
+        command.response_id is not None and command.response_id != active.response_id
+    ):
+        raise DuplexSessionError("response_not_active", "no active response to cancel")
+    await ctx.responses.advance_epoch("client_cancelled")
+
+
+async def _clear_output(ctx: SessionContext, command: ClearOutputAudio, reserved: int) -> None:
+    session = ctx.session
+    active, last = session.active, session.last_response
+    target = command.response_id
+    if target is None and (active or last) is not None:
+        target = (active or last).response_id
+    if target is None:
+        raise DuplexSessionError("response_not_active", "no response to clear")
+    if active is not None and active.response_id == target:
+        await ctx.responses.advance_epoch("client_cancelled")
+    elif target not in session.responses:
+        raise DuplexSessionError("response_not_active", f"unknown response {target!r}")
+    ctx.emit(OutputAudioBufferCleared(response_id=target))
+
+
+async def _barge_in(ctx: SessionContext, command: BargeIn, reserved: int) -> None:
+    if not ctx.session.capabilities.supports_barge_in:
+        raise DuplexSessionError("barge_in_unsupported", "this model does not support barge-in")
+    await ctx.responses.advance_epoch("barge_in")
+
+
+async def _ack_playback(ctx: SessionContext, command: AckPlayback, reserved: int) -> None:
+    ctx.responses.acknowledge_playback(command)
+
+
+async def _truncate_item(ctx: SessionContext, command: TruncateItem, reserved: int) -> None:
+    ctx.responses.truncate_item(command)
+
+
+# ---------------------------------------------------------------- session and conversation
+
+
+async def _update(ctx: SessionContext, command: UpdateSession, reserved: int) -> None:
+    session = ctx.session
+    updated = session.config.apply_update(command.patch)
+    if updated.voice != session.config.voice and session.audio_started:
+        raise DuplexSessionError(
+            "voice_update_after_audio_unsupported", "the voice is fixed once audio started"
+        )
+    ctx.plugin.validate_client_extra_body(updated.extra_body)
+    session.runtime_config = ctx.plugin.runtime_config_for_update(session.runtime_config, updated)
+    ctx.input.configure_vad(updated.turn_detection)
+    session.config = updated
+    ctx.emit(SessionUpdated(session=session.session_object()))
+
+
+async def _close(ctx: SessionContext, command: CloseSession, reserved: int) -> None:
+    """Commands queued before the close have run; the manager closes the session."""
+    if ctx.on_close is not None:
+        ctx.on_close(ctx.session.session_id, command.reason)
+
+
+async def _heartbeat(ctx: SessionContext, command: Heartbeat, reserved: int) -> None:
+    ctx.emit(SessionHeartbeatAck(session_id=ctx.session.session_id))
+
+
+async def _create_item(ctx: SessionContext, command: CreateItem, reserved: int) -> None:
+    conversation = ctx.session.conversation
+    item = dict(command.item)
+    item.setdefault("id", new_item_id())
+    item.setdefault("status", "completed")
+    if any(existing.get("id") == item["id"] for existing in conversation.items):
+        raise DuplexSessionError("bad_event", f"item {item['id']!r} already exists")
+    previous = conversation.add(item, command.previous_item_id)
+    if item.get("role") == "user":
+        ctx.session.unanswered_items += 1
+    for event_type in (ConversationItemAdded, ConversationItemCreated, ConversationItemDone):
+        ctx.emit(event_type(previous_item_id=previous, item=item))
+
+
+async def _delete_item(ctx: SessionContext, command: DeleteItem, reserved: int) -> None:
+    ctx.session.conversation.delete(command.item_id)
+    ctx.emit(DuplexConversationItemDeleted(item_id=command.item_id, event=command.to_dict()))
+
+
+async def _signal(ctx: SessionContext, command: SignalTurn, reserved: int) -> None:
+    session = ctx.session
+    if command.event == "conversation.item.retrieve":
+        item_id = command.payload.get("item_id")
+        ctx.emit(ConversationItemRetrieved(item=session.conversation.get(str(item_id))))
+        return
+    ctx.emit(
+        TurnEvent(
+            session_id=session.session_id,
+            event=command.event,
+            turn_state=session.turn_state,
+            epoch=session.epoch,
+        )
+    )
+
+
+HANDLERS: dict[type[DuplexCommand], Handler] = {
+    AppendAudio: _append,
+    AppendText: _append_text,
+    Commit: _commit,
+    ClearInput: _clear_input,
+    CancelInput: _cancel_input,
+    CreateResponse: _create_response,
+    CancelResponse: _cancel_response,
+    ClearOutputAudio: _clear_output,
+    BargeIn: _barge_in,
+    AckPlayback: _ack_playback,
+    TruncateItem: _truncate_item,
+    UpdateSession: _update,
+    Heartbeat: _heartbeat,
+    CloseSession: _close,
+    CreateItem: _create_item,
+    DeleteItem: _delete_item,
+    SignalTurn: _signal,
+}

@@ -1,0 +1,305 @@
+"""`InputController`: the user's side of a session: appends, server VAD, speech started and
+stopped, and the commit of a turn.
+
+Invariant: every method here runs on the session's runner task (or in its `stop`, after
+that task has ended); it is the only code that writes the input ledger and the input
+budget. The slow half of each append and commit (decode, resample, VAD, the resampler
+flush) runs in the session's one input task (`InputQueue`), which writes nothing: its
+results come back through the runner's mailbox and are applied by `on_append_ready` and
+`on_commit_ready`, in the order the work was queued.
+
+The input generation fences input work: input.cancel advances it (`drop_in_flight`),
+dropping appends and commits still in flight. A barge-in does NOT: the speech that
+interrupted the model is the user's next turn. input_audio_buffer.clear runs in input
+order instead, so what was appended before it is applied, then cleared.
+
+Every reservation the manager made at dispatch (an append's decoded bytes, one pending
+commit) is given back once: when its result is applied or dropped here, by the
+input.cancel that zeroes its generation's, or by `stop` for work never delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from services.worker.session.engine_session import EngineSession, new_item_id
+from services.worker.session.input_pipeline import InputPipeline
+from services.worker.session.input_queue import (
+    AppendReady,
+    AppendWork,
+    CommitReady,
+    CommitWork,
+    InOrder,
+    InputQueue,
+    Ready,
+)
+from services.worker.session.response_controller import ResponseController
+from shared.contracts import (
+    CommittedTurn,
+    DuplexModelPlugin,
+    DuplexSessionError,
+    ResponseCreateOptions,
+    TurnDetection,
+)
+from shared.protocol.duplex import (
+    AppendAudio,
+    Commit,
+    ConversationItemAdded,
+    ConversationItemCreated,
+    ConversationItemDone,
+    DuplexCommand,
+    DuplexEvent,
+    DuplexInputAudioBufferCommitted,
+    InputAudioBufferSpeechStarted,
+    InputAudioBufferSpeechStopped,
+    InputAudioTranscriptionCompleted,
+    ResponseListen,
+)
+
+#: Committed turns kept for a later response.create (the latest is answered).
+MAX_UNANSWERED_TURNS = 4
+
+
+class InputController:
+    def __init__(
+        self,
+        session: EngineSession,
+        plugin: DuplexModelPlugin,
+        pipeline: InputPipeline,
+        executor: Executor,
+        responses: ResponseController,
+        emit: Callable[[DuplexEvent], None],
+        deliver: Callable[[Ready], None],
+    ) -> None:
+        self.session = session
+        self.plugin = plugin
+        self.pipeline = pipeline
+        self.executor = executor
+        self.responses = responses
+        self.emit = emit
+        self.queue = InputQueue(session, pipeline, executor, deliver)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.queue.start()
+
+    async def stop(self) -> None:
+        """Stop the input task and give back what its unfinished work had reserved."""
+        for work in await self.queue.stop():
+            if isinstance(work, AppendWork):
+                self.release(work.generation, input_bytes=work.reserved)
+            elif isinstance(work, CommitWork):
+                self.release(work.generation, commits=1)
+
+    # ------------------------------------------------------------ scheduling
+
+    def schedule_append(self, command: AppendAudio, reserved: int) -> None:
+        self.queue.put(AppendWork(command, self.session.input_generation, reserved))
+
+    def schedule_commit(self, command: Commit, *, reserved: bool = False) -> None:
+        if not reserved:  # VAD commits are not dispatched, so nothing reserved them
+            self.session.pending_commits += 1
+        self.queue.put(CommitWork(command, self.session.input_generation))
+
+    def schedule_in_order(self, command: DuplexCommand) -> None:
+        """Run `command` after the input work queued before it: response.create must
+        see the turn committed just before it, input text must not join an earlier
+        commit, a clear must not drop an earlier commit."""
+        self.queue.put(InOrder(command))
+
+    def is_stale(self, generation: int) -> bool:
+        return generation != self.session.input_generation
+
+    def release(self, generation: int, *, input_bytes: int = 0, commits: int = 0) -> None:
+        """Give back a dispatch reservation. An input cancel already zeroed the
+        reservations of older generations, so theirs are not given back twice."""
+        if generation == self.session.input_generation:
+            self.session.pending_input_bytes -= input_bytes
+            self.session.pending_commits -= commits
+
+    # ------------------------------------------------------------ results of the input task
+
+    async def on_append_ready(self, ready: AppendReady) -> None:
+        session = self.session
+        self.release(ready.generation, input_bytes=ready.reserved)
+        if self.is_stale(ready.generation) or ready.failed:
+            return
+        if ready.error is not None:
+            raise ready.error.with_event_id(ready.command.event_id)
+        result = ready.result
+        assert result is not None
+        start_ms = session.input.stream_ms
+        session.input.append(result.samples)
+        if not self.pipeline.has_vad and result.speech and session.input.speech_started_ms is None:
+            self.speech_started(start_ms)
+        if result.speech and session.active is not None and not self.pipeline.has_vad:
+            self.responses.report_overlap("listen", "listen_only")
+        for event in result.vad_events:
+            if event.kind == "started":
+                session.input.trim_before(event.audio_ms)
+                self.speech_started(event.audio_ms)
+                if session.active is not None:
+                    self.responses.report_overlap("barge_in", "server_vad_utterance_active")
+                    await self.responses.advance_epoch("barge_in")
+            else:
+                self.speech_stopped(event.audio_ms)
+                td = session.config.turn_detection
+                if not session.model_native and td is not None:
+                    self.schedule_commit(Commit(create_response=td.create_response))
+
+    async def on_commit_ready(self, ready: CommitReady) -> None:
+        self.release(ready.generation, commits=1)
+        if self.is_stale(ready.generation) or ready.failed:
+            return
+        self.session.input.append(ready.tail)
+        transcript = None
+        if self.plugin.transcribes and self.session.input.has_audio:
+            # speech recognition is slow (pocketsphinx: ~0.1-0.4 of real time): it runs on the
+            # executor; this session's mailbox waits, the worker's other sessions do not
+            audio, rate = self.session.input.peek(), self.session.input.sample_rate_hz
+            transcript = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.plugin.transcribe, audio, rate
+            )
+            if self.is_stale(ready.generation):
+                return  # cancelled while recognising: the turn is gone
+        turn = self.commit_turn(ready.command, transcript)
+        if turn is None:
+            return
+        create = ready.command.create_response
+        if create is None:
+            td = self.session.config.turn_detection
+            create = td is not None and td.create_response
+        if create:
+            await self.responses.start_response(
+                turn, ResponseCreateOptions(), ready.command.event_id
+            )
+
+    # ------------------------------------------------------------ speech and turns
+
+    def speech_started(self, audio_start_ms: int) -> None:
+        ledger = self.session.input
+        ledger.speech_started_ms = audio_start_ms
+        ledger.speech_stopped = False
+        ledger.item_id = ledger.item_id or new_item_id()
+        self.session.turn_state = "user_speaking"
+        self.emit(
+            InputAudioBufferSpeechStarted(audio_start_ms=audio_start_ms, item_id=ledger.item_id)
+        )
+
+    def speech_stopped(self, audio_end_ms: int) -> None:
+        ledger = self.session.input
+        ledger.speech_stopped = True
+        ledger.item_id = ledger.item_id or new_item_id()
+        self.emit(InputAudioBufferSpeechStopped(audio_end_ms=audio_end_ms, item_id=ledger.item_id))
+
+    def commit_turn(self, command: Commit, transcript: str | None = None) -> CommittedTurn | None:
+        """The commit fan-out: speech_stopped -> item added -> item created -> committed
+        -> (transcription) -> item done. Returns the committed turn, or None. `transcript`:
+        what the plugin's speech recogniser heard (`DuplexModelPlugin.transcribe`)."""
+        session, ledger = self.session, self.session.input
+        if command.is_speech is False:  # the client declares silence: no turn, no response
+            ledger.clear()
+            item_id = new_item_id()
+            self.emit(
+                DuplexInputAudioBufferCommitted(
+                    previous_item_id=session.conversation.last_id(),
+                    item_id=item_id,
+                    event=self._committed_event(item_id, empty=True, no_response=True),
+                )
+            )
+            self.emit(
+                ResponseListen(
+                    session_id=session.session_id,
+                    epoch=session.epoch,
+                    response={
+                        "object": "realtime.response",
+                        "status": "listening",
+                        "metadata": {"reason": "silence_or_noise"},
+                    },
+                )
+            )
+            return None
+        if not ledger.has_audio and not ledger.text:
+            raise DuplexSessionError(
+                "input_audio_buffer_empty",
+                "commit without audio",
+                related_event_id=command.event_id,
+            )
+        item_id = ledger.item_id or new_item_id()
+        if ledger.speech_started_ms is not None and not ledger.speech_stopped:
+            self.speech_stopped(ledger.stream_ms)
+        text = ledger.text
+        audio = ledger.take()
+        session.turn_id += 1
+        session.turn_state = "user_committed"
+        content = [{"type": "input_audio", "transcript": None}] if audio.size else []
+        if text:
+            content.append({"type": "input_text", "text": text})
+        item = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": content,
+        }
+        previous = session.conversation.add(item)
+        turn = CommittedTurn(session.turn_id, item_id, audio, ledger.sample_rate_hz, text)
+        turn.transcript = transcript
+        if transcript is not None and content:
+            content[0]["transcript"] = transcript
+        self.emit(ConversationItemAdded(previous_item_id=previous, item=item))
+        self.emit(ConversationItemCreated(previous_item_id=previous, item=item))
+        self.emit(
+            DuplexInputAudioBufferCommitted(
+                previous_item_id=previous,
+                item_id=item_id,
+                event=self._committed_event(item_id, empty=False, no_response=False),
+            )
+        )
+        if transcript is not None:
+            self.emit(
+                InputAudioTranscriptionCompleted(
+                    item_id=item_id, content_index=0, transcript=transcript
+                )
+            )
+        self.emit(ConversationItemDone(previous_item_id=previous, item=item))
+        session.pending_turns.append(turn)
+        while len(session.pending_turns) > MAX_UNANSWERED_TURNS:
+            session.pending_turns.popleft()  # response.create answers the latest turn
+        return turn
+
+    def _committed_event(self, item_id: str, *, empty: bool, no_response: bool) -> dict:
+        session = self.session
+        return {
+            "type": "input.committed",
+            "turn_id": session.turn_id,
+            "epoch": session.epoch,
+            "history_len": len(session.conversation),
+            "realtime_item_id": item_id,
+            "empty": empty,
+            "no_response": no_response,
+        }
+
+    # ------------------------------------------------------------ text, clear, cancel, VAD
+
+    def append_text(self, text: str) -> None:
+        self.session.input.text += text
+
+    def reset(self) -> None:
+        """Drop the buffered turn; the resampler and VAD start over at the stream's end."""
+        self.session.input.clear()
+        self.pipeline.reset(self.session.input.stream_ms)
+
+    def drop_in_flight(self) -> None:
+        """input.cancel: appends and commits in flight from before are dropped, and their
+        reservations with them (module docstring)."""
+        session = self.session
+        session.input_generation += 1
+        session.pending_input_bytes = session.pending_commits = 0
+
+    def configure_vad(self, settings: TurnDetection | None) -> None:
+        self.pipeline.configure_vad(settings, self.session.input.stream_ms)

@@ -1,0 +1,347 @@
+"""`ResponseController`: one session's responses, from start to their terminal chain.
+
+Invariant: every method runs on the session's runner task (or in its `stop`, after that
+task has ended), so it may write the `EngineSession` without a lock.
+
+The response epoch fences the output stream: response.cancel, output_audio_buffer.clear,
+barge_in, input.cancel and a new response over an active one advance it (`advance_epoch`),
+which emits the cancelled terminal chain first and then aborts the stage request, so
+nothing of the old epoch is emitted after its terminal event: a stage output of an older
+fence or request still arriving is consumed and dropped (`dropped_stale_outputs`).
+
+History follows the playback ledger: a completed response keeps all it generated (under
+`commit_all_on_done`) or what the client acknowledged (`ack_only`); a cancelled one keeps
+what was played; a failed one leaves nothing in history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from services.worker.session.engine_session import EngineSession
+from services.worker.session.response import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    ActiveResponse,
+    audio_events,
+    finish_events,
+    new_response_id,
+    speak_events,
+    start_events,
+)
+from shared.contracts import (
+    CommittedTurn,
+    DuplexModelPlugin,
+    DuplexSessionError,
+    ResponseCreateOptions,
+    ResponsePlanRequest,
+    StageOutput,
+    StagePort,
+)
+from shared.protocol.duplex import (
+    ACK_ONLY,
+    AckPlayback,
+    DuplexConversationItemTruncated,
+    DuplexErrorEvent,
+    DuplexEvent,
+    OutputAudioEncoder,
+    OverlapDecision,
+    PlaybackAcknowledged,
+    TruncateItem,
+    b64encode_audio,
+)
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[DuplexEvent], None]
+
+#: the error code of a stage that failed without naming why
+STAGE_FAILED = "runtime_data_plane_stream_failed"
+
+
+class ResponseController:
+    def __init__(
+        self, session: EngineSession, plugin: DuplexModelPlugin, port: StagePort, emit: Emit
+    ) -> None:
+        self.session = session
+        self.plugin = plugin
+        self.port = port
+        self.emit = emit
+        self.dropped_stale_outputs = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start_response(
+        self, turn: CommittedTurn, options: ResponseCreateOptions, event_id: str | None
+    ) -> None:
+        session = self.session
+        if session.active is not None:
+            await self.advance_epoch("new_response")
+        if turn in session.pending_turns:
+            session.pending_turns.remove(turn)
+        session.unanswered_items = 0
+        fence = dataclasses.replace(session.fence, turn_id=turn.turn_id)
+        request_id = await self.port.ensure(fence, self.plugin.stage_roles[0])
+        output_format = options.output_audio_format or session.config.output_audio_format
+        response = ActiveResponse(
+            response_id=new_response_id(),
+            fence=fence,
+            request_id=request_id,
+            encoder=OutputAudioEncoder(output_format, self.plugin.output_sample_rate_hz),
+            modalities=options.modalities or session.config.modalities,
+        )
+        session.active = response
+        session.remember(response)
+        session.turn_state = "assistant_generating"
+        previous = session.conversation.add(response.item("in_progress", transcript=""))
+        for event in start_events(response, previous):
+            self.emit(event)
+        plan = self.plugin.plan_response(
+            ResponsePlanRequest(
+                fence=fence,
+                request_id=request_id,
+                response_id=response.response_id,
+                turn=turn,
+                config=session.config,
+                runtime_config=session.runtime_config,
+                options=options,
+                history=session.conversation.items,
+            )
+        )
+        try:
+            await self.port.submit_initial(plan)
+        except Exception as exc:  # the engine's failure fails this response, not the session
+            log.exception("session %s: stage submit failed", session.session_id)
+            self.finish(response, FAILED, STAGE_FAILED)
+            self._error(STAGE_FAILED, f"stage submit failed: {exc}", event_id)
+
+    async def advance_epoch(self, reason: str) -> None:
+        """Cancel, barge-in, output clear, input cancel: one atomic step on the loop."""
+        session = self.session
+        session.epoch += 1
+        response = session.active
+        if response is not None:
+            self.finish(response, CANCELLED, reason)
+            session.turn_state = "barge_in" if reason == "barge_in" else "idle"
+            await self.port.abort([response.request_id])
+
+    async def close(self, reason: str) -> None:
+        """The session stops: a response still active ends with the cancelled chain."""
+        response = self.session.active
+        if response is None:
+            return
+        self.finish(response, CANCELLED, reason)
+        try:
+            await self.port.abort([response.request_id])
+        except Exception:  # the session is closing: its stage cleanup aborts it again
+            log.warning("session %s: abort at close failed", self.session.session_id, exc_info=True)
+
+    def finish(self, response: ActiveResponse, status: str, reason: str | None) -> None:
+        """Close a response: history per the playback policy, then the terminal chain."""
+        session = self.session
+        response.reason = reason
+        conversation = session.conversation
+        history_item = None
+        if status != FAILED:
+            if status == CANCELLED:
+                response.playback.committed_ms = min(
+                    response.playback.committed_ms, response.playback.played_ms
+                )
+            elif session.config.playback_commit_policy != ACK_ONLY:
+                response.playback.committed_ms = response.playback.generated_ms
+            history_item = self.history_item(
+                response, "completed" if status == COMPLETED else "incomplete"
+            )
+        previous = _previous_or_none(conversation, response.item_id)
+        if history_item is None:
+            conversation.discard(response.item_id)  # a failed response leaves no partial text
+        for event in finish_events(response, status, history_item, previous):
+            self.emit(event)
+        if session.active is response:
+            session.active = None
+            session.last_response = response
+            if session.turn_state != "barge_in":
+                session.turn_state = "idle"
+
+    # ------------------------------------------------------------ stage output
+
+    async def on_stage_output(self, raw: StageOutput) -> None:
+        output = self.plugin.project(raw)
+        response = self.session.active
+        if output is None:
+            return
+        if (
+            response is None
+            or output.fence != response.fence
+            or output.request_id != response.request_id
+        ):
+            self.dropped_stale_outputs += 1  # a late output of a cancelled epoch: never emitted
+            return
+        if output.kind == "audio" and output.audio is not None:
+            self.emit_audio(
+                response, output.audio, output.sample_rate_hz, output.text, end_of_turn=False
+            )
+        elif output.kind == "done":
+            tail = response.encoder.flush()
+            if tail:
+                self.emit_encoded(response, tail, "", end_of_turn=True)
+            self.finish(response, COMPLETED, None)
+        elif output.kind == "error":
+            self.finish(response, FAILED, output.error_code or STAGE_FAILED)
+            self._error(output.error_code or STAGE_FAILED, output.message or "stage failed")
+
+    def emit_audio(
+        self,
+        response: ActiveResponse,
+        audio: np.ndarray,
+        rate: int | None,
+        text: str,
+        *,
+        end_of_turn: bool,
+    ) -> None:
+        if rate is not None and rate != self.plugin.output_sample_rate_hz:
+            raise RuntimeError(
+                f"stage audio at {rate} Hz, plugin declares {self.plugin.output_sample_rate_hz}"
+            )
+        self.emit_encoded(response, response.encoder.encode(audio), text, end_of_turn=end_of_turn)
+
+    def emit_encoded(
+        self, response: ActiveResponse, encoded: bytes, text: str, *, end_of_turn: bool
+    ) -> None:
+        session = self.session
+        if not response.speaking:
+            for event in speak_events(response, session.session_id):
+                self.emit(event)
+            session.turn_state = "assistant_playing"
+            session.audio_started = True
+        duration_ms = _duration_ms(encoded, response)
+        for event in audio_events(
+            response, session.session_id, b64encode_audio(encoded), text, duration_ms, end_of_turn
+        ):
+            self.emit(event)
+
+    def report_overlap(self, action: str, reason: str) -> None:
+        """The user spoke over the active response: said once per response."""
+        session, response = self.session, self.session.active
+        if response is None or session.overlap_reported == response.response_id:
+            return
+        session.overlap_reported = response.response_id
+        self.emit(
+            OverlapDecision(
+                session_id=session.session_id,
+                epoch=session.epoch,
+                policy=session.config.overlap_policy,
+                action=action,
+                reason=reason,
+                metadata={"overlap_ms": response.playback.generated_ms},
+            )
+        )
+
+    # ------------------------------------------------------------ playback and history
+
+    def acknowledge_playback(self, command: AckPlayback) -> None:
+        session = self.session
+        if command.response_id is not None:
+            response = session.responses.get(command.response_id)
+        else:
+            response = session.active or session.last_response
+        if response is None:
+            raise DuplexSessionError("playback_item_not_found", "no response to acknowledge")
+        if command.item_id is not None and command.item_id != response.item_id:
+            raise DuplexSessionError(
+                "playback_item_mismatch",
+                f"{command.item_id!r} is not {response.response_id}'s item",
+            )
+        response.playback.acknowledge(command.played_ms, command.committed_ms, command.truncate)
+        history = ""
+        if response.status != FAILED and (
+            command.truncate
+            or session.config.playback_commit_policy == ACK_ONLY
+            or response.status != "in_progress"
+        ):
+            item = self.history_item(response, _item_status(response))
+            history = item["content"][0]["transcript"]
+        self.emit(
+            PlaybackAcknowledged(
+                event={
+                    "session_id": session.session_id,
+                    "epoch": session.epoch,
+                    "response_id": response.response_id,
+                    "item_id": response.item_id,
+                    "played_ms": response.playback.played_ms,
+                    "committed_ms": response.playback.committed_ms,
+                    "truncate": command.truncate,
+                    "playback": response.playback.to_dict(),
+                    "history_committed": history,
+                }
+            )
+        )
+
+    def truncate_item(self, command: TruncateItem) -> None:
+        session = self.session
+        if not session.capabilities.supports_audio_truncate:
+            raise DuplexSessionError("bad_event", "this model does not support truncation")
+        session.conversation.get(command.item_id)  # item_not_found
+        response = session.response_by_item(command.item_id)
+        if response is None:
+            raise DuplexSessionError(
+                "bad_event", f"item {command.item_id!r} has no assistant audio"
+            )
+        if command.audio_end_ms > response.playback.generated_ms + 1e-6:
+            raise DuplexSessionError(
+                "bad_event", f"audio_end_ms is past the item's {response.playback.generated_ms} ms"
+            )
+        # the client heard exactly this much: history keeps that prefix
+        response.playback.played_ms = response.playback.committed_ms = float(command.audio_end_ms)
+        self.history_item(response, _item_status(response))
+        self.emit(
+            DuplexConversationItemTruncated(
+                item_id=command.item_id,
+                content_index=command.content_index,
+                audio_end_ms=int(command.audio_end_ms),
+                event=command.to_dict(),
+            )
+        )
+
+    def history_item(self, response: ActiveResponse, status: str) -> dict[str, Any]:
+        """Write the response's committed text into its history item; return the item."""
+        text = (
+            response.transcript
+            if response.playback.committed_ms >= response.playback.generated_ms
+            else response.committed_text(response.playback.committed_ms)
+        )
+        item = response.item(status, transcript=text)
+        with contextlib.suppress(DuplexSessionError):  # deleted by the client: nothing to update
+            self.session.conversation.get(response.item_id).update(item)
+        return item
+
+    def _error(self, code: str, message: str, related_event_id: str | None = None) -> None:
+        self.emit(DuplexErrorEvent.for_code(code, message, related_event_id=related_event_id))
+
+
+def _item_status(response: ActiveResponse) -> str:
+    return {"completed": "completed", "in_progress": "in_progress"}.get(
+        response.status, "incomplete"
+    )
+
+
+def _duration_ms(encoded: bytes, response: ActiveResponse) -> float:
+    encoding, rate = response.encoder.format.encoding, response.encoder.rate
+    if encoding == "wav":
+        return max(0, len(encoded) - 44) / 2 * 1000 / rate
+    width = {"pcm16": 2, "pcm_f32le": 4}.get(encoding, 1)
+    return len(encoded) / width * 1000 / rate
+
+
+def _previous_or_none(conversation: Any, item_id: str) -> str | None:
+    try:
+        return conversation.previous_of(item_id)
+    except DuplexSessionError:
+        return None
