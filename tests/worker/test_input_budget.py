@@ -107,3 +107,15 @@ async def test_appends_big_in_output_are_converted_off_the_event_loop(harness):
     await session.until("rate_limits.updated")
     assert threads[0] == threading.current_thread().name
     assert threads[1].startswith("duplex-session")
+
+
+async def test_a_refused_video_only_append_gives_its_reservation_back(harness):
+    """Echo needs audio with every video frame: the refused append's reserved bytes are
+    given back, so the session is not left busy for ever with a shrunken budget."""
+    session = await harness.open()
+    state = harness.manager.runner(session.session_id).session
+    await session.send(append(b"", video_frames=("QUJD",), event_id="video-only"))
+    error = await session.recv()
+    assert (error.code, error.related_event_id) == ("invalid_video_frames", "video-only")
+    assert state.pending_input_bytes == 0
+    assert not state.busy  # an idle session may expire again

@@ -92,12 +92,17 @@ async def dispatch(
 
 
 async def _append(ctx: SessionContext, command: AppendAudio, reserved: int) -> None:
-    if not command.audio and not command.video_frames:
+    if not command.audio and (
+        not command.video_frames or not ctx.session.capabilities.allows_video_without_audio
+    ):
+        # never scheduled: what the manager reserved for it comes back here, or the
+        # session stays busy (never idle-expires) with a budget that shrank for good
+        ctx.input.release(ctx.session.input_generation, input_bytes=reserved)
+        if command.video_frames:
+            raise DuplexSessionError(
+                "invalid_video_frames", "this model needs audio with every video frame"
+            )
         return  # an empty append is a no-op
-    if not command.audio and not ctx.session.capabilities.allows_video_without_audio:
-        raise DuplexSessionError(
-            "invalid_video_frames", "this model needs audio with every video frame"
-        )
     ctx.input.schedule_append(command, reserved)
 
 
