@@ -35,6 +35,8 @@ async def test_update_refusals(harness):
         await session.send({"type": "session.update", "session": patch, "event_id": code})
         error = await session.recv()
         assert (error.code, error.related_event_id) == (code, code)
+        if code == "invalid_duplex_runtime_config":  # the plugin named the field it refused
+            assert error.param == "extra_body.pace"
     await session.send({"type": "session.update", "session": {"model": "echo", "voice": "b"}})
     assert (await session.recv()).session["voice"] == "b"  # before any audio the voice may change
     await send_all(session, appends(sine(16000, 0.2), 16000))

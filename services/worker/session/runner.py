@@ -30,21 +30,17 @@ from services.worker.session.input_queue import AppendReady, CommitReady, InOrde
 from services.worker.session.response_controller import ResponseController
 from shared.contracts import (
     DuplexModelPlugin,
-    DuplexRuntimeConfigError,
-    DuplexSessionError,
     StageOutput,
     StagePort,
 )
-from shared.protocol.duplex import DuplexErrorEvent, DuplexEvent, RealtimeProtocolError
+from shared.protocol.duplex import CodedError, DuplexErrorEvent, DuplexEvent
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[DuplexEvent], None]
 
+
 #: errors that carry the contract's code for the client; anything else is ours
-_CODED = (DuplexSessionError, RealtimeProtocolError, DuplexRuntimeConfigError)
-
-
 @dataclasses.dataclass
 class Dispatched:
     """A command with what the manager reserved for it (input bytes, or 1 pending turn)."""
@@ -130,8 +126,10 @@ class SessionRunner:
             event_id = getattr(getattr(item, "command", item), "event_id", None)
             try:
                 await self._handle(item)
-            except _CODED as exc:
-                self.error(exc.code, exc.message, exc.related_event_id or event_id)
+            except CodedError as exc:
+                # `param` too: the same refusal at submit (manager) names the field
+                extra = {"param": exc.param} if exc.param else {}
+                self.error(exc.code, exc.message, exc.related_event_id or event_id, **extra)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug in one command must not kill the session
