@@ -28,9 +28,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from services.api.inbox_writer import InboxFull, InboxWriter
+from services.api.inbox_writer import InboxFull
 from services.api.placement import WorkerDirectory
-from shared.redis.boundary import ChatReply, ChatRequest
+from services.api.worker_client import WorkerClient
+from shared.redis.boundary import ChatReply
 from shared.redis.keys import KeySchema
 
 #: a reply is cut here (64 Ki characters, about 16k tokens): a chat through a speech
@@ -124,11 +125,11 @@ class ChatCompletions:
         directory: WorkerDirectory,
         max_body_bytes: int,
         timeout_s: float,
-        inbox: InboxWriter,
+        workers: WorkerClient,
     ) -> None:
         self.client = client
         self.keys = keys
-        self.inbox = inbox
+        self.workers = workers
         self.directory = directory
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
@@ -164,9 +165,8 @@ class ChatCompletions:
                 404, f"no live worker serves chat completions for {model!r}", "model_not_found"
             )
         request_id = uuid.uuid4().hex
-        chat = ChatRequest(request_id, body["messages"])
         try:  # within the inbox's byte budget, like the sessions' commands; deleted once handled
-            await self.inbox.append(workers[0].worker_id, chat.to_fields())
+            await self.workers.chat(workers[0].worker_id, request_id, body["messages"])
         except InboxFull:
             return openai_error(
                 429, "the worker has too many unhandled requests; retry", "rate_limit_exceeded"

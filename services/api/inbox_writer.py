@@ -25,9 +25,10 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
+from shared.redis.boundary import entry_bytes
 from shared.redis.keys import KeySchema
-from shared.redis.messages import entry_bytes
 from shared.redis.scripts import Scripts
+from shared.supervised import SupervisedLoop
 
 MAX_BATCH = 512
 #: bytes of unhandled commands a worker's inbox may hold (a worker reads far faster than
@@ -61,7 +62,8 @@ class InboxWriter:
         self.max_bytes = max_bytes
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # started by the first append; a batch that fails fails its callers, not the loop
+        self._loop = SupervisedLoop("inbox-writer", self._run)
         self.pipelines = 0  # diagnostics: how many pipelines carried the commands
         self.commands = 0
 
@@ -70,8 +72,7 @@ class InboxWriter:
     ) -> None:
         """Write one entry to the worker's inbox through the next pipeline. Raises
         `InboxFull` when the budget refused it, or what Redis raised for this command."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="inbox-writer")
+        self._loop.start()
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
         args: list[Any] = [self.max_bytes if budgeted else 0, entry_bytes(fields)]
         for name, value in fields.items():
@@ -82,9 +83,7 @@ class InboxWriter:
         await future
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.stop()
         self._fail(self._queue, RedisConnectionError("the inbox writer stopped"))
         self._queue = []
 

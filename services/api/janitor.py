@@ -20,24 +20,24 @@ in the worker process, so no other process can retry them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import arq.worker
 from arq import cron
 from arq.connections import ArqRedis
 
+from services.api.worker_client import WorkerClient
+from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
-from shared.redis.messages import CLOSE, InboxMessage
-from shared.redis.store import PublishItem
+from shared.redis.connection import RedisHandle
+from shared.redis.keys import KeySchema
+from shared.redis.store import PublishItem, SessionStore
 from shared.settings import CLOSED_SESSION_TTL_S
-
-if TYPE_CHECKING:
-    from services.api.app import ApiPod
+from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +72,32 @@ def _tag_arq_keys(tag: str) -> None:
 
 
 class Janitor:
-    def __init__(self, pod: ApiPod) -> None:
-        self.pod = pod
+    def __init__(
+        self,
+        redis: RedisHandle,
+        keys: KeySchema,
+        store: SessionStore,
+        workers: WorkerClient,
+        runtime: SessionRuntimeConfig,
+        *,
+        heartbeat_ttl_s: float,
+        disconnect_grace_s: float,
+    ) -> None:
+        self.redis = redis
+        self.client = redis.client
+        self.keys = keys
+        self.store = store
+        self.workers = workers
+        self.runtime = runtime
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.disconnect_grace_s = disconnect_grace_s
         self._worker: arq.worker.Worker | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop: SupervisedLoop | None = None
 
     # ------------------------------------------------------------ jobs
 
     def _publish_args(self) -> dict[str, int]:
-        runtime = self.pod.runtime
+        runtime = self.runtime
         return {
             "max_bytes": runtime.resume_replay_max_bytes_per_session,
             "ttl_ms": int(runtime.resume_replay_ttl_s * 1000),
@@ -88,67 +105,67 @@ class Janitor:
         }
 
     async def expire_leases(self, ctx: dict[str, Any] | None = None) -> list[str]:
-        pod, expired = self.pod, []
+        expired = []
         now = int(time.time() * 1000)
-        for raw in await pod.client.zrangebyscore(pod.keys.leases(), "-inf", now):
+        for raw in await self.client.zrangebyscore(self.keys.leases(), "-inf", now):
             session_id = raw.decode()
-            worker_id = await pod.store.claim_expiry(session_id)
+            worker_id = await self.store.claim_expiry(session_id)
             if worker_id is None:
                 continue  # resumed meanwhile, or another tick took it
             event = SessionExpired(session_id=session_id, reason="disconnect_grace_expired")
-            await pod.store.publish(
+            await self.store.publish(
                 session_id, [PublishItem(event.to_json(), event.wire_type)], **self._publish_args()
             )
-            message = InboxMessage(CLOSE, session_id, 0, 0, {"reason": EXPIRED_CLOSE_REASON})
-            await pod.store.inbox_append(worker_id, message.to_fields())
+            # attachment 0: the expiry speaks for no socket; outside the inbox's budget
+            await self.workers.close(worker_id, session_id, 0, EXPIRED_CLOSE_REASON)
             expired.append(session_id)
         if expired:
             log.info("expired %d sessions past their disconnect grace", len(expired))
         return expired
 
     async def sweep_dead_apis(self, ctx: dict[str, Any] | None = None) -> list[str]:
-        pod, detached = self.pod, []
-        cutoff = int((time.time() - pod.settings.heartbeat_ttl_s) * 1000)
-        grace_ms = int(pod.settings.disconnect_grace_s * 1000)
-        for raw in await pod.client.zrangebyscore(pod.keys.apis(), "-inf", f"({cutoff}"):
+        detached = []
+        cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
+        grace_ms = int(self.disconnect_grace_s * 1000)
+        for raw in await self.client.zrangebyscore(self.keys.apis(), "-inf", f"({cutoff}"):
             dead = raw.decode()
-            members = await pod.client.smembers(pod.keys.api_sessions(dead))
+            members = await self.client.smembers(self.keys.api_sessions(dead))
             for member in members:
                 session_id = member.decode()
-                meta = await pod.store.meta(session_id)
+                meta = await self.store.meta(session_id)
                 if meta.get("pod") == dead and meta.get("state") == "active":
                     generation = int(meta["attachment_generation"])
-                    await pod.store.detach(session_id, generation, grace_ms, by="sweep")
+                    await self.store.detach(session_id, generation, grace_ms, by="sweep")
                     detached.append(session_id)
-            await pod.client.delete(pod.keys.api_sessions(dead))
-            await pod.client.zrem(pod.keys.apis(), dead)
+            await self.client.delete(self.keys.api_sessions(dead))
+            await self.client.zrem(self.keys.apis(), dead)
             log.warning(
                 "API pod %s is dead: %d of its sessions wait for a resume", dead, len(detached)
             )
         return detached
 
     async def sweep_dead_workers(self, ctx: dict[str, Any] | None = None) -> list[str]:
-        pod, lost = self.pod, []
-        cutoff = int((time.time() - pod.settings.heartbeat_ttl_s) * 1000)
-        for raw in await pod.client.zrangebyscore(pod.keys.workers(), "-inf", f"({cutoff}"):
+        lost = []
+        cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
+        for raw in await self.client.zrangebyscore(self.keys.workers(), "-inf", f"({cutoff}"):
             dead = raw.decode()
-            for member in await pod.client.smembers(pod.keys.worker_sessions(dead)):
+            for member in await self.client.smembers(self.keys.worker_sessions(dead)):
                 session_id = member.decode()
                 error = DuplexErrorEvent.for_code(
                     "worker_lost", f"worker {dead} stopped answering; open a new session"
                 )
                 closed = SessionClosed(session_id=session_id, reason="worker_lost")
                 items = [PublishItem(e.to_json(), e.wire_type) for e in (error, closed)]
-                await pod.store.publish(session_id, items, **self._publish_args())
-                await pod.client.zrem(pod.keys.leases(), session_id)
+                await self.store.publish(session_id, items, **self._publish_args())
+                await self.client.zrem(self.keys.leases(), session_id)
                 lost.append(session_id)
-            await pod.client.delete(
-                pod.keys.worker_sessions(dead),
-                pod.keys.worker(dead),
-                pod.keys.inbox(dead),
-                pod.keys.inbox_bytes(dead),
+            await self.client.delete(
+                self.keys.worker_sessions(dead),
+                self.keys.worker(dead),
+                self.keys.inbox(dead),
+                self.keys.inbox_bytes(dead),
             )
-            await pod.client.zrem(pod.keys.workers(), dead)
+            await self.client.zrem(self.keys.workers(), dead)
             log.warning("worker %s is dead: %d sessions closed with worker_lost", dead, len(lost))
         return lost
 
@@ -158,17 +175,16 @@ class Janitor:
         """arq's connection and queue name. On Redis Cluster, arq's keys get one hash
         tag (arq itself knows nothing of clusters) and arq talks to the node that
         serves that tag's slot."""
-        pod = self.pod
-        if pod.redis.server is not None:
+        if self.redis.server is not None:
             arq.worker.log_redis_info = _no_redis_info  # type: ignore[assignment]
-        if not pod.redis.cluster:
+        if not self.redis.cluster:
             return ArqRedis(
-                connection_pool=pod.redis.new_client().connection_pool
-            ), pod.keys.arq_queue()
-        tag = "{" + pod.keys.arq_queue() + "}"
+                connection_pool=self.redis.new_client().connection_pool
+            ), self.keys.arq_queue()
+        tag = "{" + self.keys.arq_queue() + "}"
         _tag_arq_keys(tag)
-        await pod.client.initialize()
-        node = pod.client.get_node_from_key(tag)
+        await self.client.initialize()
+        node = self.client.get_node_from_key(tag)
         return ArqRedis(host=node.host, port=node.port), tag + ":queue"
 
     async def start(self) -> None:
@@ -200,24 +216,12 @@ class Janitor:
             poll_delay=0.2,
             max_jobs=4,
         )
-        self._task = asyncio.create_task(self._run(), name="janitor")
-
-    async def _run(self) -> None:
-        assert self._worker is not None
-        while True:
-            try:
-                await self._worker.async_run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("janitor stopped; restarting in 1 s")
-                await asyncio.sleep(1)
+        # arq's run loop, restarted after a pause should it fail (Redis gone, for one)
+        self._loop = SupervisedLoop("janitor", self._worker.async_run).start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._loop is not None:
+            await self._loop.stop()
         if self._worker is not None:
             with contextlib.suppress(Exception):
                 await self._worker.close()

@@ -1,8 +1,12 @@
 """One pub/sub connection per API pod, fanning live session messages out to connections.
 
-Each subscriber gets a callback that only queues (never blocks the reader).
-The pod subscribes to its own control channel at start so the reader always
-has a subscription to listen on.
+Each subscriber gets a callback that only queues (never blocks the reader): a
+connection's is its `LiveFeed`. The pod subscribes to its own control channel at start
+so the reader always has a subscription to listen on.
+
+The reader runs as a supervised loop: a lost connection ends it with an error (logged,
+readiness false), and its restart subscribes every channel again before it listens,
+then tells each subscriber to `CATCH_UP` from the journals.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.backoff import Backoff
+from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -22,26 +27,44 @@ CATCH_UP = b"!catchup"
 Callback = Callable[[bytes], None]
 
 
+class LiveFeed:
+    """What one connection hears on its session's live channel, in arrival order: events,
+    control notices and `CATCH_UP`. The open reads its first reply here, then the
+    delivery pump reads the rest."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def push(self, data: bytes) -> None:
+        """The hub's callback: only queues, so the hub's reader never waits."""
+        self._queue.put_nowait(data)
+
+    async def get(self) -> bytes:
+        return await self._queue.get()
+
+
 class LiveHub:
     def __init__(self, client: Any, pod_channel: str) -> None:
         self.client = client
         self.pubsub = client.pubsub()
         self.pod_channel = pod_channel
         self._subscribers: dict[str, set[Callback]] = {}
-        self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._reader = SupervisedLoop("live-hub", self._listen, backoff=Backoff())
 
     async def start(self) -> None:
         await self.pubsub.subscribe(self.pod_channel)
         self.connected.set()
-        self._task = asyncio.create_task(self._run(), name="live-hub")
+        self._reader.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._reader.stop()
         await self.pubsub.aclose()
+
+    def listening(self, channel: str) -> bool:
+        """Does any connection of this pod listen to `channel`?"""
+        return bool(self._subscribers.get(channel))
 
     async def publish(self, channel: str, data: bytes) -> None:
         """A control notice (a cluster client has no PUBLISH: this node's connection does)."""
@@ -75,10 +98,13 @@ class LiveHub:
             except Exception:
                 log.warning("pub/sub %s failed; the reconnect will apply it", operation.__name__)
 
-    async def _run(self) -> None:
-        backoff = Backoff()
-        while True:
-            try:
+    async def _listen(self) -> None:
+        """Fan messages out until the connection fails (the loop restarts this after a
+        pause). A restart after a failure first subscribes to every channel again."""
+        if not self.connected.is_set():
+            await self._resubscribe()
+        try:
+            while True:  # listen() ends when nothing is subscribed: the pod channel always is
                 async for message in self.pubsub.listen():
                     if message.get("type") != "message":
                         continue
@@ -86,20 +112,15 @@ class LiveHub:
                     channel = channel.decode() if isinstance(channel, bytes) else channel
                     for callback in list(self._subscribers.get(channel, ())):
                         callback(message["data"])
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # Redis went away: resubscribe everything once it is back; journals fill the gap
-                self.connected.clear()
-                log.warning("live hub lost its pub/sub connection; resubscribing", exc_info=True)
-                await asyncio.sleep(backoff.next_delay())
-                try:
-                    async with self._lock:
-                        await self.pubsub.subscribe(self.pod_channel, *self._subscribers)
-                    self.connected.set()  # only now: readiness depends on it
-                    backoff.reset()
-                    for callbacks in list(self._subscribers.values()):
-                        for callback in list(callbacks):
-                            callback(CATCH_UP)  # replay what was published while we were away
-                except Exception:
-                    log.warning("resubscribe failed; retrying")
+        except Exception:
+            # Redis went away: readiness turns false; the journals fill the gap once back
+            self.connected.clear()
+            raise
+
+    async def _resubscribe(self) -> None:
+        async with self._lock:
+            await self.pubsub.subscribe(self.pod_channel, *self._subscribers)
+        self.connected.set()  # only now: readiness depends on it
+        for callbacks in list(self._subscribers.values()):
+            for callback in list(callbacks):
+                callback(CATCH_UP)  # replay what was published while we were away

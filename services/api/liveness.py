@@ -19,13 +19,13 @@ next sweep. A reclaim that fails is tried again at the next beat.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
 from shared.redis.keys import KeySchema
 from shared.redis.store import TOUCH_REACTIVATED, SessionStore
+from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class PodLiveness:
         self._last_beat: float | None = None  # monotonic time of the last beat Redis took
         self._reclaim_pending = False
         self._attached: dict[str, int] = {}  # session id -> attachment generation held here
-        self._task: asyncio.Task[None] | None = None
+        # a beat that fails is logged and tried again after the loop's backoff pause
+        self._loop = SupervisedLoop.every("api-heartbeat", interval_s, self.beat)
         self._registered = False  # the first beat adds the pod: nothing to take back
         self.reclaims = 0  # diagnostics: how often the pod found itself declared dead
 
@@ -70,12 +71,10 @@ class PodLiveness:
 
     async def start(self) -> None:
         await self.beat()
-        self._task = asyncio.create_task(self._loop(), name="api-heartbeat")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.stop()
 
     async def beat(self) -> None:
         now = time.monotonic()
@@ -111,13 +110,3 @@ class PodLiveness:
             len(attached),
         )
         return taken_back
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.beat()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("API pod heartbeat failed; retrying", exc_info=True)

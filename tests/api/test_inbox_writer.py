@@ -6,8 +6,8 @@ import pytest
 from redis.exceptions import RedisError, ResponseError
 
 from services.api.inbox_writer import InboxFull, InboxWriter
+from shared.redis.boundary import MIN_ENTRY_BYTES, entry_bytes
 from shared.redis.keys import KeySchema
-from shared.redis.messages import MIN_ENTRY_BYTES, entry_bytes
 
 KEYS = KeySchema()
 

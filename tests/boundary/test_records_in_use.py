@@ -15,6 +15,7 @@ from services.admin import Admin
 from services.api.chat import ChatCompletions
 from services.api.inbox_writer import InboxWriter
 from services.api.placement import WorkerDirectory
+from services.api.worker_client import WorkerClient
 from services.worker.process import WorkerProcess
 from shared.protocol.duplex import DUPLEX_COMMANDS, AppendAudio, CloseSession, Heartbeat
 from shared.redis.boundary import (
@@ -151,7 +152,7 @@ async def test_the_chat_route_answers_with_the_workers_reply(setup):
     await setup.worker.start()
     inbox = InboxWriter(setup.client, KEYS)
     directory = WorkerDirectory(setup.client, KEYS, heartbeat_ttl_s=60)
-    route = ChatCompletions(setup.client, KEYS, directory, 1 << 20, 10.0, inbox)
+    route = ChatCompletions(setup.client, KEYS, directory, 1 << 20, 10.0, WorkerClient(inbox))
     body = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
     try:
         response = await route(chat_request(body))

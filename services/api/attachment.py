@@ -1,0 +1,398 @@
+"""One socket's hold on one session: open (the placement walk), resume, takeover, release.
+
+An attachment is the API pod's only session state, and it outlives nothing: the session
+lives on its worker, its lease and journal in Redis. It keeps the session id, its worker,
+its attachment generation (the fence of every lease script) and its command seq, and one
+`AttachmentState`. A transition the table below does not list is a bug and raises
+`AttachmentStateError`.
+
+    NEW ──open──▶ PLACING ──open written──▶ OPENING ──session.created──▶ OPENED
+                     ▲                         │                           │ on the wire
+                     └── resource_exhausted ───┘                           ▼
+    NEW ──resume──▶ RESUMING ──lease CAS won────────────────────────────▶ ATTACHED
+    OPENED, ATTACHED ──takeover──▶ REPLACED     OPENED, ATTACHED ──closure queued──▶ ENDED
+    OPENED, ATTACHED, OPENING ──socket gone──▶ DETACHING ──▶ RELEASED
+    anything else ──refused, failed or socket gone──▶ RELEASED (nothing left to undo)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import secrets
+from typing import Any
+
+import orjson
+
+from services.api.live import CATCH_UP, LiveFeed, LiveHub
+from services.api.liveness import PodLiveness
+from services.api.placement import WorkerDirectory
+from services.api.worker_client import WorkerClient
+from shared.ids import new_session_id
+from shared.protocol.duplex import (
+    DuplexErrorEvent,
+    DuplexEvent,
+    DuplexSessionCreated,
+    Heartbeat,
+    SessionResume,
+    SessionResyncRequired,
+)
+from shared.redis.boundary import ControlNotice
+from shared.redis.keys import KeySchema
+from shared.redis.store import ResumeResync, SessionStore, SessionStoreError, token_digest
+
+log = logging.getLogger(__name__)
+
+
+class AttachmentState(enum.Enum):
+    NEW = "new"  # no session yet
+    PLACING = "placing"  # a session id is subscribed to; choosing the next worker
+    OPENING = "opening"  # the open is in one worker's inbox; waiting for its first reply
+    RESUMING = "resuming"  # subscribed; the lease CAS (lease_resume.lua) is under way
+    OPENED = "opened"  # the worker admitted it; session.created is queued, not yet sent
+    ATTACHED = "attached"  # the client holds the session (created sent, or resumed)
+    REPLACED = "replaced"  # a newer attachment took the session over
+    ENDED = "ended"  # the session's closure (session.closed / expired) is queued
+    DETACHING = "detaching"  # the socket is gone: detaching the lease, or closing
+    RELEASED = "released"  # nothing held: terminal
+
+
+S = AttachmentState
+TRANSITIONS: dict[AttachmentState, frozenset[AttachmentState]] = {
+    S.NEW: frozenset({S.PLACING, S.RESUMING, S.RELEASED}),
+    S.PLACING: frozenset({S.OPENING, S.RELEASED}),
+    S.OPENING: frozenset({S.PLACING, S.OPENED, S.DETACHING, S.RELEASED}),
+    S.RESUMING: frozenset({S.ATTACHED, S.RELEASED}),
+    S.OPENED: frozenset({S.ATTACHED, S.REPLACED, S.ENDED, S.DETACHING}),
+    S.ATTACHED: frozenset({S.REPLACED, S.ENDED, S.DETACHING}),
+    # a takeover can land after the closure was queued: neither is released
+    S.ENDED: frozenset({S.REPLACED, S.RELEASED}),
+    S.REPLACED: frozenset({S.RELEASED}),
+    S.DETACHING: frozenset({S.RELEASED}),
+    S.RELEASED: frozenset(),
+}
+#: the states in which the client's commands go to the worker
+LIVE = frozenset({S.OPENED, S.ATTACHED})
+#: past these, a later closure or session.created on the wire changes nothing
+SETTLED = frozenset({S.ENDED, S.REPLACED, S.DETACHING, S.RELEASED})
+
+
+class AttachmentStateError(RuntimeError):
+    """A transition the table does not allow: a bug in the caller, never the client's."""
+
+
+class AttachFailed(Exception):
+    """Nothing is held. `event` tells the client why, or `reply` is the worker's refusal."""
+
+    def __init__(
+        self, event: DuplexEvent | None = None, reply: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(event.wire_type if event is not None else "worker refused the open")
+        self.event = event
+        self.reply = reply
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    session: dict[str, Any]  # the session object the worker last stored
+    resume_token: str  # the rotated token (only its SHA-256 is stored)
+
+
+def error(code: str, message: str, event_id: str | None = None, **extra: Any) -> DuplexErrorEvent:
+    return DuplexErrorEvent.for_code(code, message, related_event_id=event_id, **extra)
+
+
+class Attachment:
+    def __init__(
+        self,
+        *,
+        feed: LiveFeed,
+        hub: LiveHub,
+        store: SessionStore,
+        client: Any,
+        keys: KeySchema,
+        directory: WorkerDirectory,
+        workers: WorkerClient,
+        liveness: PodLiveness,
+        pod_id: str,
+        open_timeout_s: float,
+        disconnect_grace_s: float,
+        key_sha: str = "",
+    ) -> None:
+        self._feed = feed
+        self._hub = hub
+        self._store = store
+        self._client = client
+        self._keys = keys
+        self._directory = directory
+        self._workers = workers
+        self._liveness = liveness
+        self._pod_id = pod_id
+        self.open_timeout_s = open_timeout_s
+        self._grace_ms = int(disconnect_grace_s * 1000)
+        self.key_sha = key_sha  # the session is bound to the key that opened it
+        self.state = S.NEW
+        self.session_id: str | None = None
+        self.worker_id: str | None = None
+        self.generation = 0
+        self.resumable = False
+        self.command_seq = 0
+
+    def _move(self, to: AttachmentState) -> None:
+        if to not in TRANSITIONS[self.state]:
+            raise AttachmentStateError(f"attachment of {self.session_id}: {self.state} -> {to}")
+        self.state = to
+
+    @property
+    def live(self) -> bool:  # the client's commands go to the worker
+        return self.state in LIVE
+
+    # ------------------------------------------------------------ open
+
+    async def open(self, session: dict[str, Any], default_model: str | None) -> dict[str, Any]:
+        """Place a new session on the first worker that admits it; returns the
+        session.created to deliver. Raises `AttachFailed`."""
+        requested = session.get("model")
+        if requested is not None and (not isinstance(requested, str) or not requested.strip()):
+            # `model: []` (or 0, or "") must not silently open the default model
+            raise AttachFailed(
+                error(
+                    "invalid_session_config",
+                    "session.model must be a model name (a non-empty string)",
+                    param="session.model",
+                )
+            )
+        model = requested or default_model
+        session_id = new_session_id()
+        candidates = await self._directory.candidates(model, session_id)
+        if not candidates:
+            raise AttachFailed(await self._no_worker(model))
+        self._move(S.PLACING)
+        token = secrets.token_urlsafe(32)
+        await self._hub.subscribe(self._keys.live(session_id), self._feed.push)
+        self.session_id = session_id
+        # indexed under this pod before the client can know the session: should the pod
+        # die right after, the dead-pod sweep finds it (it checks the hash's `pod` field)
+        await self._client.sadd(self._keys.api_sessions(self._pod_id), session_id)
+        for worker in candidates:
+            resumable = bool(worker.capabilities.get("supports_session_resume"))
+            payload = {**session, "model": worker.model}
+            await self._store.open(
+                session_id,
+                worker.worker_id,
+                worker.model,
+                token_digest(token) if resumable else "",
+                orjson.dumps(payload).decode(),
+                self._pod_id,
+                self.key_sha,
+            )
+            self.worker_id = worker.worker_id
+            self._move(S.OPENING)
+            await self._workers.open(worker.worker_id, session_id, payload)
+            reply = await self.first_reply()
+            if reply is not None and reply.get("type") == "session.created":
+                self.generation, self.resumable = 1, resumable
+                self._move(S.OPENED)
+                self._liveness.attach(session_id, 1)
+                if resumable:
+                    reply["resume_token"] = token
+                    reply["attachment_generation"] = 1
+                reply["duplex_worker_id"] = worker.worker_id  # for consoles and debugging
+                return reply
+            await self._client.delete(self._keys.session(session_id), self._keys.events(session_id))
+            code = (reply or {}).get("error", {}).get("code") if reply else None
+            if code == "resource_exhausted":
+                self.worker_id = None
+                self._move(S.PLACING)
+                continue  # a race with another pod: walk on to the next worker
+            await self._abandon()
+            if reply is None:
+                raise AttachFailed(
+                    error("timeout", "the worker did not answer the open in time", retryable=True)
+                )
+            raise AttachFailed(reply=reply)
+        await self._abandon()
+        raise AttachFailed(
+            error("resource_exhausted", "every worker of this model is full", retryable=True)
+        )
+
+    async def _no_worker(self, model: str | None) -> DuplexErrorEvent:
+        served = await self._directory.models()
+        if model and served and model not in served:
+            return error("invalid_session_config", f"model {model!r} is not served; try {served}")
+        if model in served or (not model and served):
+            return error(
+                "resource_exhausted",
+                "duplex_session_capacity_exhausted: every worker of this model is full",
+                retryable=True,
+            )
+        return error("resource_exhausted", "no live worker serves this model", retryable=True)
+
+    async def _abandon(self) -> None:
+        session_id, self.session_id, self.worker_id = self.session_id, None, None
+        self._move(S.RELEASED)
+        if session_id is None:
+            return
+        await self._hub.unsubscribe(self._keys.live(session_id), self._feed.push)
+        await self._client.srem(self._keys.api_sessions(self._pod_id), session_id)
+
+    async def first_reply(self) -> dict[str, Any] | None:
+        """The worker's answer to an open: session.created or an error (control notices skipped).
+
+        session.created is not journaled: if its live message was missed (the pub/sub
+        connection was reconnecting, which the hub announces with CATCH_UP), the session
+        hash, which the same script marked active with the session object, stands in for
+        it. The hash is read then, and once more when the open timeout runs out."""
+        try:
+            async with asyncio.timeout(self.open_timeout_s):
+                while True:
+                    data = await self._feed.get()
+                    if data == CATCH_UP:
+                        if (created := await self._created_from_hash()) is not None:
+                            return created
+                    elif ControlNotice.parse(data) is None:
+                        return orjson.loads(data)
+        except TimeoutError:
+            return await self._created_from_hash()
+
+    async def _created_from_hash(self) -> dict[str, Any] | None:
+        if self.session_id is None:
+            return None
+        meta = await self._store.meta(self.session_id)
+        if meta.get("state") == "active" and meta.get("session"):
+            return DuplexSessionCreated(session=orjson.loads(meta["session"])).to_dict()
+        return None
+
+    # ------------------------------------------------------------ resume
+
+    async def resume(self, request: SessionResume) -> Resumed:
+        """Take the session over with its resume token (lease CAS); raises `AttachFailed`.
+        Once this returns, the old socket (wherever it is) has been told to go."""
+        sid = request.session_id
+        self._move(S.RESUMING)
+        self.session_id = sid
+        # first: nothing published after the CAS is missed
+        await self._hub.subscribe(self._keys.live(sid), self._feed.push)
+        new_token = secrets.token_urlsafe(32)
+        try:
+            result = await self._store.resume(
+                sid,
+                request.resume_token,
+                new_token,
+                request.last_received_server_event_seq,
+                self._pod_id,
+                self.key_sha,
+            )
+        except SessionStoreError as exc:
+            await self._give_up(sid)
+            raise AttachFailed(
+                error(exc.code, f"cannot resume {sid}: {exc.code}", request.event_id)
+            ) from None
+        if isinstance(result, ResumeResync):
+            await self._give_up(sid)
+            raise AttachFailed(SessionResyncRequired(session_id=sid, reason=result.reason))
+        self.worker_id, self.generation = result.worker_id, result.attachment_generation
+        self.resumable = True
+        self._move(S.ATTACHED)
+        self._liveness.attach(sid, self.generation)
+        await self._client.sadd(self._keys.api_sessions(self._pod_id), sid)
+        notice = ControlNotice.takeover(self.generation).to_bytes()
+        await self._hub.publish(self._keys.live(sid), notice)
+        session = orjson.loads(result.session) if result.session else {}
+        return Resumed(session, new_token)
+
+    async def _give_up(self, session_id: str) -> None:
+        self.session_id = None
+        self._move(S.RELEASED)
+        await self._hub.unsubscribe(self._keys.live(session_id), self._feed.push)
+
+    # ------------------------------------------------------------ attached
+
+    def created_delivered(self) -> None:
+        """The writer put session.created on the wire: a socket that goes now detaches
+        (or closes) the session instead of abandoning a session its client never knew."""
+        if self.state is S.OPENED:
+            self._move(S.ATTACHED)
+        elif self.state not in (S.ATTACHED, *SETTLED):
+            raise AttachmentStateError(f"session.created sent while {self.state}")
+
+    def end(self) -> None:
+        """The session's closure (session.closed / session.expired) is queued."""
+        if self.state not in SETTLED:
+            self._move(S.ENDED)
+
+    def taken_over(self, generation: int) -> bool:
+        """A takeover notice: True (and REPLACED) when its generation is newer than ours."""
+        if generation <= self.generation:
+            return False
+        self._move(S.REPLACED)
+        return True
+
+    def _held(self) -> tuple[str, str]:
+        if self.session_id is None or self.worker_id is None:
+            raise AttachmentStateError(f"no session is held ({self.state})")
+        return self.session_id, self.worker_id
+
+    async def command(self, command: Any) -> None:
+        """A client command to the worker, with the next command seq. Raises `InboxFull`
+        when the inbox's budget refused it."""
+        sid, worker_id = self._held()
+        self.command_seq += 1
+        send = self._workers.command(worker_id, sid, self.generation, self.command_seq, command)
+        if isinstance(command, Heartbeat):
+            # the lease refresh and the command travel at once: awaiting the touch first put
+            # a whole Redis round trip in front of every heartbeat_ack
+            await asyncio.gather(self._store.touch(sid, self.generation, self._pod_id), send)
+        else:
+            await send
+
+    async def acknowledge(self, seq: int) -> bool:
+        """The client has the events up to `seq`; False when `seq` is past the newest."""
+        sid, _ = self._held()
+        return await self._store.ack(sid, seq) != -1
+
+    async def touch(self) -> None:
+        """Tell the worker a socket holds the session again (after a resume)."""
+        sid, worker_id = self._held()
+        await self._workers.touch(worker_id, sid, self.generation)
+
+    async def close(self, reason: str) -> None:
+        """Ask the worker to close the session (the pod's decision: output overflow)."""
+        sid, worker_id = self._held()
+        await self._workers.close(worker_id, sid, self.generation, reason)
+
+    # ------------------------------------------------------------ release
+
+    async def release(self) -> None:
+        """The socket is gone. A session taken over or ended is left as it is; one whose
+        session.created never reached its client is closed; a resumable one is detached
+        (fenced on our generation: a newer attachment wins); any other is closed."""
+        sid = self.session_id
+        if sid is None:  # never opened, or a failed open or resume let go already
+            if self.state is not S.RELEASED:
+                self._move(S.RELEASED)
+            return
+        self._liveness.release(sid, self.generation)
+        with contextlib.suppress(Exception):
+            await self._hub.unsubscribe(self._keys.live(sid), self._feed.push)
+            await self._client.srem(self._keys.api_sessions(self._pod_id), sid)
+        state = self.state  # read after the awaits: the writer may have sent session.created
+        if state not in (S.OPENING, *LIVE) or self.worker_id is None:
+            return self._move(S.RELEASED)
+        self._move(S.DETACHING)
+        try:
+            if state is not S.ATTACHED:  # the client never had session.created
+                await self._workers.close(
+                    self.worker_id, sid, self.generation, "session_created_undelivered"
+                )
+            elif self.resumable:
+                await self._store.detach(sid, self.generation, self._grace_ms)
+            else:
+                await self._workers.close(self.worker_id, sid, self.generation, "disconnect")
+        except Exception:
+            log.exception("releasing session %s failed", sid)
+        finally:
+            self._move(S.RELEASED)

@@ -1,0 +1,206 @@
+"""Events out to one client: the live pump, replay from the journal, gap fill, overflow.
+
+Everything a socket sends goes through its `OutputQueue` (bounded, the seed's overflow
+policy), and the worker's events reach it in `server_event_seq` order without a hole:
+
+- a resume replays the journal from `last_received_server_event_seq + 1` before any live
+  message is delivered (the feed was subscribed before the lease CAS, so nothing
+  published since is lost: what the replay covered is skipped when it arrives live);
+- a live message past a gap is preceded by the journal entries in between, or, when the
+  journal no longer has them, by `session.resync_required` and nothing more;
+- `CATCH_UP` (the hub reconnected) replays whatever the journal has past `last_seq`;
+- a client that reads too slowly overflows its queue: it hears `output_overflow`, and the
+  worker is asked once to close the session.
+
+`SessionView` is the session object as last delivered: the formats the client's appends
+are parsed with and its idle timeout, which the connection reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+
+from services.api.attachment import Attachment, error
+from services.api.live import CATCH_UP, LiveFeed
+from services.api.metrics import ApiMetrics
+from services.api.output_queue import OutItem, OutputQueue
+from shared.protocol.duplex import (
+    CommandContext,
+    DuplexErrorEvent,
+    DuplexEvent,
+    InputAudioDefaults,
+    RealtimeProtocolError,
+    SessionReplaced,
+    SessionResyncRequired,
+)
+from shared.redis.boundary import TAKEOVER_KIND, ControlNotice
+from shared.redis.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+#: the idle timeout of a socket until the session object says otherwise
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: the types whose delivery means the session has ended (no release writes after them)
+ENDINGS = frozenset({"session.closed", "session.expired"})
+
+
+class SessionView:
+    """The session object as the client last heard it, for parsing what it sends."""
+
+    def __init__(self) -> None:
+        self.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S
+        self.defaults = InputAudioDefaults()  # sets self.context too
+
+    @property
+    def defaults(self) -> InputAudioDefaults:
+        return self._defaults
+
+    @defaults.setter
+    def defaults(self, value: InputAudioDefaults) -> None:
+        # one parse context per change, not per frame: appends arrive every 20 ms
+        self._defaults = value
+        self.context = CommandContext(value)
+
+    def observe(self, session: Any) -> None:
+        """A session object delivered (session.created, .updated, .resumed)."""
+        if isinstance(session, dict):
+            with contextlib.suppress(RealtimeProtocolError):
+                self.defaults = InputAudioDefaults().updated(session)
+            timeout = session.get("idle_timeout_s")
+            if isinstance(timeout, int | float) and timeout > 0:
+                self.idle_timeout_s = float(timeout)
+
+    def adopt(self, patch: dict[str, Any]) -> None:
+        """A session.update the client sent: appends right after it use its formats now,
+        not when session.updated comes back (the worker refuses an invalid one itself)."""
+        with contextlib.suppress(RealtimeProtocolError):
+            self.defaults = self.defaults.updated(patch)
+
+
+class Delivery:
+    def __init__(
+        self,
+        attachment: Attachment,
+        feed: LiveFeed,
+        queue: OutputQueue,
+        store: SessionStore,
+        metrics: ApiMetrics,
+        view: SessionView,
+    ) -> None:
+        self.attachment = attachment
+        self.feed = feed
+        self.queue = queue
+        self.store = store
+        self.metrics = metrics
+        self.view = view
+        self.last_seq = 0  # the last server_event_seq queued for the client
+        #: the close asked of the worker once the client overflowed its queue (awaitable)
+        self.overflow_close: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ the writer's side
+
+    async def get(self) -> OutItem:
+        """The next item to send (the connection's writer is the only reader)."""
+        return await self.queue.get()
+
+    async def drained(self) -> None:
+        """Return once the writer has taken everything queued."""
+        await self.queue.drained()
+
+    # ------------------------------------------------------------ the pod's own events
+
+    def send(self, event: DuplexEvent) -> None:
+        if isinstance(event, DuplexErrorEvent):
+            self.metrics.errors.labels(event.code or "unknown").inc()
+        self.queue.put(OutItem(event.to_json(), event.wire_type))
+
+    def error(self, code: str, message: str, event_id: str | None = None, **extra: Any) -> None:
+        self.send(error(code, message, event_id, **extra))
+
+    def created(self, reply: dict[str, Any]) -> None:
+        """The session.created of an open (from the worker's reply or the session hash)."""
+        self.view.observe(reply.get("session"))
+        self.queue.put(OutItem(orjson.dumps(reply), "session.created"))
+
+    # ------------------------------------------------------------ the worker's events
+
+    def enqueue(self, data: bytes, event: dict[str, Any]) -> None:
+        """One event of the worker's, as the JSON it published, for the client."""
+        wire_type = event.get("type", "")
+        if wire_type in ("session.updated", "session.created"):
+            self.view.observe(event.get("session"))
+        if wire_type in ENDINGS:
+            self.attachment.end()
+        elif wire_type == "error":  # the worker's errors count with the pod's own
+            self.metrics.errors.labels(event.get("error", {}).get("code") or "unknown").inc()
+        accepted = self.queue.put(OutItem(data, wire_type, event.get("response_id")))
+        self.metrics.events.inc()
+        if not accepted and self.queue.overflowed and self.overflow_close is None:
+            self.error("output_overflow", "the client reads too slowly; the session is closed")
+            # one write, not a loop: a named task (enqueue runs inside the pump, which must
+            # not wait on Redis for it), never restarted, its failure logged
+            self.overflow_close = asyncio.get_running_loop().create_task(
+                self.attachment.close("output_overflow"),
+                name=f"overflow-close:{self.attachment.session_id}",
+            )
+            self.overflow_close.add_done_callback(_log_failure)
+
+    async def replay(self, until_seq: int | None = None) -> bool:
+        """Queue journal entries after `last_seq` (up to `until_seq`); False when some are gone."""
+        entries = await self.store.journal(
+            self.attachment.session_id or "", self.last_seq, until_seq
+        )
+        for seq, data in entries:
+            if seq != self.last_seq + 1:
+                return False
+            self.last_seq = seq
+            self.enqueue(data, orjson.loads(data))
+        return until_seq is None or self.last_seq >= until_seq
+
+    async def pump(self) -> None:
+        """Live messages to the client until a takeover or a journal gap ends it (a
+        per-connection task: never restarted, cancelled when its socket goes)."""
+        attachment = self.attachment
+        while True:
+            data = await self.feed.get()
+            notice = ControlNotice.parse(data)
+            if notice is not None:
+                if notice.kind == TAKEOVER_KIND and attachment.taken_over(
+                    notice.attachment_generation
+                ):
+                    self.send(
+                        SessionReplaced(
+                            session_id=attachment.session_id,
+                            attachment_generation=attachment.generation,
+                        )
+                    )
+                    return
+                if data == CATCH_UP:
+                    await self.replay()
+                continue
+            event = orjson.loads(data)
+            if event.get("type") == "session.created":
+                continue  # the open already delivered it (possibly from the session hash)
+            seq = event.get("server_event_seq")
+            if seq is not None:
+                if seq <= self.last_seq:
+                    continue  # already replayed or delivered
+                if seq > self.last_seq + 1 and not await self.replay(until_seq=seq - 1):
+                    self.send(
+                        SessionResyncRequired(
+                            session_id=attachment.session_id, reason="journal_gap"
+                        )
+                    )
+                    return
+                self.last_seq = seq
+            self.enqueue(data, event)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("closing an overflowed session failed: %r", exc)

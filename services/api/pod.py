@@ -1,0 +1,186 @@
+"""The API pod's composition root: every collaborator built from settings and one Redis
+handle, wired, started and stopped in one readable order.
+
+Nothing here is reached through: each collaborator gets exactly the collaborators it
+uses in its constructor. Pod-wide pieces are built once (the session store and its
+scripts, the live hub, the worker directory, the inbox writer behind `WorkerClient`,
+the liveness heartbeat, the janitor, metrics); per socket, `connection()` builds an
+`Attachment`, a `Delivery` and the `RealtimeConnection` that drives them.
+
+Start order: scripts loaded, live hub subscribed, first heartbeat, janitor, loop-lag
+watchdog. Stop order is the reverse, then the inbox writer (what is still queued fails
+in its callers) and the pod's registration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from starlette.websockets import WebSocket
+
+from services.api.attachment import Attachment
+from services.api.chat import ChatCompletions
+from services.api.connection import RealtimeConnection
+from services.api.delivery import Delivery, SessionView
+from services.api.inbox_writer import InboxWriter
+from services.api.janitor import Janitor
+from services.api.live import LiveFeed, LiveHub
+from services.api.liveness import PodLiveness
+from services.api.metrics import ApiMetrics
+from services.api.output_queue import OutputQueue
+from services.api.placement import WorkerDirectory
+from services.api.realtime import RealtimeEndpoint
+from services.api.security import KeyChecker
+from services.api.worker_client import WorkerClient
+from shared.contracts import SessionRuntimeConfig
+from shared.loop_lag import LoopLagMonitor
+from shared.redis.connection import RedisHandle
+from shared.redis.keys import KeySchema
+from shared.redis.store import SessionStore, key_digest
+from shared.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+
+class ApiPod:
+    def __init__(
+        self, settings: ApiSettings, redis: RedisHandle, runtime: SessionRuntimeConfig | None = None
+    ):
+        self.settings = settings
+        self.redis = redis
+        self.client = redis.client
+        self.keys = KeySchema(settings.key_prefix)
+        self.store = SessionStore(self.client, self.keys)
+        self.runtime = runtime or settings.session  # the policy the workers apply too
+        self.metrics = ApiMetrics()
+        self.authorized = KeyChecker(settings.api_keys)
+        self.directory = WorkerDirectory(
+            self.client, self.keys, settings.heartbeat_ttl_s, settings.placement_epsilon
+        )
+        self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
+        self.inbox_writer = InboxWriter(self.client, self.keys, self.store.scripts)
+        self.workers = WorkerClient(self.inbox_writer)
+        self.liveness = PodLiveness(
+            self.client,
+            self.keys,
+            self.store,
+            settings.pod_id,
+            settings.heartbeat_interval_s,
+            settings.heartbeat_ttl_s,
+        )
+        self.janitor = Janitor(
+            redis,
+            self.keys,
+            self.store,
+            self.workers,
+            self.runtime,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s,
+            disconnect_grace_s=self.runtime.disconnect_grace_s,
+        )
+        self.loop_lag = LoopLagMonitor(
+            f"API pod {settings.pod_id}", self.metrics.loop_lag, settings.loop_lag_warn_s
+        )
+        self.realtime = RealtimeEndpoint(
+            self.authorized, settings.allowed_origins, self.metrics, self.connection
+        )
+        # chat.py writes its request to the inbox writer itself (not through WorkerClient)
+        self.chat = ChatCompletions(
+            self.client,
+            self.keys,
+            self.directory,
+            settings.chat_max_body_bytes,
+            settings.chat_timeout_s,
+            self.workers,
+        )
+        self._ready_detail: str | None = None  # the last failure ready() logged
+
+    # ------------------------------------------------------------ per socket
+
+    def connection(
+        self,
+        websocket: WebSocket,
+        *,
+        model: str | None,
+        autostart: bool,
+        resume_only: bool,
+        api_key: str | None = None,
+    ) -> RealtimeConnection:
+        """The connection of one accepted socket, with its attachment and delivery."""
+        settings, runtime = self.settings, self.runtime
+        feed = LiveFeed()
+        attachment = Attachment(
+            feed=feed,
+            hub=self.hub,
+            store=self.store,
+            client=self.client,
+            keys=self.keys,
+            directory=self.directory,
+            workers=self.workers,
+            liveness=self.liveness,
+            pod_id=settings.pod_id,
+            open_timeout_s=settings.open_timeout_s,
+            disconnect_grace_s=self.runtime.disconnect_grace_s,
+            # the session is bound to the key that opened it: only that key may resume it
+            key_sha=key_digest(api_key) if settings.api_keys and api_key else "",
+        )
+        queue = OutputQueue(
+            runtime.max_pending_output_bytes_per_session,
+            runtime.max_pending_output_events_per_session,
+            runtime.output_reserve_bytes,
+            runtime.output_reserve_events,
+        )
+        view = SessionView()
+        delivery = Delivery(attachment, feed, queue, self.store, self.metrics, view)
+        return RealtimeConnection(
+            websocket,
+            attachment,
+            delivery,
+            view,
+            self.metrics,
+            model=model,
+            autostart=autostart,
+            resume_only=resume_only,
+            config_timeout_s=settings.config_timeout_s,
+            max_input_bytes=runtime.max_pending_input_bytes_per_session,
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.store.scripts.ensure_loaded(self.client)
+        await self.hub.start()
+        await self.liveness.start()
+        await self.janitor.start()
+        self.loop_lag.start()
+
+    async def stop(self) -> None:
+        await self.loop_lag.stop()
+        await self.janitor.stop()
+        await self.liveness.stop()
+        await self.hub.stop()
+        await self.workers.stop()
+        with contextlib.suppress(Exception):
+            await self.client.zrem(self.keys.apis(), self.settings.pod_id)
+
+    async def ready(self) -> tuple[bool, str]:
+        """(ready, reason) for GET /health/ready. The reason is public (probes carry no
+        key): it never names the Redis host, port or error; the log does, once a change."""
+        try:
+            await self.client.ping()
+        except Exception as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            if detail != self._ready_detail:
+                log.warning("not ready: Redis unreachable (%s)", detail)
+                self._ready_detail = detail
+            return False, "redis unreachable"
+        self._ready_detail = None
+        if not self.hub.connected.is_set():
+            return False, "live event channel reconnecting"
+        if not await self.directory.live_workers():
+            return False, "no live worker"
+        return True, "ok"
+
+    async def models(self) -> list[str]:
+        """The models the live workers serve (GET /v1/models)."""
+        return await self.directory.models()

@@ -1,0 +1,114 @@
+"""The Realtime WebSocket's door: who may open a socket, and with which options.
+
+Before `accept()`: the API key (an `Authorization: Bearer` header, `?api_key=`, or, from
+browsers, which cannot set headers on a WebSocket, the subprotocol
+`openai-insecure-api-key.<key>`) and the browser Origin. Either refusal closes with 1008
+before the handshake completes, so the client gets HTTP 403 and no session exists.
+After it: the query's `duplex`, `autostart` and `resume` flags, then the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import orjson
+from starlette.websockets import WebSocket
+
+from services.api.connection import RealtimeConnection
+from services.api.metrics import ApiMetrics
+from services.api.security import KeyChecker, origin_allowed
+
+log = logging.getLogger(__name__)
+
+TRUE_VALUES = {"1", "true", "on", "yes"}
+FALSE_VALUES = {"0", "false", "off", "no"}
+#: browsers cannot set headers on a WebSocket: they send the key as this subprotocol
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+
+#: builds the connection of an accepted socket (ApiPod.connection)
+ConnectionFactory = Callable[..., RealtimeConnection]
+
+
+def bearer(header: str | None) -> str | None:
+    if header and header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return None
+
+
+def flag(value: str | None, default: bool) -> bool | None:
+    """A query flag: True, False, `default` when absent, None when not a boolean."""
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in TRUE_VALUES:
+        return True
+    if lowered in FALSE_VALUES:
+        return False
+    return None
+
+
+class RealtimeEndpoint:
+    def __init__(
+        self,
+        authorized: KeyChecker,
+        allowed_origins: frozenset[str],
+        metrics: ApiMetrics,
+        connection: ConnectionFactory,
+    ) -> None:
+        self.authorized = authorized
+        self.allowed_origins = allowed_origins
+        self.metrics = metrics
+        self.connection = connection
+
+    async def __call__(self, websocket: WebSocket, force_duplex: bool) -> None:
+        subprotocols = [
+            p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p
+        ]
+        key = bearer(websocket.headers.get("authorization")) or websocket.query_params.get(
+            "api_key"
+        )
+        for protocol in subprotocols:
+            if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
+                key = protocol[len(KEY_SUBPROTOCOL_PREFIX) :]
+        # both refusals come before accept(): the client gets HTTP 403, no session exists
+        if not self.authorized(key):
+            await websocket.close(code=1008, reason="invalid or missing API key")
+            return
+        origin = websocket.headers.get("origin")
+        if not origin_allowed(
+            origin, websocket.headers.get("host"), self.allowed_origins, self.authorized.enabled
+        ):
+            log.info("WebSocket from Origin %r refused (DUPLEX_ALLOWED_ORIGINS)", origin[:200])
+            await websocket.close(code=1008, reason="origin not allowed")
+            return
+        accept = next((p for p in subprotocols if p == "realtime"), None)
+        await websocket.accept(subprotocol=accept)
+        query = websocket.query_params
+        duplex = True if force_duplex else flag(query.get("duplex"), True)
+        if not duplex:
+            body = {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "unknown_event",
+                    "message": "Realtime API is not available: this deployment serves duplex",
+                },
+            }
+            await websocket.send_text(orjson.dumps(body).decode())
+            await websocket.close(1000)
+            return
+        autostart = flag(query.get("autostart"), True)
+        resume = flag(query.get("resume"), False)
+        connection = self.connection(
+            websocket,
+            model=query.get("model"),
+            autostart=bool(autostart),
+            resume_only=(autostart is False) or bool(resume),
+            api_key=key,
+        )
+        self.metrics.active_sessions.inc()
+        try:
+            await connection.run()
+        finally:
+            self.metrics.active_sessions.dec()

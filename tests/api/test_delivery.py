@@ -1,0 +1,169 @@
+"""Delivery (services/api/delivery.py): replay then live without a gap or a duplicate, a gap
+filled from the journal or answered with resync_required, takeover, and output overflow."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from services.api.attachment import AttachmentState
+from services.api.live import CATCH_UP, LiveFeed
+from shared.protocol.duplex import SessionResume
+from tests.api.parts import active_session, inbox, make_parts, publish
+
+SID = "duplex-d"
+
+
+@pytest.fixture
+async def parts():
+    parts = make_parts()
+    yield parts
+    await parts.close()
+
+
+async def attached(parts, *, last_seq: int = 0, max_events: int = 512):
+    """A resumed attachment (generation 2) and its delivery, replay not yet run."""
+    feed = LiveFeed()
+    attachment = parts.attachment(feed)
+    await attachment.resume(
+        SessionResume(session_id=SID, resume_token="tok", last_received_server_event_seq=last_seq)
+    )
+    delivery = parts.delivery(attachment, feed, max_events=max_events)
+    delivery.last_seq = last_seq
+    return attachment, delivery
+
+
+async def journal_data(parts) -> dict[int, bytes]:
+    """Each journaled event as the worker published it live (with its server_event_seq)."""
+    return dict(await parts.store.journal(SID, 0))
+
+
+async def taken(delivery, count: int) -> list[tuple[str, int | None]]:
+    """The next `count` items the writer would send, as (type, server_event_seq)."""
+    out = []
+    for _ in range(count):
+        event = orjson.loads((await delivery.get()).data)
+        out.append((event["type"], event.get("server_event_seq")))
+    return out
+
+
+async def test_replay_then_live_has_no_gap_and_no_duplicate(parts):
+    """Through Redis: the hub is subscribed before the lease CAS, so an event published
+    between the CAS and the replay arrives twice (journal and live) and is sent once."""
+    await active_session(parts.store, SID)
+    assert await publish(parts.store, SID, "e1", "e2", "e3") == [1, 2, 3]
+    await parts.hub.start()
+    _, delivery = await attached(parts, last_seq=1)  # the client had seq 1
+    assert await publish(parts.store, SID, "e4") == [4]  # live, and in the journal
+    assert await delivery.replay() is True
+    pump = asyncio.create_task(delivery.pump())
+    await publish(parts.store, SID, "e5", "e6")
+    assert await taken(delivery, 5) == [("e2", 2), ("e3", 3), ("e4", 4), ("e5", 5), ("e6", 6)]
+    assert len(delivery.queue) == 0 and delivery.last_seq == 6
+    pump.cancel()
+
+
+async def test_a_gap_in_the_live_channel_is_filled_from_the_journal(parts):
+    await active_session(parts.store, SID)
+    await publish(parts.store, SID, "e1", "e2", "e3", "e4")
+    live = await journal_data(parts)
+    _, delivery = await attached(parts, last_seq=1)
+    delivery.feed.push(live[4])  # 2 and 3 never came live (the hub was reconnecting)
+    delivery.feed.push(live[3])  # late: already filled
+    delivery.feed.push(b'{"type":"rate_limits.updated"}')  # no seq: delivered as it comes
+    pump = asyncio.create_task(delivery.pump())
+    assert await taken(delivery, 4) == [
+        ("e2", 2),
+        ("e3", 3),
+        ("e4", 4),
+        ("rate_limits.updated", None),
+    ]
+    pump.cancel()
+
+
+async def test_catch_up_replays_what_the_journal_has_past_the_last_seq(parts):
+    await active_session(parts.store, SID)
+    await publish(parts.store, SID, "e1", "e2")
+    _, delivery = await attached(parts, last_seq=1)
+    delivery.feed.push(CATCH_UP)
+    pump = asyncio.create_task(delivery.pump())
+    assert await taken(delivery, 1) == [("e2", 2)]
+    pump.cancel()
+
+
+async def test_a_gap_the_journal_no_longer_covers_ends_delivery_with_resync_required(parts):
+    await active_session(parts.store, SID)
+    await publish(parts.store, SID, "e1", "e2", "e3")
+    _, delivery = await attached(parts, last_seq=1)
+    # then e4 pushes the journal past its byte cap: the oldest entries are trimmed
+    await publish(parts.store, SID, "e4", max_bytes=100)
+    live = await journal_data(parts)
+    assert sorted(live) == [3, 4]
+    delivery.feed.push(live[4])
+    pump = asyncio.create_task(delivery.pump())
+    item = await delivery.get()
+    assert item.wire_type == "session.resync_required"
+    event = orjson.loads(item.data)
+    assert (event["session_id"], event["reason"]) == (SID, "journal_gap")
+    await pump  # delivery ends there: never a silent hole
+    assert len(delivery.queue) == 0
+
+
+async def test_a_journal_overflow_notice_is_delivered_as_published(parts):
+    await active_session(parts.store, SID)
+    await parts.hub.start()
+    _, delivery = await attached(parts)
+    pump = asyncio.create_task(delivery.pump())
+    assert await publish(parts.store, SID, "response.done", max_bytes=8) == [0]  # too large
+    [(kind, seq), (done, done_seq)] = await taken(delivery, 2)
+    assert (kind, seq, done, done_seq) == ("session.resync_required", None, "response.done", None)
+    pump.cancel()
+
+
+async def test_a_takeover_replaces_this_socket_and_ends_delivery(parts):
+    await active_session(parts.store, SID)
+    attachment, delivery = await attached(parts)
+    delivery.feed.push(b"!takeover 2")  # our own generation's notice
+    delivery.feed.push(b"!takeover 3")
+    pump = asyncio.create_task(delivery.pump())
+    await pump
+    assert attachment.state is AttachmentState.REPLACED
+    [item] = [await delivery.get()]
+    assert orjson.loads(item.data) == {
+        "type": "session.replaced",
+        "event_id": orjson.loads(item.data)["event_id"],
+        "session_id": SID,
+        "attachment_generation": 2,
+    }
+
+
+async def test_a_closure_ends_the_attachment_and_session_objects_update_the_view(parts):
+    await active_session(parts.store, SID)
+    attachment, delivery = await attached(parts)
+    updated = {"type": "session.updated", "session": {"idle_timeout_s": 7}}
+    delivery.enqueue(orjson.dumps(updated), updated)
+    assert delivery.view.idle_timeout_s == 7.0
+    assert attachment.state is AttachmentState.ATTACHED
+    closed = {"type": "session.closed", "session_id": SID}
+    delivery.enqueue(orjson.dumps(closed), closed)
+    assert attachment.state is AttachmentState.ENDED and attachment.live is False
+
+
+async def test_an_overflowing_client_hears_why_and_the_worker_is_asked_once_to_close(parts):
+    await active_session(parts.store, SID)
+    attachment, delivery = await attached(parts, max_events=2)
+    for n in range(4):
+        event = {"type": "response.output_audio.delta", "delta": str(n)}
+        delivery.enqueue(orjson.dumps(event), event)
+    assert delivery.queue.overflowed
+    await delivery.overflow_close
+    queued = [orjson.loads((await delivery.get()).data) for _ in range(3)]
+    assert [e.get("delta") for e in queued[:2]] == ["0", "1"]
+    assert queued[2]["error"]["code"] == "output_overflow"
+    assert queued[2]["error"]["message"] == "the client reads too slowly; the session is closed"
+    closes = [e for e in await inbox(parts.client, "worker-a") if e[b"k"] == b"close"]
+    assert [(e[b"s"], e[b"a"], orjson.loads(e[b"p"])) for e in closes] == [
+        (SID.encode(), b"2", {"reason": "output_overflow"})
+    ]
+    assert parts.metrics.errors.labels("output_overflow")._value.get() == 1
+    assert attachment.state is AttachmentState.ATTACHED  # the worker's session.closed ends it

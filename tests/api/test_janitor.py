@@ -1,0 +1,78 @@
+"""The janitor's jobs (services/api/janitor.py), built from the parts it uses (no pod): an
+expired lease is journaled and closed through the WorkerClient, a dead API pod's sessions
+enter disconnect grace, a dead worker's sessions end with worker_lost."""
+
+import time
+
+import fakeredis
+import orjson
+import pytest
+
+from services.api.inbox_writer import InboxWriter
+from services.api.janitor import Janitor
+from services.api.worker_client import WorkerClient
+from shared.contracts import SessionRuntimeConfig
+from shared.ids import EXPIRED_CLOSE_REASON
+from shared.redis.connection import RedisHandle
+from shared.redis.store import SessionStore
+from tests.api.parts import KEYS, active_session, inbox
+
+
+@pytest.fixture
+async def janitor():
+    server = fakeredis.FakeServer()
+    client = fakeredis.FakeAsyncRedis(server=server)
+    store = SessionStore(client, KEYS)
+    workers = WorkerClient(InboxWriter(client, KEYS, store.scripts))
+    janitor = Janitor(
+        RedisHandle(client, "fakeredis", server=server),
+        KEYS,
+        store,
+        workers,
+        SessionRuntimeConfig(),
+        heartbeat_ttl_s=5.0,
+        disconnect_grace_s=30.0,
+    )
+    yield janitor
+    await workers.stop()
+    await client.aclose()
+
+
+async def journal_types(janitor, sid: str) -> list[str]:
+    return [orjson.loads(data)["type"] for _, data in await janitor.store.journal(sid, 0)]
+
+
+async def test_an_expired_lease_is_journaled_then_closed_on_its_worker(janitor):
+    await active_session(janitor.store, "duplex-e", worker="w1")
+    assert await janitor.store.detach("duplex-e", 1, grace_ms=0) == 1
+    assert await janitor.expire_leases() == ["duplex-e"]
+    assert await journal_types(janitor, "duplex-e") == ["session.expired"]
+    [close] = await inbox(janitor.client, "w1")
+    assert (close[b"k"], close[b"s"], close[b"a"]) == (b"close", b"duplex-e", b"0")
+    assert orjson.loads(close[b"p"]) == {"reason": EXPIRED_CLOSE_REASON}
+    assert await janitor.client.zscore(KEYS.leases(), "duplex-e") is None
+    assert await janitor.expire_leases() == []  # claimed once
+
+
+async def test_a_dead_api_pods_sessions_wait_for_a_resume(janitor):
+    await active_session(janitor.store, "duplex-a")  # attached through api-t
+    await janitor.client.sadd(KEYS.api_sessions("api-t"), "duplex-a")
+    await janitor.client.zadd(KEYS.apis(), {"api-t": int((time.time() - 60) * 1000)})
+    assert await janitor.sweep_dead_apis() == ["duplex-a"]
+    meta = await janitor.store.meta("duplex-a")
+    assert (meta["state"], meta["detached_by"]) == ("detached", "sweep")
+    assert int(meta["lease_deadline"]) == int(meta["detached_at"]) + 30_000
+    assert await janitor.client.zscore(KEYS.apis(), "api-t") is None
+    assert await janitor.client.exists(KEYS.api_sessions("api-t")) == 0
+
+
+async def test_a_dead_workers_sessions_end_with_worker_lost(janitor):
+    await active_session(janitor.store, "duplex-w", worker="w9")
+    await janitor.client.sadd(KEYS.worker_sessions("w9"), "duplex-w")
+    await janitor.client.hset(KEYS.worker("w9"), mapping={"model": "echo"})
+    await janitor.client.zadd(KEYS.workers(), {"w9": int((time.time() - 60) * 1000)})
+    assert await janitor.sweep_dead_workers() == ["duplex-w"]
+    assert await journal_types(janitor, "duplex-w") == ["error", "session.closed"]
+    assert (await janitor.store.meta("duplex-w"))["state"] == "closed"
+    assert await janitor.client.exists(KEYS.worker("w9"), KEYS.worker_sessions("w9")) == 0
+    assert await janitor.client.zscore(KEYS.workers(), "w9") is None
