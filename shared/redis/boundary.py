@@ -390,7 +390,3 @@ class ControlNotice:
             return None
         kind, _, generation = data[len(CONTROL_PREFIX) :].partition(b" ")
         return cls(kind.decode(), int(generation) if generation.isdigit() else 0)
-
-
-def takeover_notice(attachment_generation: int) -> bytes:
-    return ControlNotice.takeover(attachment_generation).to_bytes()

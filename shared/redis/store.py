@@ -13,8 +13,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import CodedError
 from shared.ids import now_ms
+from shared.redis.boundary import entry_bytes
 from shared.redis.keys import INBOX_GROUP, KeySchema
-from shared.redis.messages import entry_bytes
 from shared.redis.scripts import Scripts
 
 

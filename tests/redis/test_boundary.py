@@ -37,8 +37,10 @@ from shared.protocol.duplex import (
     normalize_item,
     parse_client_event,
 )
-from shared.redis import boundary
 from shared.redis.boundary import (
+    CLOSE,
+    OPEN,
+    TOUCH,
     ChatReply,
     ChatRequest,
     CloseRequest,
@@ -52,9 +54,7 @@ from shared.redis.boundary import (
     entry_bytes,
     rebuild_command,
 )
-from shared.redis.command_messages import command_from_message, command_message
 from shared.redis.keys import KeySchema
-from shared.redis.messages import CLOSE, OPEN, TOUCH, takeover_notice
 from tests.protocol.strategies import client_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,10 +146,8 @@ def test_every_command_round_trips_to_an_equal_command(command):
     again = through_inbox(record)
     assert again == record and type(again.command) is type(command)
     assert CommandRecord.from_fields(as_read(record.to_fields())) == record
-    # the old names write the same entry and read the same command
-    message = command_message(SID, 3, 7, command)
-    assert message.to_fields() == record.to_fields()
-    assert command_from_message(InboxMessage.from_fields(as_read(message.to_fields()))) == command
+    message = InboxMessage.from_fields(as_read(record.to_fields()))
+    assert CommandRecord.from_message(message).command == command
 
 
 @pytest.mark.parametrize("wire_type", sorted(DUPLEX_COMMANDS))
@@ -294,7 +292,7 @@ def test_a_registration_round_trips_through_its_hash():
 
 def test_control_notices_round_trip():
     notice = ControlNotice.takeover(3)
-    assert notice.to_bytes() == b"!takeover 3" == takeover_notice(3)
+    assert notice.to_bytes() == b"!takeover 3"
     assert ControlNotice.parse(notice.to_bytes()) == notice
     assert notice.replaces(2) and not notice.replaces(3) and not notice.replaces(4)
     assert ControlNotice.parse(b'{"type":"session.updated"}') is None
@@ -327,7 +325,7 @@ def test_the_redis_readers_records_come_without_the_wire_codec():
         "assert InboxRecord.from_fields({k.encode(): str(v).encode() if not isinstance(v, bytes)"
         " else v for k, v in close.items()}) == CloseRequest('duplex-x', 'admin_close')\n"
         "WorkerRegistration.from_hash('w', {b'model': b'echo'})\n"
-        "ControlNotice.parse(takeover_notice(2))\n"
+        "ControlNotice.parse(ControlNotice.takeover(2).to_bytes())\n"
         "ChatReply.parse(ChatReply.answer('x').to_bytes())\n"
         "def loaded():\n"
         "    return sorted(m for m in sys.modules if m == 'numpy' or m.startswith('shared.prot'))\n"
@@ -339,11 +337,3 @@ def test_the_redis_readers_records_come_without_the_wire_codec():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.splitlines() == ["[]", "True"]
-
-
-def test_the_old_modules_name_the_boundarys_objects():
-    from shared.redis import command_messages, messages
-
-    for name in messages.__all__:
-        assert getattr(messages, name) is getattr(boundary, name)
-    assert command_messages.CommandRecord is CommandRecord

@@ -6,8 +6,8 @@ import uuid
 import orjson
 import pytest
 
+from shared.redis.boundary import entry_bytes
 from shared.redis.keys import KeySchema
-from shared.redis.messages import entry_bytes
 from shared.redis.store import (
     PublishItem,
     ResumeGranted,

@@ -6,10 +6,9 @@ import orjson
 
 from services.worker.process import WorkerProcess
 from shared.protocol.duplex import CloseSession, Heartbeat
-from shared.redis.command_messages import command_message
+from shared.redis.boundary import OPEN, CommandRecord, InboxMessage
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
-from shared.redis.messages import OPEN, InboxMessage
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
 
@@ -32,14 +31,14 @@ async def test_registers_dispatches_once_and_deregisters():
         pubsub = handle.new_client().pubsub()
         await pubsub.subscribe(keys.live("duplex-s1"))
         await worker.dispatch(InboxMessage(OPEN, "duplex-s1", 1, 0, {"session": {}}))
-        heartbeat = command_message("duplex-s1", 1, 1, Heartbeat(event_id="h1"))
+        heartbeat = CommandRecord("duplex-s1", 1, 1, Heartbeat(event_id="h1")).to_message()
         await worker.dispatch(heartbeat)
         await worker.dispatch(heartbeat)  # a redelivery of the same (attachment, seq)
         await worker.dispatch(
-            command_message("duplex-s1", 2, 1, Heartbeat(event_id="h2"))
+            CommandRecord("duplex-s1", 2, 1, Heartbeat(event_id="h2")).to_message()
         )  # a newer attachment
         await worker.dispatch(
-            command_message("duplex-s1", 2, 2, CloseSession())
+            CommandRecord("duplex-s1", 2, 2, CloseSession()).to_message()
         )  # after the queued ones
         received = []
         while not received or received[-1]["type"] != "session.closed":
@@ -132,7 +131,7 @@ async def test_handled_inbox_entries_leave_redis_with_their_audio():
         )
         for seq in range(1, 21):
             append = AppendAudio(audio=b"\x00\x01" * 8000, event_id=f"a{seq}")
-            await writer.append("w4", command_message("duplex-s4", 1, seq, append).to_fields())
+            await writer.append("w4", CommandRecord("duplex-s4", 1, seq, append).to_fields())
         for _ in range(400):  # until the worker has handled and deleted all 21 entries
             if await client.xlen(keys.inbox("w4")) == 0:
                 break
