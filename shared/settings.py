@@ -190,10 +190,6 @@ class ApiSettings(RedisSettings):
     #: the session policy, the same as the workers' (DUPLEX_DISCONNECT_GRACE_S and the rest)
     session: SessionPolicy = dataclasses.field(default_factory=SessionPolicy)
 
-    @property
-    def disconnect_grace_s(self) -> float:
-        return self.session.disconnect_grace_s
-
     def __repr__(self) -> str:
         keys = f"<{len(self.api_keys)} keys>" if self.api_keys else "none"
         redis = super().__repr__()

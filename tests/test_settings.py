@@ -91,7 +91,6 @@ def test_one_session_policy_for_both_process_kinds():
     assert policy.max_pending_input_bytes_per_session == 4096
     assert policy.max_pending_output_events_per_session == 64
     assert policy.max_sessions == 3 == worker.max_sessions
-    assert api.disconnect_grace_s == 12.5
     assert SessionRuntimeConfig is SessionPolicy  # the plugin ABC's name for the same class
     assert ApiSettings.from_env({}).session == SessionPolicy()
     with pytest.raises(ValueError, match="disconnect_grace_s"):
