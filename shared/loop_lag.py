@@ -17,10 +17,11 @@ overloaded process does not also flood its log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from prometheus_client import CollectorRegistry, Histogram
+
+from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +63,15 @@ class LoopLagMonitor:
         self.last_lag_s = 0.0
         self.max_lag_s = 0.0
         self.samples = 0
-        self._task: asyncio.Task[None] | None = None
+        self._loop = SupervisedLoop(f"loop-lag-{name}", self._run)
         self._unlogged_max_s = 0.0
         self._last_log = float("-inf")
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"loop-lag-{self.name}")
-            self._task.add_done_callback(self._crashed)
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.stop()
 
     def observe(self, lag_s: float, now: float) -> None:
         """Record one measurement (the task's; tests call it directly)."""
@@ -107,7 +102,3 @@ class LoopLagMonitor:
             await asyncio.sleep(self.interval_s)
             now = loop.time()
             self.observe(now - expected, now)
-
-    def _crashed(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: loop-lag monitor failed", self.name, exc_info=task.exception())
