@@ -103,6 +103,7 @@ class DuplexClient:
         self._closing = False
         self._relinked = asyncio.Event()  # set (and replaced) whenever `_ws` is replaced
         self._failure: DuplexClientError | None = None  # the resume that ended the session
+        self._acks: set[asyncio.Task[None]] = set()  # event acks being sent
         self._unacked = 0
         self._defaults = InputAudioDefaults()
 
@@ -232,9 +233,19 @@ class DuplexClient:
         self._events.put_nowait(parse_server_event(data))
         if self._unacked >= self.ack_every:
             self._unacked = 0
-            asyncio.get_running_loop().create_task(
-                self._send_raw(SessionEventAck(server_event_seq=self.last_seq))
+            ack = asyncio.get_running_loop().create_task(
+                self._send_raw(SessionEventAck(server_event_seq=self.last_seq)),
+                name="duplex-client-ack",
             )
+            self._acks.add(ack)  # held, so it is not collected mid-send
+            ack.add_done_callback(self._ack_sent)
+
+    def _ack_sent(self, ack: asyncio.Task[None]) -> None:
+        """An ack that could not be sent is dropped: a later one covers it, and a session
+        that ended reaches the application through `recv`, not through its acks."""
+        self._acks.discard(ack)
+        if not ack.cancelled() and (exc := ack.exception()) is not None:
+            log.debug("event ack not sent: %s", exc)
 
     async def recv(self, timeout: float | None = 30.0) -> DuplexEvent:
         async with asyncio.timeout(timeout):

@@ -73,3 +73,33 @@ async def test_a_send_waiting_for_a_resume_hears_that_it_failed():
     client._relink()
     with pytest.raises(DuplexClientError):
         await sending
+
+
+async def test_an_ack_the_ended_session_cannot_take_is_dropped_without_noise():
+    """Acks are sent in the background: when the session's resume was refused, the ack's
+    failure must not surface as 'Task exception was never retrieved' (bench.exhaustion
+    printed one per ended session)."""
+    import asyncio
+    import gc
+
+    from shared.client.duplex_client import DuplexClient, DuplexClientError
+
+    unretrieved = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    client = DuplexClient("ws://127.0.0.1:9", ack_every=1)
+    client._ws = FakeSocket(dead=True)
+    client._connected.set()
+    client._deliver({"type": "response.done", "server_event_seq": 1, "response": {}})
+    [ack] = client._acks
+    await asyncio.sleep(0)
+    client._failure = DuplexClientError("session_resume_expired", "gone")
+    client._relink()
+    async with asyncio.timeout(10):
+        while not ack.done():  # done, and nobody awaits it (what retrieves an exception)
+            await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert client._acks == set()
+    del ack
+    gc.collect()
+    assert unretrieved == []
