@@ -228,10 +228,15 @@ class WorkerProcess:
                 continue
             backoff.reset()
             entries = reply[0][1] if reply else []
-            if not entries and self._read_from == "0":
+            if not entries and self._read_from != ">":  # past our pending entries: new ones
                 self._read_from = ">"
                 continue
             for entry_id, fields in entries:
+                if self._read_from != ">":
+                    # reading our own pending entries (a restart): go on past this one, or
+                    # the next read returns it again until the ack loop's XACK lands, and
+                    # an open, close or chat (not deduplicated by seq) would run twice
+                    self._read_from = entry_id
                 try:
                     await self.dispatch(InboxMessage.from_fields(fields))
                 except Exception:

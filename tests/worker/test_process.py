@@ -143,3 +143,47 @@ async def test_handled_inbox_entries_leave_redis_with_their_audio():
         await writer.stop()
         await worker.stop()
     assert await client.exists(keys.inbox("w4"), keys.inbox_bytes("w4")) == 0
+
+
+async def test_a_restarted_worker_dispatches_its_pending_entries_once():
+    """After a crash, the worker first reads its own pending entries ("0"). Until the ack
+    loop's XACK lands they stay pending: reading from "0" again returned them again, and an
+    open or a close (not deduplicated by seq) ran twice."""
+    import asyncio
+
+    from shared.redis.boundary import CloseRequest
+    from shared.redis.keys import INBOX_GROUP
+
+    handle = connect(None)
+    keys = KeySchema()
+    client = handle.client
+    inbox = keys.inbox("w5")
+    await client.xgroup_create(inbox, INBOX_GROUP, id="0", mkstream=True)
+    for sid in ("duplex-p1", "duplex-p2"):
+        await client.xadd(inbox, CloseRequest(sid, "client_close").to_fields())
+    # the crashed process had read both (pending for consumer w5) and acked neither
+    await client.xreadgroup(INBOX_GROUP, "w5", {inbox: ">"}, count=10)
+    worker = WorkerProcess(WorkerSettings(worker_id="w5"), handle)
+    dispatched: list[str] = []
+    both = asyncio.Event()
+
+    async def record(message: InboxMessage) -> None:
+        dispatched.append(message.session_id)
+        if len(dispatched) >= 2:
+            both.set()
+
+    async def no_acks() -> None:  # the XACK has not landed yet
+        return None
+
+    worker.dispatch = record
+    worker._ack_pending = no_acks
+    reading = asyncio.create_task(worker._consume_loop())
+    try:
+        async with asyncio.timeout(10):
+            await both.wait()
+            while worker._read_from != ">":  # until the pending phase is over
+                await asyncio.sleep(0.01)
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+    assert dispatched == ["duplex-p1", "duplex-p2"]
