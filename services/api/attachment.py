@@ -375,10 +375,12 @@ class Attachment:
             if self.state is not S.RELEASED:
                 self._move(S.RELEASED)
             return
+        held = self.state is not S.RESUMING  # a resume short of the lease holds nothing
         self._liveness.release(sid, self.generation)
         with contextlib.suppress(Exception):
             await self._hub.unsubscribe(self._keys.live(sid), self._feed.push)
-            await self._client.srem(self._keys.api_sessions(self._pod_id), sid)
+            if held:
+                await self._client.srem(self._keys.api_sessions(self._pod_id), sid)
         state = self.state  # read after the awaits: the writer may have sent session.created
         if state not in (S.OPENING, *LIVE) or self.worker_id is None:
             return self._move(S.RELEASED)

@@ -84,7 +84,7 @@ class ApiPod:
         self.realtime = RealtimeEndpoint(
             self.authorized, settings.allowed_origins, self.metrics, self.connection
         )
-        # chat.py writes its request to the inbox writer itself (not through WorkerClient)
+        # chat requests go through WorkerClient too, so they count against the inbox budget
         self.chat = ChatCompletions(
             self.client,
             self.keys,
