@@ -119,3 +119,18 @@ async def test_a_refused_video_only_append_gives_its_reservation_back(harness):
     assert (error.code, error.related_event_id) == ("invalid_video_frames", "video-only")
     assert state.pending_input_bytes == 0
     assert not state.busy  # an idle session may expire again
+
+
+async def test_a_cancel_ahead_in_the_mailbox_does_not_drive_the_budget_below_zero(harness):
+    """input.cancel, then an append and a commit, submitted in one inbox batch: both were
+    reserved before the cancel ran and zeroed the budget. Their releases must not take the
+    budget below zero (it went to -6400 bytes and -1 turn: limits loosened, busy lost)."""
+    from shared.protocol.duplex import CancelInput, Commit
+
+    session = await harness.open({"model": "echo", "extra_body": {"pace": 0}})
+    state = harness.manager.runner(session.session_id).session
+    for command in (CancelInput(), append(bytes(3200)), Commit(create_response=False)):
+        await harness.manager.submit(session.session_id, command)  # no yield in between
+    events = await session.until("input_audio_buffer.committed")
+    assert "input_audio_buffer.committed" in types(events)
+    assert (state.pending_input_bytes, state.pending_commits) == (0, 0)

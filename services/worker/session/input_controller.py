@@ -294,6 +294,16 @@ class InputController:
         self.session.input.clear()
         self.pipeline.reset(self.session.input.stream_ms)
 
+    def reserve_again(self, command: DuplexCommand, reserved: int) -> None:
+        """The manager reserved for `command` at submit, after an input.cancel still ahead
+        of it in the mailbox; that cancel zeroed the reservation. The command is newer than
+        the cancel and goes on: take its reservation again, so the release that comes
+        with its result subtracts what is there (the budget never goes below zero)."""
+        if isinstance(command, Commit):
+            self.session.pending_commits += reserved
+        else:
+            self.session.pending_input_bytes += reserved
+
     def drop_in_flight(self) -> None:
         """input.cancel: appends and commits in flight from before are dropped, and their
         reservations with them (module docstring)."""

@@ -217,7 +217,7 @@ class SessionManager(SessionHost):
                 return
             session.pending_commits += 1
             reserved = 1
-        runner.submit(Dispatched(command, reserved))
+        runner.submit(Dispatched(command, reserved, session.input_generation))
 
     # ------------------------------------------------------------ lease
 

@@ -47,6 +47,7 @@ class Dispatched:
 
     command: Any
     reserved: int = 0
+    generation: int = 0  # the session's input generation when the manager reserved
 
 
 class SessionRunner:
@@ -147,6 +148,8 @@ class SessionRunner:
             await dispatch(self._context, item.command, in_order=True)
         elif isinstance(item, Dispatched):
             self.session.lease.touch()
+            if item.reserved and item.generation != self.session.input_generation:
+                self.input.reserve_again(item.command, item.reserved)
             await dispatch(self._context, item.command, item.reserved)
         else:
             self.session.lease.touch()
