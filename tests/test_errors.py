@@ -71,3 +71,9 @@ def test_no_other_exception_class_keeps_a_code_of_its_own():
                     ):
                         offenders.append(f"{path.relative_to(ROOT)}:{node.name}")
     assert offenders == []
+
+
+def test_a_session_error_names_its_field_as_param_not_as_an_extra():
+    error = DuplexSessionError("invalid_session_config", "bad voice", param="voice", hint=1)
+    assert (error.param, error.extra) == ("voice", {"hint": 1})
+    assert error.to_event().param == "voice"

@@ -19,11 +19,16 @@ class DuplexSessionError(CodedError):
     def __init__(
         self, code: str, message: str, *, related_event_id: str | None = None, **extra: Any
     ) -> None:
-        super().__init__(code, message, related_event_id=related_event_id, extra=extra)
+        param = extra.pop("param", None)  # the field it names, like every coded error's
+        super().__init__(code, message, param=param, related_event_id=related_event_id, extra=extra)
 
     def to_event(self) -> DuplexErrorEvent:
         return DuplexErrorEvent.for_code(
-            self.code, self.message, related_event_id=self.related_event_id, **self.extra
+            self.code,
+            self.message,
+            param=self.param,
+            related_event_id=self.related_event_id,
+            **self.extra,
         )
 
 
