@@ -15,10 +15,9 @@ import numpy as np
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
 from services.worker.session.engine_session import EngineSession
-from services.worker.session.handlers import SessionContext, dispatch
+from services.worker.session.handlers import SessionContext, apply_result
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
-from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.response_controller import ResponseController
@@ -118,15 +117,7 @@ class Parts:
 
     async def apply(self, item: Any) -> None:
         """What the runner's task does with a mailbox item."""
-        if isinstance(item, AppendReady):
-            await self.input.on_append_ready(item)
-        elif isinstance(item, CommitReady):
-            await self.input.on_commit_ready(item)
-        elif isinstance(item, InOrder):
-            await dispatch(self.ctx, item.command, in_order=True)
-        elif isinstance(item, StageOutput):
-            await self.responses.on_stage_output(item)
-        else:
+        if not await apply_result(self.ctx, item):  # the runner's own routing
             raise AssertionError(f"unexpected mailbox item {item!r}")
 
     async def apply_next(self, count: int) -> list[Any]:

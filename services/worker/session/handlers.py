@@ -19,8 +19,14 @@ from typing import Any
 
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
+from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.response_controller import ResponseController
-from shared.contracts import DuplexModelPlugin, DuplexSessionError, ResponseCreateOptions
+from shared.contracts import (
+    DuplexModelPlugin,
+    DuplexSessionError,
+    ResponseCreateOptions,
+    StageOutput,
+)
 from shared.protocol.duplex import (
     AckPlayback,
     AppendAudio,
@@ -73,6 +79,23 @@ Handler = Callable[[SessionContext, Any, int], Awaitable[None]]
 
 #: commands that act on the input stream: they wait for the appends and commits sent before them
 IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput)
+
+
+async def apply_result(ctx: SessionContext, item: Any) -> bool:
+    """The results of the session's own work, which share the runner's mailbox with its
+    commands: a stage output, an input result, a command queued in input order. Returns
+    False for anything else (a command: the runner dispatches it)."""
+    if isinstance(item, StageOutput):
+        await ctx.responses.on_stage_output(item)
+    elif isinstance(item, AppendReady):
+        await ctx.input.on_append_ready(item)
+    elif isinstance(item, CommitReady):
+        await ctx.input.on_commit_ready(item)
+    elif isinstance(item, InOrder):
+        await dispatch(ctx, item.command, in_order=True)
+    else:
+        return False
+    return True
 
 
 async def dispatch(

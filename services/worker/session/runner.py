@@ -23,10 +23,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from services.worker.session.engine_session import EngineSession
-from services.worker.session.handlers import SessionContext, dispatch
+from services.worker.session.handlers import SessionContext, apply_result, dispatch
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
-from services.worker.session.input_queue import AppendReady, CommitReady, InOrder, start_task
+from services.worker.session.input_queue import start_task
 from services.worker.session.response_controller import ResponseController
 from shared.contracts import (
     DuplexModelPlugin,
@@ -138,15 +138,9 @@ class SessionRunner:
                 self.error("internal_error", f"{type(item).__name__} failed: {exc}", event_id)
 
     async def _handle(self, item: Any) -> None:
-        if isinstance(item, StageOutput):
-            await self.responses.on_stage_output(item)
-        elif isinstance(item, AppendReady):
-            await self.input.on_append_ready(item)
-        elif isinstance(item, CommitReady):
-            await self.input.on_commit_ready(item)
-        elif isinstance(item, InOrder):
-            await dispatch(self._context, item.command, in_order=True)
-        elif isinstance(item, Dispatched):
+        if await apply_result(self._context, item):
+            return
+        if isinstance(item, Dispatched):
             self.session.lease.touch()
             if item.reserved and item.generation != self.session.input_generation:
                 self.input.reserve_again(item.command, item.reserved)
