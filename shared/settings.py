@@ -126,6 +126,9 @@ class WorkerSettings(RedisSettings):
     llm_model: str | None = None
     #: the assistant's speech recognition: hybrid (default), lm or grammar (plugins/assistant)
     assistant_asr: str = "hybrid"
+    #: SIGTERM: how long a response in flight may run on before it is cancelled and its
+    #: session moves to another worker (the chart derives terminationGracePeriodSeconds)
+    drain_timeout_s: float = 20.0
     #: the session policy (its max_sessions is this worker's `max_sessions`)
     session: SessionPolicy = dataclasses.field(default_factory=SessionPolicy)
 
@@ -155,6 +158,8 @@ class WorkerSettings(RedisSettings):
             values["llm_model"] = llm_model
         if asr := _env("ASSISTANT_ASR", env=env):
             values["assistant_asr"] = asr
+        if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
+            values["drain_timeout_s"] = float(drain)
         values["session"] = SessionPolicy.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

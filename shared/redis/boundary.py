@@ -10,7 +10,8 @@ turns what it means into what Redis holds, and back:
 - `ChatReply`: the one element of `duplex:reply:{ID}`, worker to API pod.
 - `WorkerRegistration`: the hash `duplex:worker:{WID}`, written by its worker, read by
   placement and `duplex workers`.
-- `ControlNotice`: `!`-prefixed messages on a session's live channel (takeover).
+- `ControlNotice`: `!`-prefixed messages on a session's live channel (takeover, moved).
+- `RestoreRequest`: an inbox entry that hands a worker a session from its checkpoint.
 
 Commands cross validated once. The API pod parses and validates a client frame with
 `parse_client_event`; the entry carries the command as the codec renders it (its canonical wire
@@ -42,10 +43,12 @@ if TYPE_CHECKING:
 #: 640 B is about 100 000), so one counter does both and Redis runs no XLEN per append
 MIN_ENTRY_BYTES = 640
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
+RESTORE = "restore"
 #: live-channel messages that start with this byte are control notices, not events
 CONTROL_PREFIX = b"!"
 TAKEOVER_KIND = "takeover"
 TAKEOVER = CONTROL_PREFIX + TAKEOVER_KIND.encode() + b" "
+MOVED_KIND = "moved"
 #: the one command whose audio travels beside its payload
 APPEND_TYPE = "input_audio_buffer.append"
 #: fields a command class renders under another wire key (everything else: its own name)
@@ -231,9 +234,46 @@ class ChatRequest(InboxRecord):
         return cls(message.session_id, message.payload.get("messages") or [])
 
 
+@dataclasses.dataclass(frozen=True)
+class RestoreRequest(InboxRecord):
+    """Take over a session from its checkpoint (`duplex:session:{SID}:checkpoint`): its old
+    worker drained it (`drain`), or the dead-worker sweep re-placed it (`worker_lost`).
+    `owner_generation` is the one owner_move.lua gave this worker: every write is fenced
+    on it."""
+
+    KIND: ClassVar[str] = RESTORE
+    session_id: str
+    owner_generation: int
+    reason: str  # drain | worker_lost
+    from_worker: str = ""
+
+    def to_message(self) -> InboxMessage:
+        payload = {"owner_generation": self.owner_generation, "reason": self.reason}
+        if self.from_worker:
+            payload["from_worker"] = self.from_worker
+        return InboxMessage(RESTORE, self.session_id, payload=payload)
+
+    @classmethod
+    def from_message(cls, message: InboxMessage) -> Self:
+        payload = message.payload
+        return cls(
+            message.session_id,
+            int(payload.get("owner_generation", 0)),
+            str(payload.get("reason", "")),
+            str(payload.get("from_worker", "")),
+        )
+
+
 _INBOX_KINDS: dict[str, type[InboxRecord]] = {
     record.KIND: record
-    for record in (OpenRequest, CommandRecord, CloseRequest, TouchRequest, ChatRequest)
+    for record in (
+        OpenRequest,
+        CommandRecord,
+        CloseRequest,
+        TouchRequest,
+        ChatRequest,
+        RestoreRequest,
+    )
 }
 
 
@@ -329,6 +369,9 @@ class WorkerRegistration:
     capabilities: dict[str, Any] = dataclasses.field(default_factory=dict)  # realtime JSON
     version: str = ""
     started_at: int = 0  # ms since the epoch
+    #: the worker is draining (SIGTERM): placement sends it no new session, and its
+    #: sessions are moving to other workers; it still beats until the last one has moved
+    draining: bool = False
 
     def to_hash(self) -> dict[str, str | int | bytes]:
         return {
@@ -338,6 +381,7 @@ class WorkerRegistration:
             "capabilities": orjson.dumps(self.capabilities),
             "version": self.version,
             "started_at": self.started_at,
+            "draining": int(self.draining),
         }
 
     @staticmethod
@@ -358,6 +402,7 @@ class WorkerRegistration:
             capabilities=orjson.loads(fields.get(b"capabilities", b"{}")),
             version=fields.get(b"version", b"").decode(),
             started_at=int(fields.get(b"started_at", b"0")),
+            draining=fields.get(b"draining", b"0") == b"1",
         )
 
 
@@ -366,27 +411,46 @@ class WorkerRegistration:
 
 @dataclasses.dataclass(frozen=True)
 class ControlNotice:
-    """`!<kind> <attachment generation>` on a session's live channel, beside its events."""
+    """A control message on a session's live channel, beside its events:
+
+    - `!takeover <attachment generation>`: a newer attachment took the session;
+    - `!moved <owner generation> <worker id>`: the session now lives on that worker (a
+      drain or a failover moved it); API pods send its commands there from now on.
+    """
 
     kind: str
-    attachment_generation: int = 0
+    attachment_generation: int = 0  # for `moved`: the owner generation
+    worker_id: str = ""
 
     @classmethod
     def takeover(cls, attachment_generation: int) -> ControlNotice:
         """A newer attachment took the session: older sockets are replaced."""
         return cls(TAKEOVER_KIND, attachment_generation)
 
+    @classmethod
+    def moved(cls, owner_generation: int, worker_id: str) -> ControlNotice:
+        """The session's new owner: route its commands to `worker_id`."""
+        return cls(MOVED_KIND, owner_generation, worker_id)
+
+    @property
+    def owner_generation(self) -> int:
+        return self.attachment_generation if self.kind == MOVED_KIND else 0
+
     def replaces(self, attachment_generation: int) -> bool:
         """Whether a socket holding `attachment_generation` must give the session up."""
         return self.kind == TAKEOVER_KIND and self.attachment_generation > attachment_generation
 
     def to_bytes(self) -> bytes:
-        return CONTROL_PREFIX + f"{self.kind} {self.attachment_generation}".encode()
+        text = f"{self.kind} {self.attachment_generation}"
+        if self.worker_id:
+            text += f" {self.worker_id}"
+        return CONTROL_PREFIX + text.encode()
 
     @classmethod
     def parse(cls, data: bytes) -> ControlNotice | None:
         """The notice, or None for a live message that is an event."""
         if not data.startswith(CONTROL_PREFIX):
             return None
-        kind, _, generation = data[len(CONTROL_PREFIX) :].partition(b" ")
-        return cls(kind.decode(), int(generation) if generation.isdigit() else 0)
+        kind, _, rest = data[len(CONTROL_PREFIX) :].partition(b" ")
+        generation, _, worker = rest.partition(b" ")
+        return cls(kind.decode(), int(generation) if generation.isdigit() else 0, worker.decode())

@@ -27,6 +27,10 @@ class KeySchema:
         """stream: the event journal, entry id <seq>-1, fields type + data."""
         return f"{self.prefix}:session:{{{session_id}}}:events"
 
+    def checkpoint(self, session_id: str) -> str:
+        """string: the session's checkpoint JSON, written by its owning worker (restore)."""
+        return f"{self.prefix}:session:{{{session_id}}}:checkpoint"
+
     def live(self, session_id: str) -> str:
         """channel: live delivery of the session's events and takeover notices."""
         return f"{self.prefix}:session:{{{session_id}}}:live"

@@ -47,6 +47,7 @@ class Scripts:
         self.journal_ack = LuaScript("journal_ack")
         self.inbox_append = LuaScript("inbox_append")
         self.inbox_ack = LuaScript("inbox_ack")
+        self.owner_move = LuaScript("owner_move")
 
     def all(self) -> list[LuaScript]:
         return [value for value in vars(self).values() if isinstance(value, LuaScript)]

@@ -84,7 +84,11 @@ class SessionStore:
         self.scripts = scripts or Scripts()
 
     def _session_keys(self, session_id: str) -> list[str]:
-        return [self.keys.session(session_id), self.keys.events(session_id)]
+        return [
+            self.keys.session(session_id),
+            self.keys.events(session_id),
+            self.keys.checkpoint(session_id),
+        ]
 
     async def open(
         self,
@@ -109,6 +113,8 @@ class SessionStore:
         max_bytes: int,
         ttl_ms: int,
         closed_ttl_ms: int,
+        owner_generation: int | None = None,
+        checkpoint: bytes = b"",
     ) -> tuple[list[str], list[Any]]:
         args: list[Any] = [
             self.keys.live(session_id),
@@ -117,6 +123,8 @@ class SessionStore:
             now_ms(),
             closed_ttl_ms,
             _notice_event_id(),
+            "" if owner_generation is None else owner_generation,
+            checkpoint,
         ]
         for item in items:
             args += ["1" if item.journaled else "0", item.wire_type, item.data, item.session_json]
@@ -130,9 +138,15 @@ class SessionStore:
         max_bytes: int,
         ttl_ms: int,
         closed_ttl_ms: int,
+        owner_generation: int | None = None,
+        checkpoint: bytes = b"",
     ) -> list[int]:
-        """Publish one session's events in one round trip; returns their seqs (0 = unjournaled)."""
-        keys, args = self._publish_call(session_id, items, max_bytes, ttl_ms, closed_ttl_ms)
+        """Publish one session's events in one round trip; returns their seqs (0 = unjournaled),
+        [-1] when the session is gone, [-2] when `owner_generation` is not the session's
+        (nothing was written). With a checkpoint, it is stored after the events."""
+        keys, args = self._publish_call(
+            session_id, items, max_bytes, ttl_ms, closed_ttl_ms, owner_generation, checkpoint
+        )
         return [int(seq) for seq in await self.scripts.event_publish(self.client, keys, args)]
 
     async def publish_many(
@@ -142,29 +156,71 @@ class SessionStore:
         max_bytes: int,
         ttl_ms: int,
         closed_ttl_ms: int,
-    ) -> None:
+        owners: Mapping[str, int] | None = None,
+        checkpoints: Mapping[str, bytes] | None = None,
+    ) -> dict[str, list[int]]:
         """Publish several sessions' events: one pipelined round trip on one Redis; on a
-        cluster (which refuses scripts in pipelines) concurrent calls, one per session."""
+        cluster (which refuses scripts in pipelines) concurrent calls, one per session.
+        Each session's call is fenced on its owner generation in `owners` and stores its
+        checkpoint in `checkpoints`, if any; returns each session's reply (see `publish`)."""
+        owners = owners or {}
+        checkpoints = checkpoints or {}
+        sessions = list(batch)
         calls = [
-            self._publish_call(sid, items, max_bytes, ttl_ms, closed_ttl_ms)
-            for sid, items in batch.items()
+            self._publish_call(
+                sid,
+                batch[sid],
+                max_bytes,
+                ttl_ms,
+                closed_ttl_ms,
+                owners.get(sid),
+                checkpoints.get(sid, b""),
+            )
+            for sid in sessions
         ]
         script = self.scripts.event_publish
         if isinstance(self.client, RedisCluster):
-            await asyncio.gather(*(script(self.client, keys, args) for keys, args in calls))
-            return
+            replies = await asyncio.gather(
+                *(script(self.client, keys, args) for keys, args in calls)
+            )
+            return {sid: [int(v) for v in reply] for sid, reply in zip(sessions, replies)}
         for attempt in range(2):
             pipeline = self.client.pipeline(transaction=False)
             for keys, args in calls:
                 script.queue(pipeline, keys, args)
             try:
-                await pipeline.execute()
-                return
+                replies = await pipeline.execute()
+                return {sid: [int(v) for v in reply] for sid, reply in zip(sessions, replies)}
             except redis_errors.NoScriptError:
                 if attempt:
                     raise
                 # nothing ran (every call is the same missing script): load it, send again
                 await script.ensure_loaded(self.client)
+        raise AssertionError("unreachable")
+
+    async def move_owner(
+        self,
+        session_id: str,
+        from_worker: str,
+        to_worker: str,
+        why: str,
+        expected_generation: int | None = None,
+    ) -> int:
+        """Hand the session from one worker to another (owner_move.lua): the new owner
+        generation, or 0 when it was not on `from_worker` (at `expected_generation`)."""
+        args: list[Any] = [
+            from_worker,
+            "" if expected_generation is None else expected_generation,
+            to_worker,
+            now_ms(),
+            why,
+        ]
+        keys = [self.keys.session(session_id)]
+        return int(await self.scripts.owner_move(self.client, keys, args))
+
+    async def checkpoint(self, session_id: str) -> bytes | None:
+        """The session's last checkpoint (JSON), or None."""
+        return await self.client.get(self.keys.checkpoint(session_id))
 
     async def detach(
         self, session_id: str, attachment_generation: int, grace_ms: int, by: str = "client"

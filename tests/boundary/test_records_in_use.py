@@ -107,6 +107,7 @@ async def test_placement_and_the_admin_read_the_registration_the_worker_writes(s
         "active": "0",
         "version": "0.1.0",
         "started_at": str(registration.started_at),
+        "draining": "0",
     }
     await setup.worker.stop()
     assert running_loops() == set()

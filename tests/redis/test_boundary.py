@@ -49,6 +49,7 @@ from shared.redis.boundary import (
     InboxMessage,
     InboxRecord,
     OpenRequest,
+    RestoreRequest,
     TouchRequest,
     WorkerRegistration,
     entry_bytes,
@@ -281,8 +282,11 @@ def test_a_registration_round_trips_through_its_hash():
         "capabilities",
         "version",
         "started_at",
+        "draining",
     ]
     assert WorkerRegistration.from_hash("worker-a", as_read(fields)) == REGISTRATION
+    draining = dataclasses.replace(REGISTRATION, draining=True)
+    assert WorkerRegistration.from_hash("worker-a", as_read(draining.to_hash())) == draining
     assert WorkerRegistration.from_hash("worker-a", {}) is None
     # a load update that outlived the hash (Redis restarted, the worker stopped) is no worker
     load = as_read(WorkerRegistration.load_fields(2))
@@ -297,6 +301,23 @@ def test_control_notices_round_trip():
     assert notice.replaces(2) and not notice.replaces(3) and not notice.replaces(4)
     assert ControlNotice.parse(b'{"type":"session.updated"}') is None
     assert not ControlNotice.parse(b"!catchup").replaces(0)  # the API pod's own marker
+
+
+def test_a_moved_notice_names_the_new_owner_and_replaces_no_socket():
+    notice = ControlNotice.moved(4, "worker-b")
+    assert notice.to_bytes() == b"!moved 4 worker-b"
+    parsed = ControlNotice.parse(notice.to_bytes())
+    assert parsed == notice and parsed.owner_generation == 4 and parsed.worker_id == "worker-b"
+    assert not parsed.replaces(0)
+    assert ControlNotice.takeover(5).owner_generation == 0
+
+
+def test_a_restore_request_round_trips_through_an_inbox_entry():
+    request = RestoreRequest("sess_1", 3, "drain", "worker-a")
+    assert InboxMessage.from_fields(as_read(request.to_fields())).record() == request
+    assert RestoreRequest.from_fields(
+        as_read(RestoreRequest("s", 2, "worker_lost").to_fields())
+    ) == (RestoreRequest("s", 2, "worker_lost"))
 
 
 async def test_records_round_trip_through_redis(redis_client):
