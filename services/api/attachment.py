@@ -29,7 +29,6 @@ import orjson
 
 from services.api.live import CATCH_UP, LiveFeed, LiveHub
 from services.api.liveness import PodLiveness
-from services.api.placement import WorkerDirectory
 from services.api.worker_client import WorkerClient
 from shared.ids import new_session_id
 from shared.protocol.duplex import (
@@ -42,6 +41,7 @@ from shared.protocol.duplex import (
 )
 from shared.redis.boundary import ControlNotice
 from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
 from shared.redis.store import ResumeResync, SessionStore, SessionStoreError, token_digest
 
 log = logging.getLogger(__name__)

@@ -29,10 +29,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from services.api.inbox_writer import InboxFull
-from services.api.placement import WorkerDirectory
 from services.api.worker_client import WorkerClient
 from shared.redis.boundary import ChatReply
 from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
 
 #: a reply is cut here (64 Ki characters, about 16k tokens): a chat through a speech
 #: model's API is short, and the cap bounds what one request can make the pod send

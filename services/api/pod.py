@@ -29,7 +29,6 @@ from services.api.live import LiveFeed, LiveHub
 from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import OutputQueue
-from services.api.placement import WorkerDirectory
 from services.api.realtime import RealtimeEndpoint
 from services.api.security import KeyChecker
 from services.api.worker_client import WorkerClient
@@ -37,6 +36,7 @@ from shared.contracts import SessionRuntimeConfig
 from shared.loop_lag import LoopLagMonitor
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore, key_digest
 from shared.settings import ApiSettings
 

@@ -183,14 +183,19 @@ class SessionStore:
             replies = await asyncio.gather(
                 *(script(self.client, keys, args) for keys, args in calls)
             )
-            return {sid: [int(v) for v in reply] for sid, reply in zip(sessions, replies)}
+            return {
+                sid: [int(v) for v in reply] for sid, reply in zip(sessions, replies, strict=True)
+            }
         for attempt in range(2):
             pipeline = self.client.pipeline(transaction=False)
             for keys, args in calls:
                 script.queue(pipeline, keys, args)
             try:
                 replies = await pipeline.execute()
-                return {sid: [int(v) for v in reply] for sid, reply in zip(sessions, replies)}
+                return {
+                    sid: [int(v) for v in reply]
+                    for sid, reply in zip(sessions, replies, strict=True)
+                }
             except redis_errors.NoScriptError:
                 if attempt:
                     raise

@@ -22,9 +22,9 @@ from services.api.live import LiveFeed, LiveHub
 from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import OutputQueue
-from services.api.placement import WorkerDirectory
 from services.api.worker_client import WorkerClient
 from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore, token_digest
 
 KEYS = KeySchema()

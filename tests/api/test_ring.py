@@ -3,7 +3,7 @@
 import collections
 import uuid
 
-from services.api.ring import HashRing, bounded_order, load_bound
+from shared.ring import HashRing, bounded_order, load_bound
 
 WORKERS = [f"worker-{i}" for i in range(10)]
 

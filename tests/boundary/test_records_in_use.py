@@ -14,7 +14,6 @@ import shared.protocol.duplex as duplex
 from services.admin import Admin
 from services.api.chat import ChatCompletions
 from services.api.inbox_writer import InboxWriter
-from services.api.placement import WorkerDirectory
 from services.api.worker_client import WorkerClient
 from services.worker.process import WorkerProcess
 from shared.protocol.duplex import DUPLEX_COMMANDS, AppendAudio, CloseSession, Heartbeat
@@ -28,6 +27,7 @@ from shared.redis.boundary import (
 )
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
 

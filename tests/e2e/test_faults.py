@@ -18,10 +18,10 @@ import websockets
 from harness.processes import start_api, start_worker
 from harness.redis_server import RedisServer
 from harness.sessions import sine
-from services.api.ring import load_bound
 from shared.client.duplex_client import DuplexClient, realtime_url
 from shared.protocol.duplex import float_to_pcm16
 from shared.redis.keys import KeySchema
+from shared.ring import load_bound
 
 FAST = {
     "DUPLEX_HEARTBEAT_INTERVAL_S": "0.2",

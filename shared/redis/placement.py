@@ -1,14 +1,15 @@
-"""Which worker serves a new session: the live workers of its model, in the
-order consistent hashing with bounded loads gives (services/api/ring.py)."""
+"""Which worker serves a session: the live workers of its model, in the order consistent
+hashing with bounded loads gives (shared/ring.py). API pods place new sessions with it; a
+draining worker and the dead-worker sweep place the sessions they move with it too."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from services.api.ring import DEFAULT_EPSILON, HashRing, bounded_order
 from shared.redis.boundary import WorkerRegistration
 from shared.redis.keys import KeySchema
+from shared.ring import DEFAULT_EPSILON, HashRing, bounded_order
 
 
 class WorkerDirectory:
@@ -38,11 +39,16 @@ class WorkerDirectory:
     async def models(self) -> list[str]:
         return sorted({worker.model for worker in await self.live_workers()})
 
-    async def candidates(self, model: str | None, key: str = "") -> list[WorkerRegistration]:
+    async def candidates(
+        self, model: str | None, key: str = "", exclude: frozenset[str] = frozenset()
+    ) -> list[WorkerRegistration]:
         """Workers that serve `model` (any model when None) and have room, in the order
-        to try them for the session `key`."""
+        to try them for the session `key`. A draining worker takes nothing new, nor does
+        a worker in `exclude` (the one a session is moving away from)."""
         workers = {
-            w.worker_id: w for w in await self.live_workers() if model is None or w.model == model
+            w.worker_id: w
+            for w in await self.live_workers()
+            if (model is None or w.model == model) and not w.draining and w.worker_id not in exclude
         }
         ring = HashRing(sorted(workers))
         order = bounded_order(
