@@ -169,7 +169,16 @@ _PLUGIN: list[tuple[str, str]] = [
 
 # Architecture additions (../shared/docs/architecture.md section 8).
 _DISTRIBUTED: list[tuple[str, str]] = [
-    ("worker_lost", "the worker serving the session died; the session is closed, open a new one"),
+    (
+        "worker_lost",
+        "the worker serving the session died: its in-flight response failed and the session "
+        "goes on on another worker, or, when no worker could take it, the session is closed",
+    ),
+    (
+        "input_lost",
+        "commands sent while the session moved to another worker were lost "
+        "(`lost_commands`); append the current turn's audio again",
+    ),
     (
         "output_overflow",
         "the client read events too slowly (2 MiB / 512 queued); the session is closed",
@@ -186,7 +195,7 @@ _ALL: list[ErrorCode] = [
         INVALID_REQUEST_ERROR, "control", _CONTROL, frozenset({"timeout", "engine_backpressure"})
     ),
     *_codes(INVALID_REQUEST_ERROR, "plugin", _PLUGIN),
-    *_codes(SERVER_ERROR, "distributed", _DISTRIBUTED, frozenset({"worker_lost"})),
+    *_codes(SERVER_ERROR, "distributed", _DISTRIBUTED, frozenset({"worker_lost", "input_lost"})),
 ]
 
 #: code -> ErrorCode, every code duplex-serve can send.

@@ -34,7 +34,13 @@ def test_classes_of_the_contract_map():
 
 def test_retryable_where_the_contract_sets_it():
     retryable = {code for code, entry in ERROR_CODES.items() if entry.retryable}
-    assert retryable == {"resource_exhausted", "timeout", "engine_backpressure", "worker_lost"}
+    assert retryable == {
+        "resource_exhausted",
+        "timeout",
+        "engine_backpressure",
+        "worker_lost",
+        "input_lost",
+    }
     assert retryable_for("bad_audio") is None and retryable_for("unknown") is None
 
 
