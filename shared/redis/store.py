@@ -210,18 +210,26 @@ class SessionStore:
         to_worker: str,
         why: str,
         expected_generation: int | None = None,
+        paused_at_ms: int | None = None,
     ) -> int:
         """Hand the session from one worker to another (owner_move.lua): the new owner
-        generation, or 0 when it was not on `from_worker` (at `expected_generation`)."""
+        generation, or 0 when it was not on `from_worker` (at `expected_generation`).
+        `paused_at_ms`: when the old owner stopped serving it (a drain), kept in the hash
+        beside the `restored_at` the new owner writes (`mark_restored`)."""
         args: list[Any] = [
             from_worker,
             "" if expected_generation is None else expected_generation,
             to_worker,
             now_ms(),
             why,
+            "" if paused_at_ms is None else paused_at_ms,
         ]
         keys = [self.keys.session(session_id)]
         return int(await self.scripts.owner_move(self.client, keys, args))
+
+    async def mark_restored(self, session_id: str) -> None:
+        """The new owner serves the session from now: `restored_at` (ms) in its hash."""
+        await self.client.hset(self.keys.session(session_id), "restored_at", now_ms())
 
     async def checkpoint(self, session_id: str) -> bytes | None:
         """The session's last checkpoint (JSON), or None."""

@@ -343,3 +343,110 @@ async def test_a_backlog_of_acks_longer_than_lua_can_unpack_goes_through(redis_c
     assert await store.inbox_ack("w", handled) == 9000
     assert await redis_client.xlen(inbox) == 0
     assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 0
+
+
+# ---------------------------------------------------------------- owners and checkpoints
+
+
+async def test_the_opening_worker_is_the_first_owner_and_a_stranger_writes_nothing(redis_client):
+    store = await opened(redis_client)
+    assert (await store.meta(SID))["owner_generation"] == "1"
+    seqs = await store.publish(
+        SID,
+        [event("a", 1)],
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=5_000,
+        owner_generation=2,
+        checkpoint=b'{"v":1}',
+    )
+    assert seqs == [-2]  # not the owner: refused before anything is written
+    assert await redis_client.xlen(KEYS.events(SID)) == 0
+    assert await store.checkpoint(SID) is None
+    assert (await store.meta(SID))["next_seq"] == "0"
+
+
+async def test_the_checkpoint_is_stored_with_the_events_of_the_same_call(redis_client):
+    store = await opened(redis_client)
+    seqs = await store.publish(
+        SID,
+        [event("a", 1), event("b", 2)],
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=5_000,
+        owner_generation=1,
+        checkpoint=b'{"v":1,"epoch":3}',
+    )
+    assert seqs == [1, 2]
+    assert await store.checkpoint(SID) == b'{"v":1,"epoch":3}'
+    assert (await store.meta(SID))["checkpoints"] == "1"
+    # a batch of sessions: each call fenced on its own owner generation
+    other = "duplex-test2"
+    await store.open(other, "worker-a", "echo", "", "{}")
+    replies = await store.publish_many(
+        {SID: [event("c", 3)], other: [event("d", 1)]},
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=5_000,
+        owners={SID: 1, other: 7},
+        checkpoints={SID: b'{"v":2}'},
+    )
+    assert replies == {SID: [3], other: [-2]}
+    assert await store.checkpoint(SID) == b'{"v":2}'
+    # a closed session keeps no checkpoint: nothing restores it
+    await store.publish(
+        SID,
+        [PublishItem(b'{"type":"session.closed"}', "session.closed")],
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=5_000,
+        owner_generation=1,
+        checkpoint=b'{"v":3}',
+    )
+    assert await store.checkpoint(SID) is None
+
+
+async def test_an_owner_move_is_a_compare_and_set_that_fences_the_old_owner(redis_client):
+    store = await opened(redis_client)
+    assert await store.move_owner(SID, "worker-x", "worker-b", "drain") == 0  # not its owner
+    assert await store.move_owner(SID, "worker-a", "worker-b", "drain", 5) == 0  # stale gen
+    moved = await store.move_owner(SID, "worker-a", "worker-b", "drain", 1, paused_at_ms=123)
+    assert moved == 2
+    meta = await store.meta(SID)
+    assert (meta["worker"], meta["owner_generation"], meta["moved_from"]) == (
+        "worker-b",
+        "2",
+        "worker-a",
+    )
+    assert (meta["moved_why"], meta["moves"], meta["paused_at"]) == ("drain", "1", "123")
+    # the old owner is fenced out; the new one writes
+    old = await store.publish(
+        SID,
+        [event("a", 1)],
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=5_000,
+        owner_generation=1,
+    )
+    new = await store.publish(
+        SID,
+        [event("b", 2)],
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=5_000,
+        owner_generation=2,
+    )
+    assert (old, new) == ([-2], [1])
+    # two sweeps racing for the same session: one wins
+    results = await asyncio.gather(
+        store.move_owner(SID, "worker-b", "worker-c", "worker_lost"),
+        store.move_owner(SID, "worker-b", "worker-d", "worker_lost"),
+    )
+    assert sorted(results) == [0, 3]
+    await store.mark_restored(SID)
+    assert "paused_at" not in await store.meta(SID)  # a failover has no pause start
+    assert int((await store.meta(SID))["restored_at"]) > 0
+    # a closed session moves nowhere
+    await publish(store, [PublishItem(b'{"type":"session.closed"}', "session.closed")])
+    owner = (await store.meta(SID))["worker"]
+    assert await store.move_owner(SID, owner, "worker-e", "worker_lost") == 0
