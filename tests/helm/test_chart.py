@@ -57,7 +57,7 @@ def test_api_probes_point_at_real_routes_and_the_drain_fits_the_grace_period():
     routes = api_routes()
     assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready" in routes
     assert container["livenessProbe"]["httpGet"]["path"] == "/health" in routes
-    drain = int(docs[("ConfigMap", "duplex-config")]["data"]["DUPLEX_DRAIN_TIMEOUT_S"])
+    drain = int({e["name"]: e for e in container["env"]}["DUPLEX_DRAIN_TIMEOUT_S"]["value"])
     assert pod["terminationGracePeriodSeconds"] > drain
     assert container["args"][0] == "api"
 
