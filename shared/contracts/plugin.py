@@ -146,6 +146,35 @@ class DuplexModelPlugin(abc.ABC):
         `conversation.item.input_audio_transcription.completed` event."""
         return None
 
+    # ------------------------------------------------------------ session moves
+
+    def export_session_state(self, session_id: str) -> dict[str, Any] | None:
+        """The plugin's own state of one session that a checkpoint must carry (JSON-able,
+        small: it is written with every durable change), or None when the plugin keeps
+        none. A session that moves to another worker (drain, failover) gets it back
+        through `import_session_state` there. Called on the event loop; must not block."""
+        return None
+
+    async def import_session_state(
+        self,
+        session_id: str,
+        state: Mapping[str, Any] | None,
+        history: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """A session restored from a checkpoint on this worker: `state` is what
+        `export_session_state` gave on the old worker (None when it gave nothing) and
+        `history` the conversation's items (transcripts, no audio) as restored.
+
+        The default rebuilds from history, which for a plugin that builds each response's
+        prompt from `ResponsePlanRequest.history` (echo, assistant, the vLLM text stage)
+        is nothing to do: the next response is planned from the restored conversation, and
+        its prompt is prefilled then (the vLLM stage's prefix cache warms again on that
+        first request). A plugin with per-session model state (a KV cache held across
+        turns, a streaming recogniser's context) overrides this pair: export it, import
+        it, or re-prefill from `history` here. Raise `DuplexRuntimeConfigError` to refuse
+        the session (the restore fails and the session is closed with `worker_lost`)."""
+        return None
+
     async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """`POST /v1/chat/completions` for models with `supports_chat_completions`."""
         raise NotImplementedError(f"{self.plugin_id} does not serve chat completions")

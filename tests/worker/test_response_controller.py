@@ -98,7 +98,11 @@ async def test_a_stage_error_fails_the_response_and_leaves_no_history(parts):
     assert types(events) == [*RESPONSE_END, "error"]
     done = events[-3].response
     assert (done["status"], done["metadata"]["committed"]) == ("failed", False)
-    assert done["status_details"] == {"type": "failed", "reason": "engine_overloaded"}
+    assert done["status_details"] == {
+        "type": "failed",
+        "reason": "engine_overloaded",
+        "error": {"type": "invalid_request_error", "code": "engine_overloaded", "retryable": False},
+    }
     assert (events[-1].code, events[-1].message) == ("engine_overloaded", "busy")
     assert response.item_id not in [item["id"] for item in parts.session.conversation.items]
     assert parts.session.active is None and parts.session.turn_state == "idle"

@@ -24,6 +24,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+from services.worker.session.command_marks import NO_MARK, Mark
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.input_queue import (
@@ -80,6 +81,9 @@ class InputController:
         self.responses = responses
         self.emit = emit
         self.queue = InputQueue(session, pipeline, executor, deliver)
+        #: the mark of the command the runner is dispatching; scheduling work takes it
+        #: (None then tells the runner its command completes with that work)
+        self.current_mark: Mark | None = NO_MARK
 
     # ------------------------------------------------------------ lifecycle
 
@@ -96,19 +100,24 @@ class InputController:
 
     # ------------------------------------------------------------ scheduling
 
+    def _take_mark(self) -> Mark:
+        mark, self.current_mark = self.current_mark, None
+        return mark or NO_MARK
+
     def schedule_append(self, command: AppendAudio, reserved: int) -> None:
-        self.queue.put(AppendWork(command, self.session.input_generation, reserved))
+        generation = self.session.input_generation
+        self.queue.put(AppendWork(command, generation, reserved, self._take_mark()))
 
     def schedule_commit(self, command: Commit, *, reserved: bool = False) -> None:
         if not reserved:  # VAD commits are not dispatched, so nothing reserved them
             self.session.pending_commits += 1
-        self.queue.put(CommitWork(command, self.session.input_generation))
+        self.queue.put(CommitWork(command, self.session.input_generation, self._take_mark()))
 
     def schedule_in_order(self, command: DuplexCommand) -> None:
         """Run `command` after the input work queued before it: response.create must
         see the turn committed just before it, input text must not join an earlier
         commit, a clear must not drop an earlier commit."""
-        self.queue.put(InOrder(command))
+        self.queue.put(InOrder(command, self._take_mark()))
 
     def is_stale(self, generation: int) -> bool:
         return generation != self.session.input_generation
@@ -132,6 +141,8 @@ class InputController:
         result = ready.result
         assert result is not None
         start_ms = session.input.stream_ms
+        if session.input.first_mark is None and ready.mark != NO_MARK and result.samples.size:
+            session.input.first_mark = ready.mark
         session.input.append(result.samples)
         if not self.pipeline.has_vad and result.speech and session.input.speech_started_ms is None:
             self.speech_started(start_ms)

@@ -11,9 +11,11 @@ mailbox before the next item starts. So appends are converted in order, a commit
 the resampler after the appends before it, and an `InOrder` command reaches the mailbox
 after the results of everything queued before it.
 
-A stale item delivers nothing: the cancel that made it stale zeroed the reservations of
-its generation, so there is nothing to give back. A cancelled task leaves its work
-unfinished; `stop` returns it so the session can give its reservations back.
+A stale item delivers no result: the cancel that made it stale zeroed the reservations of
+its generation, so there is nothing to give back; an item with a command mark delivers a
+`Dropped` instead, so the runner counts its command complete (`command_marks`). A
+cancelled task leaves its work unfinished; `stop` returns it so the session can give its
+reservations back.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from services.worker.session.command_marks import NO_MARK, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import ConvertedAppend, InputPipeline
 from shared.protocol.duplex import AppendAudio, Commit, RealtimeProtocolError
@@ -44,6 +47,7 @@ class AppendReady:
     result: ConvertedAppend | None = None
     error: RealtimeProtocolError | None = None
     failed: bool = False
+    mark: Mark = NO_MARK
 
 
 @dataclasses.dataclass
@@ -54,6 +58,7 @@ class CommitReady:
     generation: int
     tail: np.ndarray
     failed: bool = False
+    mark: Mark = NO_MARK
 
 
 @dataclasses.dataclass
@@ -62,6 +67,14 @@ class InOrder:
     through the queue unchanged, behind them."""
 
     command: Any
+    mark: Mark = NO_MARK
+
+
+@dataclasses.dataclass
+class Dropped:
+    """Stale work that carried a command mark: nothing to apply, its command is complete."""
+
+    mark: Mark
 
 
 @dataclasses.dataclass
@@ -69,16 +82,18 @@ class AppendWork:
     command: AppendAudio
     generation: int
     reserved: int
+    mark: Mark = NO_MARK
 
 
 @dataclasses.dataclass
 class CommitWork:
     command: Commit
     generation: int
+    mark: Mark = NO_MARK
 
 
 Work = AppendWork | CommitWork | InOrder
-Ready = AppendReady | CommitReady | InOrder
+Ready = AppendReady | CommitReady | InOrder | Dropped
 
 
 def start_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -153,14 +168,15 @@ class InputQueue:
         if isinstance(work, InOrder):
             return work
         if work.generation != self._session.input_generation:
-            return None  # stale (module docstring)
+            # stale (module docstring)
+            return Dropped(work.mark) if work.mark != NO_MARK else None
         if isinstance(work, AppendWork):
             return await self._convert(work)
         return await self._flush(work)
 
     async def _convert(self, work: AppendWork) -> AppendReady:
         # hot path: every audio frame of the session passes here, one at a time
-        ready = AppendReady(work.command, work.generation, work.reserved)
+        ready = AppendReady(work.command, work.generation, work.reserved, mark=work.mark)
         silence_rms = self._session.config.overlap_silence_rms
         try:
             if self.pipeline.runs_inline(work.command):
@@ -183,8 +199,8 @@ class InputQueue:
             )
         except Exception:
             log.exception("%s: flushing the resampler at a commit failed", self.name)
-            return CommitReady(work.command, work.generation, _EMPTY, failed=True)
-        return CommitReady(work.command, work.generation, tail)
+            return CommitReady(work.command, work.generation, _EMPTY, failed=True, mark=work.mark)
+        return CommitReady(work.command, work.generation, tail, mark=work.mark)
 
 
 _EMPTY = np.zeros(0, np.float32)

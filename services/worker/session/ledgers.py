@@ -23,6 +23,11 @@ class InputLedger:
     speech_started_ms: int | None = None
     speech_stopped: bool = False
     item_id: str | None = None
+    #: the inbox mark of the first append whose audio is in this turn (None: none yet).
+    #: An ordinary checkpoint does not carry the turn's audio, so its `applied` mark
+    #: stays before this append: a restore gets the turn's appends again, or reports
+    #: them lost (`input_lost`), never drops them as applied.
+    first_mark: tuple[int, int] | None = None
 
     @property
     def stream_ms(self) -> int:
@@ -70,6 +75,7 @@ class InputLedger:
         self.speech_started_ms = None
         self.speech_stopped = False
         self.item_id = None
+        self.first_mark = None
 
 
 @dataclasses.dataclass

@@ -14,10 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from services.worker.session.command_marks import NO_MARK, CommandMarks, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
+from services.worker.session.moves import SessionMoves
 from services.worker.session.runner import Dispatched, SessionRunner
 from services.worker.session.vad import SileroOnnxBackend, VadBackend, VadUnavailable
 from shared.contracts import (
@@ -63,7 +65,7 @@ def _reserved_input_bytes(command: AppendAudio, pipeline: InputPipeline) -> int:
     return max(len(command.audio), decoded) + video
 
 
-class SessionManager(SessionHost):
+class SessionManager(SessionMoves, SessionHost):
     def __init__(
         self,
         plugin: DuplexModelPlugin,
@@ -89,8 +91,10 @@ class SessionManager(SessionHost):
         self._runners: dict[str, SessionRunner] = {}
         self._closing: dict[str, EngineSession] = {}
         self._opening = 0
+        self._owners: dict[str, int] = {}  # session -> owner generation (moves.py)
         self._reaper: SupervisedLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._bind_sink()
 
     # ------------------------------------------------------------ admission
 
@@ -117,15 +121,8 @@ class SessionManager(SessionHost):
         resume_token: str | None = None,
         attachment_generation: int | None = None,
     ) -> OpenResult:
-        limit = self.runtime.max_sessions
-        if self.slots_in_use >= limit:
-            log.info("admission refused: %d/%d slots in use", self.slots_in_use, limit)
-            raise DuplexSessionError(
-                "resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}"
-            )
         session_id = session_id or new_session_id()
-        if session_id in self._runners or session_id in self._closing:
-            raise DuplexSessionError("session_exists", f"session {session_id} already exists")
+        self._admit(session_id)
         self._opening += 1  # the slot is held across the awaits below
         try:
             config = self._read_config(session)
@@ -134,11 +131,7 @@ class SessionManager(SessionHost):
                 runtime_config = await self.plugin.prepare_runtime_config(config)
             except DuplexRuntimeConfigError as exc:
                 raise DuplexSessionError(exc.code, exc.message) from None
-            pipeline = InputPipeline(self.plugin.input_sample_rate_hz, self._vad_backend)
-            try:
-                pipeline.configure_vad(config.turn_detection, 0)
-            except VadUnavailable as exc:
-                raise DuplexSessionError("server_vad_unavailable", str(exc)) from None
+            pipeline = self._pipeline(config, 0)
             engine_session = EngineSession(
                 session_id=session_id,
                 config=config,
@@ -147,19 +140,12 @@ class SessionManager(SessionHost):
                 lease=LeaseState(self.runtime.idle_ttl_s, clock=self.clock),
                 input=InputLedger(self.plugin.input_sample_rate_hz),
             )
-            runner = SessionRunner(
-                engine_session,
-                self.plugin,
-                self.port,
-                self._emitter(session_id),
-                self.executor,
-                pipeline,
-                on_close=self._close_later,
-            )
+            runner = self._new_runner(engine_session, pipeline)
             await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
             self._runners[session_id] = runner
         finally:
             self._opening -= 1
+        self._set_owner(session_id, 1)  # the owner generation of a first placement
         created = DuplexSessionCreated(
             session=engine_session.session_object(),
             attachment_generation=attachment_generation,
@@ -168,6 +154,39 @@ class SessionManager(SessionHost):
         runner.start(created)
         return OpenResult(
             session_id, self.capabilities, engine_session.lease.generation, created.session
+        )
+
+    def _admit(self, session_id: str) -> None:
+        """Refuse when every slot is taken or the session is already here."""
+        limit = self.runtime.max_sessions
+        if self.slots_in_use >= limit:
+            log.info("admission refused: %d/%d slots in use", self.slots_in_use, limit)
+            raise DuplexSessionError(
+                "resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}"
+            )
+        if session_id in self._runners or session_id in self._closing:
+            raise DuplexSessionError("session_exists", f"session {session_id} already exists")
+
+    def _pipeline(self, config: DuplexSessionConfig, stream_ms: int) -> InputPipeline:
+        pipeline = InputPipeline(self.plugin.input_sample_rate_hz, self._vad_backend)
+        try:
+            pipeline.configure_vad(config.turn_detection, stream_ms)
+        except VadUnavailable as exc:
+            raise DuplexSessionError("server_vad_unavailable", str(exc)) from None
+        return pipeline
+
+    def _new_runner(
+        self, session: EngineSession, pipeline: InputPipeline, marks: CommandMarks | None = None
+    ) -> SessionRunner:
+        return SessionRunner(
+            session,
+            self.plugin,
+            self.port,
+            self._emitter(session.session_id),
+            self.executor,
+            pipeline,
+            on_close=self._close_later,
+            marks=marks,
         )
 
     def _read_config(self, session: Mapping[str, Any]) -> DuplexSessionConfig:
@@ -186,7 +205,8 @@ class SessionManager(SessionHost):
 
     # ------------------------------------------------------------ commands
 
-    async def submit(self, session_id: str, command: DuplexCommand) -> None:
+    async def submit(self, session_id: str, command: DuplexCommand, mark: Mark = NO_MARK) -> None:
+        """Queue a command; `mark` is its inbox (attachment, seq) (`command_marks`)."""
         runner = self.runner(session_id)
         session = runner.session
         reserved = 0
@@ -195,6 +215,7 @@ class SessionManager(SessionHost):
                 reserved = _reserved_input_bytes(command, runner.pipeline)
             except RealtimeProtocolError as exc:  # refused before any work is scheduled
                 runner.error(exc.code, exc.message, command.event_id, param=exc.param)
+                runner.marks.handled(mark)
                 return
             pending = session.pending_input_bytes + session.input.buffered_bytes + reserved
             if pending > self.runtime.max_pending_input_bytes_per_session:
@@ -204,6 +225,7 @@ class SessionManager(SessionHost):
                     f"{self.runtime.max_pending_input_bytes_per_session}; commit or clear first",
                     command.event_id,
                 )
+                runner.marks.handled(mark)
                 return
             session.pending_input_bytes += reserved
         elif isinstance(command, Commit):
@@ -214,10 +236,11 @@ class SessionManager(SessionHost):
                     f"(max {self.runtime.max_pending_turns_per_session})",
                     command.event_id,
                 )
+                runner.marks.handled(mark)
                 return
             session.pending_commits += 1
             reserved = 1
-        runner.submit(Dispatched(command, reserved, session.input_generation))
+        runner.submit(Dispatched(command, reserved, session.input_generation, mark))
 
     # ------------------------------------------------------------ lease
 
@@ -263,6 +286,7 @@ class SessionManager(SessionHost):
                     event={"type": "session.closed", "cleaned": cleaned},
                 ),
             )
+        self._owners.pop(session_id, None)
         if cleaned:
             self._closing.pop(session_id, None)
 

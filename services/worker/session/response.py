@@ -38,6 +38,8 @@ from shared.protocol.duplex import (
     ResponseOutputItemAdded,
     ResponseOutputItemDone,
     ResponseSpeak,
+    error_type_for,
+    retryable_for,
 )
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
@@ -98,7 +100,16 @@ class ActiveResponse:
     def response_object(
         self, status: str, output: list[dict[str, Any]], extra: dict[str, Any] | None = None
     ):
-        details = None if self.reason is None else {"type": status, "reason": self.reason}
+        details: dict[str, Any] | None = (
+            None if self.reason is None else {"type": status, "reason": self.reason}
+        )
+        if details is not None and status == FAILED:
+            # OpenAI's failed status_details: the error that ended it (its code is the reason)
+            details["error"] = {
+                "type": error_type_for(self.reason),
+                "code": self.reason,
+                "retryable": bool(retryable_for(self.reason)),
+            }
         metadata: dict[str, Any] = {
             "duplex_event": {"epoch": self.fence.epoch, "turn_id": self.fence.turn_id},
             **(extra or {}),

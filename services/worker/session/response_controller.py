@@ -119,8 +119,7 @@ class ResponseController:
             await self.port.submit_initial(plan)
         except Exception as exc:  # the engine's failure fails this response, not the session
             log.exception("session %s: stage submit failed", session.session_id)
-            self.finish(response, FAILED, STAGE_FAILED)
-            self._error(STAGE_FAILED, f"stage submit failed: {exc}", event_id)
+            self.fail(response, STAGE_FAILED, f"stage submit failed: {exc}", event_id)
 
     async def advance_epoch(self, reason: str) -> None:
         """Cancel, barge-in, output clear, input cancel: one atomic step on the loop."""
@@ -142,6 +141,15 @@ class ResponseController:
             await self.port.abort([response.request_id])
         except Exception:  # the session is closing: its stage cleanup aborts it again
             log.warning("session %s: abort at close failed", self.session.session_id, exc_info=True)
+
+    def fail(
+        self, response: ActiveResponse, code: str, message: str, event_id: str | None = None
+    ) -> None:
+        """The failure chain: response.done `failed` (its partial item leaves history),
+        then the error event with `code`. A stage error, a failed submit, and a response
+        in flight on a worker that was lost (a restore) all end here."""
+        self.finish(response, FAILED, code)
+        self._error(code, message, event_id)
 
     def finish(self, response: ActiveResponse, status: str, reason: str | None) -> None:
         """Close a response: history per the playback policy, then the terminal chain."""
@@ -194,8 +202,7 @@ class ResponseController:
                 self.emit_encoded(response, tail, "", end_of_turn=True)
             self.finish(response, COMPLETED, None)
         elif output.kind == "error":
-            self.finish(response, FAILED, output.error_code or STAGE_FAILED)
-            self._error(output.error_code or STAGE_FAILED, output.message or "stage failed")
+            self.fail(response, output.error_code or STAGE_FAILED, output.message or "stage failed")
 
     def emit_audio(
         self,

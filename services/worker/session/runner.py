@@ -22,11 +22,18 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from services.worker.session.command_marks import NO_MARK, CommandMarks, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.handlers import SessionContext, apply_result, dispatch
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
-from services.worker.session.input_queue import start_task
+from services.worker.session.input_queue import (
+    AppendReady,
+    CommitReady,
+    Dropped,
+    InOrder,
+    start_task,
+)
 from services.worker.session.response_controller import ResponseController
 from shared.contracts import (
     DuplexModelPlugin,
@@ -40,14 +47,30 @@ log = logging.getLogger(__name__)
 Emit = Callable[[DuplexEvent], None]
 
 
-#: errors that carry the contract's code for the client; anything else is ours
 @dataclasses.dataclass
 class Dispatched:
-    """A command with what the manager reserved for it (input bytes, or 1 pending turn)."""
+    """A command with what the manager reserved for it (input bytes, or 1 pending turn)
+    and its inbox mark, (attachment, seq) (`command_marks`)."""
 
     command: Any
     reserved: int = 0
     generation: int = 0  # the session's input generation when the manager reserved
+    mark: Mark = NO_MARK
+
+
+@dataclasses.dataclass
+class _Barrier:
+    """`settle_input`: resolved when it has passed the mailbox, then the input queue."""
+
+    done: asyncio.Future[None]
+
+
+@dataclasses.dataclass
+class _CancelActive:
+    """`cancel_active`: the active response (if any) ends with the cancelled chain."""
+
+    reason: str
+    done: asyncio.Future[None]
 
 
 class SessionRunner:
@@ -60,12 +83,16 @@ class SessionRunner:
         executor: Executor,
         pipeline: InputPipeline,
         on_close: Callable[[str, str], None] | None = None,
+        marks: CommandMarks | None = None,
     ) -> None:
         self.session = session
         self.port = port
         self._emit_event = emit
         self._mailbox: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self.marks = marks or CommandMarks()
+        self._dispatched = 0  # commands in the mailbox, not yet handled
+        self._waiters: set[asyncio.Future[None]] = set()  # settle / cancel_active callers
         self.responses = ResponseController(session, plugin, port, self.emit)
         self.input = InputController(
             session, plugin, pipeline, executor, self.responses, self.emit, self.submit
@@ -84,9 +111,11 @@ class SessionRunner:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, first_event: DuplexEvent) -> None:
+    def start(self, first_event: DuplexEvent | None = None) -> None:
+        """`first_event`: session.created at an open; none at a restore."""
         self.port.bind(self.session.session_id, self.on_stage_output)
-        self.emit(first_event)
+        if first_event is not None:
+            self.emit(first_event)
         # Not a SupervisedLoop: `_run` turns the failure of any one item into an error
         # event and goes on, so only `stop` ends it; a restart would have nothing to redo.
         self._task = start_task(self._run(), f"session-runner:{self.session.session_id}")
@@ -101,10 +130,55 @@ class SessionRunner:
         # the runner's task has ended: from here this coroutine is the session's one writer
         await self.input.stop()
         await self.responses.close(reason)
+        for done in list(self._waiters):  # control items that will never be handled now
+            if not done.done():
+                done.set_result(None)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def silence(self) -> None:
+        """Emit nothing from now on (the session was fenced out or handed off)."""
+        self._emit_event = _discard
+
+    @property
+    def input_idle(self) -> bool:
+        """No command waiting in the mailbox and no input work queued or converting."""
+        return self._dispatched == 0 and self.input.queue.idle
+
+    async def settle_input(self) -> None:
+        """Wait until every command submitted so far has been handled and the input work
+        it queued, and any that work queued in turn (a server-VAD commit), is applied."""
+        while True:
+            if not self.running:
+                raise RuntimeError(f"session {self.session.session_id}: the runner is stopped")
+            await self._control(_Barrier)
+            if self.input_idle:
+                return
+
+    async def cancel_active(self, reason: str) -> None:
+        """The active response, if any, ends with the cancelled chain (on the runner's task)."""
+        if self.running:
+            await self._control(lambda done: _CancelActive(reason, done))
+
+    async def _control(self, make: Callable[[asyncio.Future[None]], Any]) -> None:
+        """Put a control item in the mailbox and wait until the runner's task has handled
+        it (or the runner stopped)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(done)
+        try:
+            self.submit(make(done))
+            await done
+        finally:
+            self._waiters.discard(done)
 
     # ------------------------------------------------------------ mailbox
 
     def submit(self, item: Any) -> None:
+        if isinstance(item, Dispatched):
+            self._dispatched += 1
+            self.marks.begin(item.mark)
         self._mailbox.put_nowait(item)
 
     def on_stage_output(self, output: StageOutput) -> None:
@@ -138,13 +212,45 @@ class SessionRunner:
                 self.error("internal_error", f"{type(item).__name__} failed: {exc}", event_id)
 
     async def _handle(self, item: Any) -> None:
-        if await apply_result(self._context, item):
-            return
         if isinstance(item, Dispatched):
-            self.session.lease.touch()
-            if item.reserved and item.generation != self.session.input_generation:
-                self.input.reserve_again(item.command, item.reserved)
-            await dispatch(self._context, item.command, item.reserved)
+            await self._dispatch(item)
+        elif isinstance(item, _Barrier):
+            self.input.queue.put(InOrder(item))  # behind the input work queued so far
+        elif isinstance(item, InOrder) and isinstance(item.command, _Barrier):
+            if not item.command.done.done():
+                item.command.done.set_result(None)
+        elif isinstance(item, _CancelActive):
+            try:
+                if self.session.active is not None:
+                    await self.responses.advance_epoch(item.reason)
+            finally:
+                if not item.done.done():
+                    item.done.set_result(None)
+        elif isinstance(item, Dropped):
+            self.marks.complete(item.mark)
         else:
-            self.session.lease.touch()
-            await dispatch(self._context, item)
+            mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
+            try:
+                if not await apply_result(self._context, item):
+                    self.session.lease.touch()
+                    await dispatch(self._context, item)
+            finally:
+                self.marks.complete(mark)  # an input result: its command is complete
+
+    async def _dispatch(self, item: Dispatched) -> None:
+        self._dispatched -= 1
+        self.session.lease.touch()
+        if item.reserved and item.generation != self.session.input_generation:
+            self.input.reserve_again(item.command, item.reserved)
+        self.input.current_mark = item.mark
+        try:
+            await dispatch(self._context, item.command, item.reserved)
+        finally:
+            queued = self.input.current_mark is None  # it completes with its input work
+            self.input.current_mark = NO_MARK
+            if not queued:
+                self.marks.complete(item.mark)
+
+
+def _discard(event: DuplexEvent) -> None:
+    pass

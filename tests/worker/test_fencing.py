@@ -1,0 +1,109 @@
+"""Owner fencing: a worker that lost a session (another owns it at a newer generation)
+writes nothing for it, and drops it locally without an event."""
+
+import asyncio
+
+import orjson
+
+from harness.sessions import appends, sine
+from plugins.echo import EchoPlugin
+from services.worker.publisher import RedisEventPublisher
+from services.worker.session.manager import SessionManager
+from shared.contracts import SessionRuntimeConfig
+from shared.protocol.duplex import (
+    Commit,
+    ConversationItemCreated,
+    SessionHeartbeatAck,
+)
+from shared.redis.keys import KeySchema
+from shared.redis.store import SessionStore
+
+ITEM = {"id": "item_1", "type": "message", "role": "user", "content": []}
+
+
+def publisher_for(store, **hooks) -> RedisEventPublisher:
+    return RedisEventPublisher(store, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60, **hooks)
+
+
+async def test_a_wrong_owner_generation_writes_nothing(redis_client):
+    """Against the real event_publish.lua: fenced out, nothing reaches the journal or the
+    checkpoint; the owner (generation 1, as opened) writes both."""
+    keys = KeySchema()
+    store = SessionStore(redis_client, keys)
+    stale, owned = "duplex-fenced", "duplex-owned"
+    for sid in (stale, owned):
+        await store.open(sid, "w-a", "echo", "", "{}")
+    dropped: list[str] = []
+    publisher = publisher_for(
+        store, snapshot=lambda sid: orjson.dumps({"v": 1, "of": sid}), on_fenced=dropped.append
+    )
+    publisher.set_owner(stale, 2)  # not the session's generation: another worker's
+    publisher.set_owner(owned, 1)
+    publisher.start()
+    try:
+        for sid in (stale, owned):
+            publisher.emit(sid, SessionHeartbeatAck(session_id=sid))
+            publisher.emit(sid, ConversationItemCreated(previous_item_id=None, item=ITEM))
+        await publisher.flush()
+        assert dropped == [stale]
+        assert await redis_client.xlen(keys.events(stale)) == 0
+        assert await store.checkpoint(stale) is None
+        assert (await store.meta(stale)).get("next_seq") in (None, "0")
+        # later events of the fenced session are not even sent
+        publisher.emit(stale, SessionHeartbeatAck(session_id=stale))
+        await publisher.flush()
+        assert await redis_client.xlen(keys.events(stale)) == 0
+        assert not await publisher.write_checkpoint(stale, b'{"v":1}')
+
+        assert await redis_client.xlen(keys.events(owned)) == 2
+        assert orjson.loads(await store.checkpoint(owned)) == {"v": 1, "of": owned}
+    finally:
+        await publisher.stop()
+
+
+class FencingStore:
+    """A store whose publishes succeed until `fence` names the session: then [-2]."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.fence: set[str] = set()
+        self.client = None
+
+    async def publish_many(self, batch, *, owners=None, checkpoints=None, **_):
+        self.calls.append({sid: [item.wire_type for item in items] for sid, items in batch.items()})
+        return {
+            sid: [-2] if sid in self.fence else list(range(1, len(items) + 1))
+            for sid, items in batch.items()
+        }
+
+
+async def test_a_fenced_reply_drops_the_session_and_nothing_more_is_sent():
+    store = FencingStore()
+    publisher = publisher_for(store)
+    manager = SessionManager(EchoPlugin(), SessionRuntimeConfig(max_sessions=2), publisher)
+    publisher.start()
+    try:
+        opened = await manager.open({"extra_body": {"pace": 1}})  # real time: stays in flight
+        sid = opened.session_id
+        assert manager.owned_sessions() == {sid: 1} and publisher.owner(sid) == 1
+        await send_all_to(manager, sid, appends(sine(16_000, 1.0), 16_000))
+        await manager.submit(sid, Commit(create_response=True))
+        while not any("response.created" in call.get(sid, []) for call in store.calls):
+            await publisher.flush()
+            await asyncio.sleep(0)  # let the runner go on
+        store.fence.add(sid)  # another worker owns it from now on
+        while sid in manager.session_ids():  # the next audio delta is refused: dropped
+            await asyncio.sleep(0.01)
+        fenced_at = len(store.calls)
+        assert manager.owned_sessions() == {}
+        await manager.shutdown()  # stops the dropped runner, cleans its stage up
+        assert manager.slots_in_use == 0
+        later = [call[sid] for call in store.calls[fenced_at:] if sid in call]
+        assert later == []  # not the cancelled chain, not session.closed: nothing
+    finally:
+        await publisher.stop()
+
+
+async def send_all_to(manager, sid, commands) -> None:
+    for command in commands:
+        await manager.submit(sid, command)

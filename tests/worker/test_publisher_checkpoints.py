@@ -1,0 +1,120 @@
+"""The publisher writes a session's checkpoint with the batch that holds a durable event of
+it, a drain's final checkpoint after the session's pending events, and keeps a failed
+batch's checkpoints for its retry."""
+
+import orjson
+
+from services.worker.publisher import RedisEventPublisher
+from shared.protocol.duplex import (
+    ConversationItemCreated,
+    DuplexResponseDone,
+    SessionHeartbeatAck,
+)
+from shared.redis.connection import connect
+from shared.redis.keys import KeySchema
+from shared.redis.store import SessionStore
+
+SID = "duplex-ckpt"
+ITEM = {"id": "item_1", "type": "message", "role": "user", "content": []}
+
+
+def heartbeat():
+    return SessionHeartbeatAck(session_id=SID)
+
+
+def item_created():
+    return ConversationItemCreated(previous_item_id=None, item=ITEM)
+
+
+class RecordingStore:
+    """Records each publish_many call; the first `failures` calls raise."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[tuple[dict, dict, dict]] = []
+        self.failures = failures
+        self.client = None
+
+    async def publish_many(self, batch, *, owners=None, checkpoints=None, **_):
+        types = {sid: [item.wire_type for item in items] for sid, items in batch.items()}
+        self.calls.append((types, dict(owners or {}), dict(checkpoints or {})))
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("redis away")
+        return {sid: list(range(1, len(items) + 1)) for sid, items in batch.items()}
+
+
+class Snapshots:
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __call__(self, session_id: str) -> bytes:
+        self.taken += 1
+        return orjson.dumps({"v": 1, "n": self.taken})
+
+
+def make(store, snapshot=None) -> RedisEventPublisher:
+    publisher = RedisEventPublisher(store, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60)
+    publisher.attach_host(snapshot=snapshot or Snapshots(), on_fenced=lambda sid: None)
+    publisher.set_owner(SID, 4)
+    publisher.start()
+    return publisher
+
+
+async def test_durable_events_carry_a_checkpoint_and_others_do_not():
+    store, snapshots = RecordingStore(), Snapshots()
+    publisher = make(store, snapshots)
+    try:
+        publisher.emit(SID, heartbeat())
+        await publisher.flush()
+        publisher.emit(SID, item_created())
+        publisher.emit(SID, heartbeat())
+        await publisher.flush()
+        publisher.emit(SID, DuplexResponseDone(response_id="resp_1", response={"id": "resp_1"}))
+        await publisher.flush()
+    finally:
+        await publisher.stop()
+    assert [(types, owners) for types, owners, _ in store.calls] == [
+        ({SID: ["session.heartbeat_ack"]}, {SID: 4}),
+        ({SID: ["conversation.item.created", "session.heartbeat_ack"]}, {SID: 4}),
+        ({SID: ["response.done"]}, {SID: 4}),
+    ]
+    assert [checkpoints for _, _, checkpoints in store.calls] == [
+        {},
+        {SID: b'{"v":1,"n":1}'},
+        {SID: b'{"v":1,"n":2}'},
+    ]
+    assert publisher.checkpoints == 2
+
+
+async def test_a_failed_batch_is_retried_with_its_checkpoint():
+    store, snapshots = RecordingStore(failures=1), Snapshots()
+    publisher = make(store, snapshots)
+    try:
+        publisher.emit(SID, item_created())
+        await publisher.flush()
+    finally:
+        await publisher.stop()
+    assert len(store.calls) == 2 and snapshots.taken == 1
+    assert store.calls[0] == store.calls[1]
+    assert store.calls[1][2] == {SID: b'{"v":1,"n":1}'}
+
+
+async def test_the_final_checkpoint_follows_the_pending_events():
+    handle = connect(None)  # the real event_publish.lua on an embedded Redis
+    keys = KeySchema()
+    store = SessionStore(handle.client, keys)
+    await store.open(SID, "w-a", "echo", "", "{}")
+    publisher = make(store)
+    publisher.set_owner(SID, 1)  # as opened
+    try:
+        publisher.emit(SID, item_created())
+        publisher.emit(SID, heartbeat())
+        final = b'{"v":1,"final":true}'
+        assert await publisher.write_checkpoint(SID, final)
+        assert await handle.client.xlen(keys.events(SID)) == 2
+        assert await store.checkpoint(SID) == final
+        publisher.set_owner(SID, 9)  # not the session's generation any more
+        assert not await publisher.write_checkpoint(SID, b'{"v":1,"late":true}')
+        assert await store.checkpoint(SID) == final
+    finally:
+        await publisher.stop()
