@@ -3,16 +3,11 @@
 An attachment is the API pod's only session state, and it outlives nothing: the session
 lives on its worker, its lease and journal in Redis. It keeps the session id, its worker,
 its attachment generation (the fence of every lease script) and its command seq, and one
-`AttachmentState`. A transition the table below does not list is a bug and raises
-`AttachmentStateError`.
+`AttachmentState` (services/api/attachment_state.py: the table of its transitions).
 
-    NEW ──open──▶ PLACING ──open written──▶ OPENING ──session.created──▶ OPENED
-                     ▲                         │                           │ on the wire
-                     └── resource_exhausted ───┘                           ▼
-    NEW ──resume──▶ RESUMING ──lease CAS won────────────────────────────▶ ATTACHED
-    OPENED, ATTACHED ──takeover──▶ REPLACED     OPENED, ATTACHED ──closure queued──▶ ENDED
-    OPENED, ATTACHED, OPENING ──socket gone──▶ DETACHING ──▶ RELEASED
-    anything else ──refused, failed or socket gone──▶ RELEASED (nothing left to undo)
+Its worker can change: a drain or a failover moves the session under a newer owner
+generation and says so on the live channel (`!moved <owner generation> <worker>`, `moved`);
+after a hub reconnect (`CATCH_UP`) and at a resume the session hash says where it is.
 """
 
 from __future__ import annotations
@@ -20,13 +15,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 import secrets
 from typing import Any
 
 import orjson
 
+from services.api.attachment_state import (
+    LIVE,
+    SETTLED,
+    TRANSITIONS,
+    AttachmentState,
+    AttachmentStateError,
+    S,
+)
+from services.api.inbox_writer import InboxFull
 from services.api.live import CATCH_UP, LiveFeed, LiveHub
 from services.api.liveness import PodLiveness
 from services.api.worker_client import WorkerClient
@@ -45,43 +48,6 @@ from shared.redis.placement import WorkerDirectory
 from shared.redis.store import ResumeResync, SessionStore, SessionStoreError, token_digest
 
 log = logging.getLogger(__name__)
-
-
-class AttachmentState(enum.Enum):
-    NEW = "new"  # no session yet
-    PLACING = "placing"  # a session id is subscribed to; choosing the next worker
-    OPENING = "opening"  # the open is in one worker's inbox; waiting for its first reply
-    RESUMING = "resuming"  # subscribed; the lease CAS (lease_resume.lua) is under way
-    OPENED = "opened"  # the worker admitted it; session.created is queued, not yet sent
-    ATTACHED = "attached"  # the client holds the session (created sent, or resumed)
-    REPLACED = "replaced"  # a newer attachment took the session over
-    ENDED = "ended"  # the session's closure (session.closed / expired) is queued
-    DETACHING = "detaching"  # the socket is gone: detaching the lease, or closing
-    RELEASED = "released"  # nothing held: terminal
-
-
-S = AttachmentState
-TRANSITIONS: dict[AttachmentState, frozenset[AttachmentState]] = {
-    S.NEW: frozenset({S.PLACING, S.RESUMING, S.RELEASED}),
-    S.PLACING: frozenset({S.OPENING, S.RELEASED}),
-    S.OPENING: frozenset({S.PLACING, S.OPENED, S.DETACHING, S.RELEASED}),
-    S.RESUMING: frozenset({S.ATTACHED, S.RELEASED}),
-    S.OPENED: frozenset({S.ATTACHED, S.REPLACED, S.ENDED, S.DETACHING}),
-    S.ATTACHED: frozenset({S.REPLACED, S.ENDED, S.DETACHING}),
-    # a takeover can land after the closure was queued: neither is released
-    S.ENDED: frozenset({S.REPLACED, S.RELEASED}),
-    S.REPLACED: frozenset({S.RELEASED}),
-    S.DETACHING: frozenset({S.RELEASED}),
-    S.RELEASED: frozenset(),
-}
-#: the states in which the client's commands go to the worker
-LIVE = frozenset({S.OPENED, S.ATTACHED})
-#: past these, a later closure or session.created on the wire changes nothing
-SETTLED = frozenset({S.ENDED, S.REPLACED, S.DETACHING, S.RELEASED})
-
-
-class AttachmentStateError(RuntimeError):
-    """A transition the table does not allow: a bug in the caller, never the client's."""
 
 
 class AttachFailed(Exception):
@@ -137,6 +103,7 @@ class Attachment:
         self.state = S.NEW
         self.session_id: str | None = None
         self.worker_id: str | None = None
+        self.owner_generation = 0  # the placement `worker_id` belongs to (owner_move.lua)
         self.generation = 0
         self.resumable = False
         self.command_seq = 0
@@ -194,7 +161,7 @@ class Attachment:
             await self._workers.open(worker.worker_id, session_id, payload)
             reply = await self.first_reply()
             if reply is not None and reply.get("type") == "session.created":
-                self.generation, self.resumable = 1, resumable
+                self.generation, self.owner_generation, self.resumable = 1, 1, resumable
                 self._move(S.OPENED)
                 self._liveness.attach(session_id, 1)
                 if resumable:
@@ -294,8 +261,10 @@ class Attachment:
         if isinstance(result, ResumeResync):
             await self._give_up(sid)
             raise AttachFailed(SessionResyncRequired(session_id=sid, reason=result.reason))
-        self.worker_id, self.generation = result.worker_id, result.attachment_generation
-        self.resumable = True
+        self.generation, self.resumable = result.attachment_generation, True
+        # the owner as the hash has it now (the feed, subscribed first, has any later move)
+        worker_id, self.owner_generation = await self._read_owner(sid)
+        self.worker_id = worker_id or result.worker_id
         self._move(S.ATTACHED)
         self._liveness.attach(sid, self.generation)
         await self._client.sadd(self._keys.api_sessions(self._pod_id), sid)
@@ -331,6 +300,31 @@ class Attachment:
         self._move(S.REPLACED)
         return True
 
+    def moved(self, owner_generation: int, worker_id: str) -> bool:
+        """The session's owner is now `worker_id` (a `moved` notice, or the hash): True
+        (and its commands go there from now) when `owner_generation` is newer than ours."""
+        if owner_generation <= self.owner_generation or not worker_id or self.state is S.RELEASED:
+            return False
+        log.info("session %s moved: commands to worker %s now", self.session_id, worker_id)
+        self.worker_id, self.owner_generation = worker_id, owner_generation
+        return True
+
+    async def reread_owner(self) -> bool:
+        """After `CATCH_UP` (a `moved` notice may be lost): adopt the hash's owner if newer."""
+        if self.session_id is None or self.state is S.RELEASED:
+            return False
+        worker_id, owner_generation = await self._read_owner(self.session_id)
+        return worker_id is not None and self.moved(owner_generation, worker_id)
+
+    async def _read_owner(self, session_id: str) -> tuple[str | None, int]:
+        """(worker, owner generation) from the session hash; (None, 0) when it is gone."""
+        worker, generation = await self._client.hmget(
+            self._keys.session(session_id), "worker", "owner_generation"
+        )
+        if worker is None:
+            return None, 0
+        return worker.decode(), int(generation or 1)
+
     def _held(self) -> tuple[str, str]:
         if self.session_id is None or self.worker_id is None:
             raise AttachmentStateError(f"no session is held ({self.state})")
@@ -338,16 +332,21 @@ class Attachment:
 
     async def command(self, command: Any) -> None:
         """A client command to the worker, with the next command seq. Raises `InboxFull`
-        when the inbox's budget refused it."""
+        when the inbox's budget refused it: the seq is not consumed then (seqs stay contiguous:
+        the socket sends one command at a time). Any other failure is ambiguous: it stays used."""
         sid, worker_id = self._held()
         self.command_seq += 1
         send = self._workers.command(worker_id, sid, self.generation, self.command_seq, command)
-        if isinstance(command, Heartbeat):
-            # the lease refresh and the command travel at once: awaiting the touch first put
-            # a whole Redis round trip in front of every heartbeat_ack
-            await asyncio.gather(self._store.touch(sid, self.generation, self._pod_id), send)
-        else:
-            await send
+        try:
+            if isinstance(command, Heartbeat):
+                # the lease refresh and the command travel at once: awaiting the touch first
+                # put a whole Redis round trip in front of every heartbeat_ack
+                await asyncio.gather(self._store.touch(sid, self.generation, self._pod_id), send)
+            else:
+                await send
+        except InboxFull:
+            self.command_seq -= 1
+            raise
 
     async def acknowledge(self, seq: int) -> bool:
         """The client has the events up to `seq`; False when `seq` is past the newest."""

@@ -8,7 +8,10 @@ policy), and the worker's events reach it in `server_event_seq` order without a 
   published since is lost: what the replay covered is skipped when it arrives live);
 - a live message past a gap is preceded by the journal entries in between, or, when the
   journal no longer has them, by `session.resync_required` and nothing more;
-- `CATCH_UP` (the hub reconnected) replays whatever the journal has past `last_seq`;
+- `CATCH_UP` (the hub reconnected) replays whatever the journal has past `last_seq`, and
+  re-reads the session's owner from its hash (a `moved` notice may have been lost);
+- a `moved` notice (a drain or a failover put the session on another worker) routes the
+  client's commands to the new worker, when its owner generation is newer;
 - a client that reads too slowly overflows its queue: it hears `output_overflow`, and the
   worker is asked once to close the session.
 
@@ -38,7 +41,7 @@ from shared.protocol.duplex import (
     SessionReplaced,
     SessionResyncRequired,
 )
-from shared.redis.boundary import TAKEOVER_KIND, ControlNotice
+from shared.redis.boundary import MOVED_KIND, TAKEOVER_KIND, ControlNotice
 from shared.redis.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -180,7 +183,11 @@ class Delivery:
                         )
                     )
                     return
-                if data == CATCH_UP:
+                if notice.kind == MOVED_KIND:  # a drain or a failover moved the session
+                    attachment.moved(notice.owner_generation, notice.worker_id)
+                elif data == CATCH_UP:
+                    # a `moved` notice may have been lost with the connection: ask the hash
+                    await attachment.reread_owner()
                     await self.replay()
                 continue
             event = orjson.loads(data)

@@ -11,8 +11,11 @@ the pods only one runs a given tick. Every second:
   older than the TTL enter disconnect grace, so their clients can resume
   elsewhere.
 - sweep_dead_workers: every session of a worker whose heartbeat is older than
-  the TTL gets `error{worker_lost, retryable}` and `session.closed{worker_lost}`
-  in its journal; the worker's registration, inbox and session set are removed.
+  the TTL is re-placed on a live worker from its checkpoint, with the commands
+  the dead worker never handled (services/api/failover.py); one that cannot be
+  (no checkpoint, no live worker with room, still opening) gets
+  `error{worker_lost, retryable}` and `session.closed{worker_lost}` in its
+  journal. Then the worker's registration, inbox and session set are removed.
 
 Failed stage cleanups are retried by each worker's own reaper: the stages live
 in the worker process, so no other process can retry them.
@@ -29,12 +32,15 @@ import arq.worker
 from arq import cron
 from arq.connections import ArqRedis
 
+from services.api.failover import Failover, Outcome
+from services.api.live import LiveHub
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
 from shared.settings import CLOSED_SESSION_TTL_S
 from shared.supervised import SupervisedLoop
@@ -82,6 +88,8 @@ class Janitor:
         *,
         heartbeat_ttl_s: float,
         disconnect_grace_s: float,
+        directory: WorkerDirectory,
+        live: LiveHub,
     ) -> None:
         self.redis = redis
         self.client = redis.client
@@ -91,6 +99,8 @@ class Janitor:
         self.runtime = runtime
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.disconnect_grace_s = disconnect_grace_s
+        # the moved notices go out through the pod's live hub (it can PUBLISH on a cluster)
+        self.failover = Failover(self.client, keys, store, directory, live.publish)
         self._worker: arq.worker.Worker | None = None
         self._loop: SupervisedLoop | None = None
 
@@ -145,20 +155,20 @@ class Janitor:
         return detached
 
     async def sweep_dead_workers(self, ctx: dict[str, Any] | None = None) -> list[str]:
+        """Re-place each dead worker's sessions; returns those closed with worker_lost."""
         lost = []
         cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
         for raw in await self.client.zrangebyscore(self.keys.workers(), "-inf", f"({cutoff}"):
             dead = raw.decode()
+            loss = await self.failover.begin(dead)
+            closed = []
             for member in await self.client.smembers(self.keys.worker_sessions(dead)):
                 session_id = member.decode()
-                error = DuplexErrorEvent.for_code(
-                    "worker_lost", f"worker {dead} stopped answering; open a new session"
-                )
-                closed = SessionClosed(session_id=session_id, reason="worker_lost")
-                items = [PublishItem(e.to_json(), e.wire_type) for e in (error, closed)]
-                await self.store.publish(session_id, items, **self._publish_args())
-                await self.client.zrem(self.keys.leases(), session_id)
-                lost.append(session_id)
+                meta = await self.store.meta(session_id)
+                outcome = await self.failover.move(loss, session_id, meta)
+                if outcome is Outcome.CLOSE and await self._close_lost(dead, session_id, meta):
+                    closed.append(session_id)
+            await self.failover.finish(loss)
             await self.client.delete(
                 self.keys.worker_sessions(dead),
                 self.keys.worker(dead),
@@ -166,8 +176,38 @@ class Janitor:
                 self.keys.inbox_bytes(dead),
             )
             await self.client.zrem(self.keys.workers(), dead)
-            log.warning("worker %s is dead: %d sessions closed with worker_lost", dead, len(lost))
+            log.warning(
+                "worker %s is dead: %d sessions moved to other workers (%s), %d closed with "
+                "worker_lost",
+                dead,
+                len(loss.moved),
+                ", ".join(f"{sid}->{wid}" for sid, wid in sorted(loss.moved.items())),
+                len(closed),
+            )
+            lost += closed
         return lost
+
+    async def _close_lost(self, dead: str, session_id: str, meta: dict[str, str]) -> bool:
+        """error{worker_lost} + session.closed{worker_lost}, fenced on the owner generation
+        read with `meta`: a session another sweep moved meanwhile is not closed (False)."""
+        error = DuplexErrorEvent.for_code(
+            "worker_lost",
+            f"worker {dead} stopped answering and no worker could take the session; "
+            "open a new session",
+        )
+        closed = SessionClosed(session_id=session_id, reason="worker_lost")
+        items = [PublishItem(e.to_json(), e.wire_type) for e in (error, closed)]
+        owner = meta.get("owner_generation")
+        seqs = await self.store.publish(
+            session_id,
+            items,
+            owner_generation=int(owner) if owner else None,
+            **self._publish_args(),
+        )
+        if seqs == [-2]:
+            return False
+        await self.client.zrem(self.keys.leases(), session_id)
+        return True
 
     # ------------------------------------------------------------ arq
 

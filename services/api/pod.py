@@ -77,6 +77,8 @@ class ApiPod:
             self.runtime,
             heartbeat_ttl_s=settings.heartbeat_ttl_s,
             disconnect_grace_s=self.runtime.disconnect_grace_s,
+            directory=self.directory,
+            live=self.hub,
         )
         self.loop_lag = LoopLagMonitor(
             f"API pod {settings.pod_id}", self.metrics.loop_lag, settings.loop_lag_warn_s

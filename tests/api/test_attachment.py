@@ -4,8 +4,10 @@ release writing the lease through the real Lua scripts (fakeredis)."""
 import asyncio
 import itertools
 
+import fakeredis
 import orjson
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.api.attachment import (
     TRANSITIONS,
@@ -14,8 +16,9 @@ from services.api.attachment import (
     AttachmentState,
     AttachmentStateError,
 )
+from services.api.inbox_writer import InboxFull, InboxWriter
 from services.api.live import CATCH_UP, LiveFeed
-from shared.protocol.duplex import Heartbeat, SessionResume
+from shared.protocol.duplex import AppendAudio, Heartbeat, SessionResume
 from shared.redis.store import PublishItem
 from tests.api.parts import (
     JOURNAL,
@@ -348,6 +351,82 @@ async def test_commands_carry_the_attachment_and_a_seq_and_a_heartbeat_touches_t
     assert await publish(parts.store, "duplex-r", "a", "b") == [1, 2]
     assert await attachment.acknowledge(2) is True
     assert await attachment.acknowledge(3) is False  # past the newest event
+
+
+class FailingOnce(InboxWriter):
+    """A real inbox writer that fails the next append as given (a full inbox, Redis gone)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail: Exception | None = None
+
+    async def append(self, worker_id, fields, *, budgeted=True):
+        if self.fail is not None:
+            exc, self.fail = self.fail, None
+            raise exc
+        await super().append(worker_id, fields, budgeted=budgeted)
+
+
+async def test_a_command_the_full_inbox_refused_does_not_consume_its_seq():
+    """The worker sees contiguous seqs: a seq gap means commands lost in a move (input_lost),
+    so a refusal (nothing written) gives its seq back; an ambiguous failure does not."""
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    parts = make_parts(inbox=FailingOnce(client, KEYS, max_bytes=4096), client=client)
+    writer = parts.inbox
+    try:
+        await active_session(parts.store, "duplex-r", token="tok")
+        attachment, _ = await resumed(parts, "duplex-r", "tok")
+        await attachment.command(Heartbeat(event_id="h1"))  # seq 1
+        with pytest.raises(InboxFull):  # over the real budget (inbox_append.lua refuses)
+            await attachment.command(AppendAudio(audio=b"\x00" * 8000, event_id="big"))
+        assert attachment.command_seq == 1
+        await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a2"))  # seq 2
+        writer.fail = RedisConnectionError("gone")  # may or may not have been written
+        with pytest.raises(RedisConnectionError):
+            await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a3"))
+        writer.fail = InboxFull("full")
+        with pytest.raises(InboxFull):
+            await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a4"))
+        await attachment.command(Heartbeat(event_id="h5"))
+        entries = await inbox(parts.client, "worker-a")
+        assert [(e[b"q"], orjson.loads(e[b"p"])["event_id"]) for e in entries] == [
+            (b"1", "h1"),
+            (b"2", "a2"),
+            (b"4", "h5"),  # seq 3 stays used: its command may be in the inbox
+        ]
+    finally:
+        await parts.close()
+
+
+# ------------------------------------------------------------ moves
+
+
+async def test_a_resume_routes_to_the_owner_the_hash_names(parts):
+    """A session moved (drain or failover) while no socket held it: the resume reads the
+    hash's worker and owner generation, and its touch goes to the new worker."""
+    await active_session(parts.store, "duplex-r", token="tok")
+    assert await parts.store.move_owner("duplex-r", "worker-a", "worker-b", "drain") == 2
+    attachment, _ = await resumed(parts, "duplex-r", "tok")
+    assert (attachment.worker_id, attachment.owner_generation) == ("worker-b", 2)
+    await attachment.touch()
+    assert await inbox(parts.client, "worker-a") == []
+    [touch] = await inbox(parts.client, "worker-b")
+    assert (touch[b"k"], touch[b"a"]) == (b"touch", b"2")
+
+
+async def test_a_move_routes_commands_when_its_owner_generation_is_newer(parts):
+    await active_session(parts.store, "duplex-r", token="tok")
+    attachment, _ = await resumed(parts, "duplex-r", "tok")
+    assert (attachment.worker_id, attachment.owner_generation) == ("worker-a", 1)
+    assert attachment.moved(1, "worker-c") is False  # the owner it already routes by
+    assert attachment.moved(3, "worker-b") is True
+    assert attachment.moved(2, "worker-c") is False  # a late notice of an older move
+    assert attachment.moved(4, "") is False
+    assert (attachment.worker_id, attachment.owner_generation) == ("worker-b", 3)
+    assert await attachment.reread_owner() is False  # the hash is older (generation 1)
+    assert attachment.worker_id == "worker-b"
+    await attachment.release()
+    assert attachment.moved(5, "worker-d") is False  # nothing held
 
 
 # ------------------------------------------------------------ release

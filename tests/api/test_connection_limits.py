@@ -85,9 +85,9 @@ async def test_a_full_inbox_refuses_appends_with_a_retryable_error_but_not_contr
         for _, fields, _ in parts.inbox.appended
     ]
     assert kinds == [
-        ("command", "session.heartbeat", 2),  # the refused append had seq 1
-        ("command", "response.cancel", 3),
-        ("command", "session.close", 4),
+        ("command", "session.heartbeat", 1),  # the refused append gave its seq back
+        ("command", "response.cancel", 2),
+        ("command", "session.close", 3),
         ("close", None, 0),
     ]
     assert await queued(conn) == []

@@ -8,10 +8,14 @@ import pytest
 
 from services.api.attachment import AttachmentState
 from services.api.live import CATCH_UP, LiveFeed
-from shared.protocol.duplex import SessionResume
-from tests.api.parts import active_session, inbox, make_parts, publish
+from shared.protocol.duplex import Heartbeat, SessionResume
+from shared.redis.boundary import ControlNotice
+from tests.api.parts import KEYS, active_session, inbox, make_parts, publish
 
 SID = "duplex-d"
+#: an event with no seq, pushed after notices: once the writer has it, the pump has
+#: handled every notice before it (one reader, feed order)
+MARKER = b'{"type":"rate_limits.updated"}'
 
 
 @pytest.fixture
@@ -167,3 +171,62 @@ async def test_an_overflowing_client_hears_why_and_the_worker_is_asked_once_to_c
     ]
     assert parts.metrics.errors.labels("output_overflow")._value.get() == 1
     assert attachment.state is AttachmentState.ATTACHED  # the worker's session.closed ends it
+
+
+async def heartbeat_inboxes(parts, attachment, *workers: str) -> dict[str, list]:
+    """Send a heartbeat; each worker's inbox as (kind, attachment, seq)."""
+    await attachment.command(Heartbeat(event_id="h"))
+    return {
+        worker: [(e[b"k"], e[b"a"], e[b"q"]) for e in await inbox(parts.client, worker)]
+        for worker in workers
+    }
+
+
+async def test_a_moved_notice_routes_the_commands_to_the_new_worker(parts):
+    """Through Redis: a drain or a failover publishes `!moved <owner generation> <worker>`
+    on the live channel; commands after it go to the new worker's inbox, and notices of an
+    owner generation not newer than the one routed by (late, reordered) change nothing."""
+    await active_session(parts.store, SID)
+    await parts.hub.start()
+    attachment, delivery = await attached(parts)
+    assert await heartbeat_inboxes(parts, attachment, "worker-a") == {
+        "worker-a": [(b"command", b"2", b"1")]
+    }
+    pump = asyncio.create_task(delivery.pump())
+    for notice in (
+        ControlNotice.moved(2, "worker-b"),
+        ControlNotice.moved(1, "worker-c"),  # older: stale
+        ControlNotice.moved(2, "worker-c"),  # the same generation: not newer
+    ):
+        await parts.hub.publish(KEYS.live(SID), notice.to_bytes())
+    await parts.hub.publish(KEYS.live(SID), MARKER)
+    assert await taken(delivery, 1) == [("rate_limits.updated", None)]  # no notice is sent
+    assert (attachment.worker_id, attachment.owner_generation) == ("worker-b", 2)
+    assert await heartbeat_inboxes(parts, attachment, "worker-a", "worker-b", "worker-c") == {
+        "worker-a": [(b"command", b"2", b"1")],
+        "worker-b": [(b"command", b"2", b"2")],  # the seqs go on: the worker orders by them
+        "worker-c": [],
+    }
+    assert attachment.state is AttachmentState.ATTACHED and len(delivery.queue) == 0
+    pump.cancel()
+
+
+async def test_catch_up_reads_the_owner_from_the_hash_when_a_moved_notice_was_lost(parts):
+    await active_session(parts.store, SID)
+    await publish(parts.store, SID, "e1")
+    attachment, delivery = await attached(parts)
+    # moved while the hub was reconnecting: the notice never came
+    assert await parts.store.move_owner(SID, "worker-a", "worker-b", "worker_lost") == 2
+    delivery.feed.push(CATCH_UP)
+    pump = asyncio.create_task(delivery.pump())
+    assert await taken(delivery, 1) == [("e1", 1)]  # the catch-up's replay
+    assert (attachment.worker_id, attachment.owner_generation) == ("worker-b", 2)
+    assert await heartbeat_inboxes(parts, attachment, "worker-a", "worker-b") == {
+        "worker-a": [],
+        "worker-b": [(b"command", b"2", b"1")],
+    }
+    delivery.feed.push(ControlNotice.moved(2, "worker-c").to_bytes())  # its notice, late
+    delivery.feed.push(MARKER)
+    assert await taken(delivery, 1) == [("rate_limits.updated", None)]
+    assert attachment.worker_id == "worker-b"
+    pump.cancel()

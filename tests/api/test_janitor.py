@@ -10,10 +10,12 @@ import pytest
 
 from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
+from services.api.live import LiveHub
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.redis.connection import RedisHandle
+from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore
 from tests.api.parts import KEYS, active_session, inbox
 
@@ -32,6 +34,8 @@ async def janitor():
         SessionRuntimeConfig(),
         heartbeat_ttl_s=5.0,
         disconnect_grace_s=30.0,
+        directory=WorkerDirectory(client, KEYS, heartbeat_ttl_s=5.0),
+        live=LiveHub(client, KEYS.api("api-t")),
     )
     yield janitor
     await workers.stop()

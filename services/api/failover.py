@@ -1,0 +1,166 @@
+"""Failover: the dead-worker sweep puts a dead worker's sessions on live workers.
+
+For a dead worker D (its heartbeat older than the TTL) the janitor reads D's whole inbox
+once (`Failover.begin`), then hands each of D's sessions to `Failover.move`. A session that
+is active or detached and has a checkpoint (`duplex:session:{SID}:checkpoint`, written by
+its worker) goes to the first live worker the placement ring gives with room (D excluded;
+a draining worker takes nothing), B:
+
+1. owner_move.lua: the hash's `worker` becomes B under a new owner generation, so D, should
+   it come back, is fenced out of every write (0: another sweep or a newer owner moved it
+   first: it is left alone);
+2. SADD B's session set (the set the next sweep reads, should B die too);
+3. a `restore` entry (`RestoreRequest`, reason `worker_lost`) into B's inbox;
+4. D's entries of the session that D never handled (command, touch, close), in stream
+   order and with their fields unchanged: their (attachment, seq) marks let B drop what
+   the checkpoint already applied and tell the client what is missing (`input_lost`);
+5. `!moved <owner generation> <B>` on the session's live channel: API pods send its
+   commands to B from now on.
+
+A detached session keeps its lease (it is still in its disconnect grace). A session in
+state opening is not moved (its opener hears worker_lost); one without a checkpoint, or
+with no live worker that has room, is `Outcome.CLOSE`: the janitor ends it with worker_lost.
+
+An API pod that has not heard the `moved` notice yet still writes to D's inbox:
+`Failover.finish` reads what came after the first read and forwards those entries too,
+just before the janitor deletes D's keys.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shared.redis.boundary import CLOSE, COMMAND, TOUCH, ControlNotice, RestoreRequest
+from shared.redis.keys import KeySchema
+from shared.redis.placement import WorkerDirectory
+from shared.redis.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+#: the inbox entries of a moved session its new worker gets (an open is never moved; a
+#: restore D had not handled yet is superseded by the new one; chat is no session's)
+FORWARDED_KINDS = frozenset({COMMAND.encode(), TOUCH.encode(), CLOSE.encode()})
+#: the session states a failover moves (opening: the opener's; closed: nothing to move)
+MOVABLE_STATES = frozenset({"active", "detached"})
+WHY = "worker_lost"
+
+Fields = dict[bytes, bytes]
+#: PUBLISH on a live channel (the pod's LiveHub: a cluster client has no PUBLISH)
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+class Outcome(enum.Enum):
+    MOVED = "moved"  # on a live worker now
+    LEFT = "left"  # not the dead worker's any more (moved by another, closed, gone)
+    CLOSE = "close"  # cannot be moved: the janitor closes it with worker_lost
+
+
+@dataclasses.dataclass
+class WorkerLoss:
+    """One dead worker's sweep: its unhandled inbox entries by session, and the moves."""
+
+    dead: str
+    entries: dict[str, list[Fields]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(list)
+    )
+    last_id: str | None = None  # the last inbox entry read
+    moved: dict[str, str] = dataclasses.field(default_factory=dict)  # session -> new worker
+    placed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+    def take(self, entries: list[tuple[Any, Fields]]) -> None:
+        for entry_id, fields in entries:
+            self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            if fields.get(b"k") in FORWARDED_KINDS and b"s" in fields:
+                self.entries[fields[b"s"].decode()].append(fields)
+
+
+class Failover:
+    def __init__(
+        self,
+        client: Any,
+        keys: KeySchema,
+        store: SessionStore,
+        directory: WorkerDirectory,
+        publish: Publish,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.store = store
+        self.directory = directory
+        self.publish = publish
+
+    async def begin(self, dead: str) -> WorkerLoss:
+        """Read the dead worker's whole inbox (what it never handled), once."""
+        loss = WorkerLoss(dead)
+        loss.take(await self.client.xrange(self.keys.inbox(dead)))
+        return loss
+
+    async def move(self, loss: WorkerLoss, session_id: str, meta: dict[str, str]) -> Outcome:
+        """Re-place one session of the dead worker from its checkpoint (`meta`: its hash)."""
+        if meta.get("worker") != loss.dead or meta.get("state") == "closed":
+            return Outcome.LEFT
+        if meta.get("state") not in MOVABLE_STATES:
+            return Outcome.CLOSE
+        if not await self.client.exists(self.keys.checkpoint(session_id)):
+            return Outcome.CLOSE
+        target = await self._target(loss, session_id, meta.get("model") or None)
+        if target is None:
+            return Outcome.CLOSE
+        generation = await self.store.move_owner(session_id, loss.dead, target, WHY)
+        if not generation:
+            return Outcome.LEFT  # another sweep (or a newer owner) moved it first
+        loss.placed[target] += 1
+        loss.moved[session_id] = target
+        await self.client.sadd(self.keys.worker_sessions(target), session_id)
+        restore = RestoreRequest(session_id, generation, WHY, loss.dead)
+        await self.store.inbox_append(target, restore.to_fields())
+        entries = loss.entries.pop(session_id, [])
+        await self._forward(target, entries)
+        notice = ControlNotice.moved(generation, target).to_bytes()
+        await self.publish(self.keys.live(session_id), notice)
+        log.info(
+            "session %s of dead worker %s moved to %s (owner generation %d, %d inbox "
+            "entries forwarded)",
+            session_id,
+            loss.dead,
+            target,
+            generation,
+            len(entries),
+        )
+        return Outcome.MOVED
+
+    async def finish(self, loss: WorkerLoss) -> None:
+        """Forward the entries of moved sessions that reached the dead worker's inbox after
+        it was read (their API pod had not heard the move yet). The caller deletes it next."""
+        if not loss.moved:
+            return
+        start = "-" if loss.last_id is None else f"({loss.last_id}"
+        late = WorkerLoss(loss.dead)
+        late.take(await self.client.xrange(self.keys.inbox(loss.dead), start, "+"))
+        for session_id, entries in late.entries.items():
+            if (target := loss.moved.get(session_id)) is not None:
+                await self._forward(target, entries)
+                log.info(
+                    "%d late inbox entries of session %s forwarded to %s",
+                    len(entries),
+                    session_id,
+                    target,
+                )
+
+    async def _target(self, loss: WorkerLoss, session_id: str, model: str | None) -> str | None:
+        """The first live worker of the model with room, counting this sweep's moves (a
+        worker reports its load only once it has restored them)."""
+        exclude = frozenset({loss.dead})
+        for worker in await self.directory.candidates(model, session_id, exclude=exclude):
+            if worker.active + loss.placed[worker.worker_id] < worker.max_sessions:
+                return worker.worker_id
+        return None
+
+    async def _forward(self, target: str, entries: list[Fields]) -> None:
+        for fields in entries:
+            await self.store.inbox_append(target, {k.decode(): v for k, v in fields.items()})
