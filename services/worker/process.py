@@ -1,11 +1,11 @@
 """The worker process: registry + heartbeat, the inbox consumer, the session manager.
 
-One consumer task reads the worker's inbox stream with XREADGROUP BLOCK and
-dispatches each entry in order; entries are acknowledged after dispatch.
-Commands carry (attachment generation, seq) from the API connection that sent
-them, so a redelivered command is recognised and dropped. Every entry and the
-registration hash are records of `shared.redis.boundary`; the long-lived loops
-(heartbeat, inbox, ack) run supervised (`shared.supervised`).
+One consumer task reads the worker's inbox stream with XREADGROUP BLOCK and dispatches
+each entry in order; entries are acknowledged after dispatch. Commands carry (attachment
+generation, seq): a redelivered one is dropped, and a session moved here gets its commands
+in order (`command_order`). Entries and the registration hash are records of
+`shared.redis.boundary`; the long-lived loops run supervised (`shared.supervised`).
+SIGTERM drains (`drain`); restores and the zombie check are in `ownership`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
+from services.worker import ownership
+from services.worker.command_order import CommandOrder, Released
+from services.worker.drain import Drain
 from services.worker.health import HealthServer
+from services.worker.host import WorkerHost
 from services.worker.plugins import load_plugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
@@ -33,6 +37,7 @@ from shared.redis.boundary import (
     CommandRecord,
     InboxMessage,
     OpenRequest,
+    RestoreRequest,
     TouchRequest,
     WorkerRegistration,
     entry_bytes,
@@ -50,7 +55,7 @@ READ_COUNT = 256
 REPLY_TTL_S = 60
 
 
-class WorkerProcess:
+class WorkerProcess(WorkerHost):
     def __init__(
         self, settings: WorkerSettings, redis: Any, runtime: SessionRuntimeConfig | None = None
     ) -> None:
@@ -78,7 +83,11 @@ class WorkerProcess:
             version=VERSION,
         )
         self.inbox = self.keys.inbox(settings.worker_id)
-        self._applied: dict[str, tuple[int, int]] = {}  # session -> last (attachment, seq)
+        self.order = CommandOrder()  # which commands apply when (redelivery, moves)
+        self._order_lock = asyncio.Lock()  # released commands reach the manager in order
+        self._order_wake = asyncio.Event()
+        self.drain: Drain | None = None  # set by `stop`: SIGTERM
+        self.read_block_ms = READ_BLOCK_MS
         self._loops: list[SupervisedLoop] = []
         # where the next XREADGROUP starts: first our own pending entries (a restart), then
         # new ones; kept here so a restarted consume loop does not dispatch handled ones again
@@ -111,9 +120,15 @@ class WorkerProcess:
         self._loops = [
             SupervisedLoop.every(
                 "worker-heartbeat", self.settings.heartbeat_interval_s, self._heartbeat
-            ).start(),
+            ).start()
+        ]
+        # a previous process under this id left sessions (killed, restarted within the
+        # heartbeat TTL): restored before its unhandled inbox entries are read
+        await ownership.adopt(self)
+        self._loops += [
             SupervisedLoop("worker-inbox", self._consume_loop).start(),
             SupervisedLoop("worker-inbox-ack", self._ack_loop).start(),
+            SupervisedLoop("worker-command-order", self._order_loop).start(),
         ]
         log.info(
             "worker %s serving %s (max %d sessions)",
@@ -123,15 +138,27 @@ class WorkerProcess:
         )
 
     async def stop(self) -> None:
-        """SIGTERM drain: leave the registry (no new sessions are placed here), stop
-        reading, end in-flight responses and close every session with reason
-        `shutdown` (clients see why), then remove the rest of the registration."""
+        """SIGTERM drain (`services/worker/drain.py`): say `draining` in the registration
+        (placement skips it; the beats go on), refuse opens, move every session to another
+        worker as it becomes idle (closing, reason `shutdown`, those no worker can take),
+        forward what still comes for them; then leave the registry, stop reading, close
+        what is left and remove the rest of the registration."""
+        first = not self._stopping.is_set()
         self._stopping.set()
-        if self.health is not None:
-            await self.health.stop()
+        if first and self._loops:
+            self.registration = dataclasses.replace(self.registration, draining=True)
+            self.drain = Drain(self)
+            with contextlib.suppress(Exception):
+                await self._beat()
+            try:
+                await self.drain.run()
+            except Exception:
+                log.exception("the drain failed; closing the sessions left")
         with contextlib.suppress(Exception):
             await self.redis.client.zrem(self.keys.workers(), self.worker_id)
         await stop_all(self._loops)
+        if self.health is not None:
+            await self.health.stop()
         with contextlib.suppress(Exception):
             await self._ack_pending()
         await self.manager.shutdown("shutdown")
@@ -150,15 +177,17 @@ class WorkerProcess:
         self.registration = dataclasses.replace(self.registration, started_at=started_at)
         await self._beat()
 
-    async def _beat(self) -> None:
-        """The whole registration, every beat: a Redis that restarted empty learns it again."""
+    async def _beat(self) -> bool:
+        """The whole registration, every beat: a Redis that restarted empty learns it again.
+        True when the ZADD added the worker anew (the first beat, or the sweep removed it)."""
         client = self.redis.client
         registration = dataclasses.replace(self.registration, active=self.manager.slots_in_use)
         pipeline = client.pipeline(transaction=False)
         pipeline.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash())
         pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
-        await pipeline.execute()
+        _, added = await pipeline.execute()
         self._last_beat_ok = True
+        return bool(added)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready: the plugin is loaded (warm-up happens at construction) and Redis took
@@ -169,7 +198,7 @@ class WorkerProcess:
             return False, "redis unreachable: the last heartbeat failed"
         return True, "ok"
 
-    async def _report_load(self) -> None:
+    async def report_load(self) -> None:
         """Placement reads `active`: keep it current between heartbeats."""
         load = WorkerRegistration.load_fields(self.manager.slots_in_use)
         await self.redis.client.hset(self.keys.worker(self.worker_id), mapping=load)
@@ -178,18 +207,13 @@ class WorkerProcess:
         """One beat (every heartbeat interval). A failed one turns readiness false and is
         tried again at the next interval: Redis being away is no failure of the loop."""
         try:
-            await self._beat()
-            self._forget_closed_sessions()
+            if await self._beat() and self.manager.owned_sessions():
+                await ownership.rejoined(self)
+            # marks of sessions no longer held here (closed, expired, moved) go
+            self.order.retain(self.manager.session_ids())
         except Exception:
             self._last_beat_ok = False
             log.exception("worker heartbeat failed")
-
-    def _forget_closed_sessions(self) -> None:
-        """Redelivery marks of sessions this worker no longer holds (closed by their
-        client, expired) are dropped, so the map does not grow for ever."""
-        live = set(self.manager.session_ids())
-        for session_id in [sid for sid in self._applied if sid not in live]:
-            del self._applied[session_id]
 
     # ------------------------------------------------------------ inbox
 
@@ -206,7 +230,7 @@ class WorkerProcess:
                     self.worker_id,
                     {self.inbox: self._read_from},
                     count=READ_COUNT,
-                    block=READ_BLOCK_MS,
+                    block=self.read_block_ms,
                 )
             except asyncio.CancelledError:
                 raise
@@ -227,6 +251,8 @@ class WorkerProcess:
                 await asyncio.sleep(backoff.next_delay())
                 continue
             backoff.reset()
+            if self.drain is not None:
+                self.drain.read_round()
             entries = reply[0][1] if reply else []
             if not entries and self._read_from != ">":  # past our pending entries: new ones
                 self._read_from = ">"
@@ -238,7 +264,8 @@ class WorkerProcess:
                     # an open, close or chat (not deduplicated by seq) would run twice
                     self._read_from = entry_id
                 try:
-                    await self.dispatch(InboxMessage.from_fields(fields))
+                    if self.drain is None or not await self.drain.take(fields):
+                        await self.dispatch(InboxMessage.from_fields(fields))
                 except Exception:
                     log.exception("inbox entry %r failed", entry_id)
             if entries:
@@ -280,29 +307,67 @@ class WorkerProcess:
             self._unacked = handled + self._unacked
             raise
 
-    def _fresh(self, record: CommandRecord) -> bool:
-        """False for a command already applied (redelivery)."""
-        mark = (record.attachment, record.seq)
-        if mark <= self._applied.get(record.session_id, (0, 0)):
-            return False
-        self._applied[record.session_id] = mark
-        return True
+    # ------------------------------------------------------------ command order
+
+    async def _apply(self, session_id: str, released: list[Released]) -> None:
+        """Commands `order` released, to the manager in order; a gap before one is told
+        to the client first (input_lost). Under the order lock."""
+        for command in released:
+            try:
+                if command.lost:
+                    self.manager.report_lost_commands(session_id, command.lost)
+                await self.manager.submit(session_id, command.command, mark=command.mark)
+            except (DuplexSessionError, RealtimeProtocolError) as exc:
+                event_id = getattr(command.command, "event_id", None)
+                self._publish_error(session_id, exc, event_id)
+
+    async def release_held(self, session_id: str) -> None:
+        """Apply the session's held commands now, without waiting for their gaps (a move)."""
+        async with self._order_lock:
+            await self._apply(session_id, self.order.release(session_id))
+
+    async def _order_loop(self) -> None:
+        """Held commands whose hold window ended are applied (gaps reported)."""
+        while True:
+            deadline = self.order.next_deadline()
+            if deadline is None or deadline > self.order.clock():
+                timeout = None if deadline is None else deadline - self.order.clock()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._order_wake.wait()
+                self._order_wake.clear()
+                continue
+            await self.release_expired()
+
+    async def release_expired(self) -> None:
+        async with self._order_lock:
+            for session_id, commands in self.order.expired():
+                await self._apply(session_id, commands)
 
     async def dispatch(self, message: InboxMessage) -> None:
         sid = message.session_id
         try:
             match message.record():  # a command is rebuilt as the API validated it
                 case CommandRecord() as record:
-                    if self._fresh(record):
-                        await self.manager.submit(sid, record.command)
+                    mark = (record.attachment, record.seq)
+                    async with self._order_lock:
+                        await self._apply(sid, self.order.offer(sid, mark, record.command))
+                    if self.order.held(sid):
+                        self._order_wake.set()
                 case OpenRequest(session=session):
+                    if self.drain is not None:
+                        raise DuplexSessionError(
+                            "resource_exhausted", f"worker {self.worker_id} is draining"
+                        )
                     await self.manager.open(session, session_id=sid)
                     await self.redis.client.sadd(self.keys.worker_sessions(self.worker_id), sid)
-                    await self._report_load()
+                    await self.report_load()
+                case RestoreRequest() as request:
+                    await ownership.restore(self, request)
                 case CloseRequest(reason=reason):
                     await self.manager.close(sid, reason)
-                    self._applied.pop(sid, None)
-                    await self._report_load()
+                    self.order.forget(sid)
+                    await self.report_load()
                 case TouchRequest():
                     await self.manager.touch(sid)
                 case ChatRequest() as request:
@@ -311,8 +376,13 @@ class WorkerProcess:
             event_id = (
                 message.payload.get("event_id") if isinstance(message.payload, dict) else None
             )
-            error = DuplexErrorEvent.for_code(exc.code, exc.message, related_event_id=event_id)
-            self.publisher.emit(sid, error)
+            self._publish_error(sid, exc, event_id)
+
+    def _publish_error(
+        self, sid: str, exc: DuplexSessionError | RealtimeProtocolError, event_id: str | None
+    ) -> None:
+        error = DuplexErrorEvent.for_code(exc.code, exc.message, related_event_id=event_id)
+        self.publisher.emit(sid, error)
 
     async def _chat(self, request: ChatRequest) -> None:
         reply_key = self.keys.reply(request.request_id)

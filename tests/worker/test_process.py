@@ -55,9 +55,9 @@ async def test_registers_dispatches_once_and_deregisters():
         assert [m.get("server_event_seq") for m in received] == [None, 1, 2, 3]
         assert (await store.meta("duplex-s1"))["state"] == "closed"
         await pubsub.aclose()
-        assert "duplex-s1" in worker._applied
-        worker._forget_closed_sessions()  # every heartbeat: marks of closed sessions go
-        assert "duplex-s1" not in worker._applied
+        assert "duplex-s1" in worker.order.sessions()
+        worker.order.retain(worker.manager.session_ids())  # every heartbeat: closed ones go
+        assert "duplex-s1" not in worker.order.sessions()
     finally:
         await worker.stop()
     assert await client.zscore(keys.workers(), "w1") is None
