@@ -1,9 +1,10 @@
-"""Chaos: kill API pods (or a worker) under live conversations; prove nothing was lost.
+"""Chaos: kill API pods or workers under live conversations; prove nothing was lost.
 
-    .venv/bin/python -m bench.chaos [--mode api|worker|both] [--sessions 20] [--seconds 60]
-                                    [--kill-every 3]
+    .venv/bin/python -m bench.chaos [--mode api|kill|rolling|all] [--sessions 20]
+                                    [--seconds 60] [--kill-every 3]
 
-Two API pods, two echo workers and a real redis-server. Every client is a `DuplexClient`
+Two API pods, echo workers (two; three in the worker modes) and a real redis-server.
+Every client is a `DuplexClient`
 with automatic resume over both pods' addresses, and runs echo turns for the whole run: a
 turn of unique length (so every answer names its turn: `echo <N> ms`) sent as 20 ms pcm16
 appends and `input.commit`, answered at 4x real time.
@@ -12,8 +13,14 @@ mode api     every `kill-every` seconds a random API pod is SIGKILLed and restar
              same address; its clients resume on the other pod. A turn whose input went
              down with the pod (no answer after the resume) is spoken again: client input in
              flight is not journaled, server events are.
-mode worker  after a third of the run one worker is SIGKILLed; exactly its sessions must end
-             with error{worker_lost} + session.closed, the others keep talking.
+mode kill    every `kill-every` seconds the worker holding the most sessions is SIGKILLed
+             and restarted under the same id (a StatefulSet pod); its sessions go on on
+             another worker from their checkpoints: no session closes, only the victims'
+             in-flight responses fail (worker_lost), and a turn cut by the kill is spoken
+             again (bench/chaos_workers.py).
+mode rolling the workers are SIGTERMed and restarted one after the other, over and over
+             (a rolling restart); every session moves when its worker drains: no session
+             closes, no response fails, and the pause each move caused is measured.
 
 Checked for every session afterwards, from every frame the client received:
   lost        server_event_seq delivered to the application is 1..head with no gap
@@ -39,21 +46,21 @@ import time
 from typing import Any
 
 import numpy as np
-import redis.asyncio as redis_async
 
 from bench.common import Stack, machine, now_utc, watchdog, write_section
 from plugins.echo.stage import resample_whole
 from shared.client.duplex_client import DuplexClient, DuplexClientError
 from shared.protocol.duplex import float_to_pcm16, pcm16_to_float
-from shared.redis.keys import KeySchema
 
 SESSION = {
     "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
     "extra_body": {"pace": 4},
 }
 # api mode: a resume takes well under a second, an answer at 4x real time half a second.
-# worker mode: a lost worker is noticed after its heartbeat TTL (5 s) + a janitor tick.
-ANSWER_TIMEOUT_S = {"api": 5.0, "worker": 15.0}
+# worker modes: a lost worker is noticed after its heartbeat TTL (5 s) + a janitor tick,
+# or when it restarts; a drain waits for the response in flight.
+ANSWER_TIMEOUT_S = {"api": 5.0, "kill": 15.0, "rolling": 15.0}
+WORKERS = {"api": 2, "kill": 3, "rolling": 3}
 SEND_TIMEOUT_S = 30.0
 ECHO_MS = re.compile(r"echo (\d+) ms")
 
@@ -82,6 +89,10 @@ class RecordingClient(DuplexClient):
         self.transcripts: dict[str, str] = {}
         self.done: list[tuple[str, str, int | None]] = []  # (response id, status, echo ms)
         self.answered: set[int] = set()
+        self.received_at: list[float] = []  # monotonic time each delivered frame arrived
+        self.completed_at: list[float] = []  # ... of each completed response.done
+        self.worker_lost: list[str] = []  # responses that failed with worker_lost
+        self.input_lost = 0  # error{input_lost}: commands lost while the session moved
         self.progress = asyncio.Event()
         self.ended: str | None = None  # the code that ended the session, or a client failure
 
@@ -93,6 +104,7 @@ class RecordingClient(DuplexClient):
         if seq is not None and seq <= before:
             return  # dropped by the client as already delivered
         self.delivered.append(data)
+        self.received_at.append(time.monotonic())
         kind, response_id = data.get("type"), data.get("response_id")
         if kind == "response.output_audio.delta":
             self.audio.setdefault(response_id, []).append(base64.b64decode(data["delta"]))
@@ -104,8 +116,15 @@ class RecordingClient(DuplexClient):
             match = ECHO_MS.fullmatch(self.transcripts.get(rid, ""))
             ms = int(match.group(1)) if match else None
             self.done.append((rid, response.get("status", ""), ms))
-            if ms is not None and response.get("status") == "completed":
-                self.answered.add(ms)
+            if response.get("status") == "completed":
+                self.completed_at.append(time.monotonic())
+                if ms is not None:
+                    self.answered.add(ms)
+            error = ((response.get("status_details") or {}).get("error") or {}).get("code")
+            if response.get("status") == "failed" and error == "worker_lost":
+                self.worker_lost.append(rid)
+        elif kind == "error" and (data.get("error") or {}).get("code") == "input_lost":
+            self.input_lost += 1
         elif kind == "session.closed" and self.ended is None:
             self.ended = closed_reason(self)
         self.progress.set()
@@ -116,7 +135,8 @@ class Conversation:
     client: RecordingClient
     index: int
     spoken: dict[int, bytes] = dataclasses.field(default_factory=dict)  # echo ms -> input
-    resumed_in: set[int] = dataclasses.field(default_factory=set)  # turns a resume cut into
+    # turns a resume or a worker's loss cut into
+    resumed_in: set[int] = dataclasses.field(default_factory=set)
     turns: int = 0
     respoken: int = 0
     ended_by: str | None = None  # "worker_lost", or an unexpected failure
@@ -138,17 +158,18 @@ async def converse(conversation: Conversation, deadline: float, answer_timeout: 
             next_ms += 20
             pcm = turn_audio(duration)
             conversation.spoken[duration] = pcm
-            resumes = client.resumes
+            resumes, disruptions = client.resumes, disruptions_of(client)
             # a send waits while the client resumes; one that never returns is a failure
             async with asyncio.timeout(SEND_TIMEOUT_S):
                 await speak(client, pcm)
-            answered = await wait_answer(client, duration, answer_timeout)
-            if client.resumes > resumes:
+            answered = await wait_answer(client, duration, answer_timeout, disruptions)
+            cut = client.resumes > resumes or disruptions_of(client) > disruptions
+            if cut:
                 conversation.resumed_in.add(duration)
             if answered:
                 conversation.turns += 1
-            elif client.resumes > resumes:
-                conversation.respoken += 1  # its input went down with a killed pod
+            elif cut:
+                conversation.respoken += 1  # its input went down with a killed pod or worker
             else:
                 conversation.ended_by = f"turn of {duration} ms never answered"
                 return
@@ -160,11 +181,23 @@ async def converse(conversation: Conversation, deadline: float, answer_timeout: 
         conversation.ended_by = f"connection: {exc}"
 
 
-async def wait_answer(client: RecordingClient, duration: int, timeout: float) -> bool:
+def disruptions_of(client: RecordingClient) -> int:
+    """What tells a client its turn was cut by a lost worker: its response failed with
+    worker_lost, or its input was lost while the session moved."""
+    return len(client.worker_lost) + client.input_lost
+
+
+async def wait_answer(
+    client: RecordingClient, duration: int, timeout: float, disruptions: int = 0
+) -> bool:
+    """True once the turn is answered; False at the timeout, or as soon as a lost worker
+    cut the turn (it is spoken again)."""
     deadline = time.monotonic() + timeout
     while duration not in client.answered:
         if client.ended is not None:
             raise DuplexClientError(client.ended, "session ended")
+        if disruptions_of(client) > disruptions:
+            return False
         client.progress.clear()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -254,7 +287,7 @@ class ChaosReport:
     mode: str
     sessions: int
     seconds: float
-    kills: int = 0
+    kills: int = 0  # API pods or workers SIGKILLed; workers SIGTERMed in rolling mode
     resumes: int = 0
     events: int = 0
     turns: int = 0
@@ -264,27 +297,43 @@ class ChaosReport:
     mismatched: int = 0
     partial: int = 0  # answers to a cut turn: exactly the input the server accepted
     tracebacks: int = 0
-    worker_lost_expected: int = 0
-    worker_lost_seen: int = 0
+    closed: int = 0  # sessions that ended before the run did
+    moves: int = 0  # sessions moved to another worker (drain or failover)
+    failed_victims: int = 0  # responses failed with worker_lost in a killed worker's sessions
+    failed_others: int = 0  # ... in any other session (must be 0)
+    input_lost: int = 0  # error{input_lost} seen by clients
+    recovery_s: list[float] = dataclasses.field(default_factory=list)  # kill -> next answer
+    pause_ms: list[float] = dataclasses.field(default_factory=list)  # drain move pauses
+    checkpoint_bytes: list[int] = dataclasses.field(default_factory=list)
     failures: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.mismatched or self.tracebacks) and not (
-            self.failures
+        return (
+            not (
+                self.lost
+                or self.duplicated
+                or self.mismatched
+                or self.tracebacks
+                or self.closed
+                or self.failed_others
+            )
+            and not self.failures
         )
 
 
 async def run_chaos(
     mode: str = "api", sessions: int = 20, seconds: float = 60.0, kill_every: float = 3.0
 ) -> ChaosReport:
-    async with watchdog(seconds + 150, f"chaos {mode}"):
+    async with watchdog(seconds + 180, f"chaos {mode}"):
         return await _run_chaos(mode, sessions, seconds, kill_every)
 
 
 async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float) -> ChaosReport:
+    from bench.chaos_workers import WorkerChaos
+
     report = ChaosReport(mode, sessions, seconds)
-    with Stack(workers=2, apis=2) as stack:
+    with Stack(workers=WORKERS[mode], apis=2) as stack:
         bases = [api.base for api in stack.apis]
         conversations = []
         for index in range(sessions):
@@ -297,17 +346,20 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         timeout = ANSWER_TIMEOUT_S[mode]
         talks = [asyncio.create_task(converse(c, deadline, timeout)) for c in conversations]
         killed: list[str] = []
+        chaos = WorkerChaos(stack, conversations, report)
         if mode == "api":
             report.kills = await kill_api_pods(stack, deadline, kill_every, killed)
+        elif mode == "kill":
+            await chaos.kill_workers(deadline, kill_every, killed)
         else:
-            victims = await kill_a_worker(stack, conversations, seconds / 3, killed)
-            report.kills = 1
-            report.worker_lost_expected = len(victims)
+            await chaos.roll_workers(deadline)
         try:  # every turn is bounded; this bounds the whole, so a hang is a failure, not a stall
             async with asyncio.timeout(seconds + 90):
                 await asyncio.gather(*talks)
         except TimeoutError:
             report.failures.append("conversations still running 90 s after the deadline")
+        if mode != "api":
+            await chaos.collect_moves()
         for conversation in conversations:
             await conversation.client.close(end_session=conversation.ended_by is None)
         for task in drains:
@@ -315,8 +367,8 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         await asyncio.gather(*drains, return_exceptions=True)
         report.tracebacks = sum(
             p.logs().count("Traceback")
-            for p in [*stack.apis, *stack.workers]
-            if p.name not in killed
+            for p in [*stack.apis, *stack.workers, *chaos.retired]
+            if p.name not in killed and p not in chaos.killed
         )
     for conversation in conversations:
         figures = check(conversation)
@@ -328,15 +380,12 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         report.resumes += conversation.client.resumes
         report.turns += conversation.turns
         report.respoken += conversation.respoken
-        ended = conversation.ended_by
-        if mode == "worker":
-            expected = conversation.index in victims
-            if ended == "worker_lost":
-                report.worker_lost_seen += 1
-            if expected != (ended == "worker_lost"):
-                report.failures.append(f"session {conversation.index}: ended by {ended}")
-        elif ended is not None:
-            report.failures.append(f"session {conversation.index}: {ended}")
+        report.input_lost += conversation.client.input_lost
+        if conversation.ended_by is not None:
+            report.closed += 1
+            report.failures.append(f"session {conversation.index}: {conversation.ended_by}")
+    if mode != "api":
+        chaos.account_failures()
     return report
 
 
@@ -355,60 +404,60 @@ async def kill_api_pods(stack: Stack, deadline: float, every: float, killed: lis
     return kills
 
 
-async def kill_a_worker(
-    stack: Stack, conversations: list[Conversation], after: float, killed: list[str]
-) -> set[int]:
-    """SIGKILL the worker holding the most sessions after `after` seconds; the indexes of
-    the sessions it held (read from its Redis registration, as an operator would)."""
-    await asyncio.sleep(after)
-    redis = redis_async.Redis.from_url(stack.url)
-    keys = KeySchema(stack.prefix)
-    holdings = []
-    for worker in stack.workers:
-        members = await redis.smembers(keys.worker_sessions(worker.name))
-        holdings.append(({m.decode() for m in members}, worker))
-    await redis.aclose()
-    held, victim = max(holdings, key=lambda pair: len(pair[0]))
-    victim.kill()
-    killed.append(victim.name)
-    return {c.index for c in conversations if c.client.session_id in held}
+def _spread(values: list[float], unit: str, digits: int = 0) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    return f"{median:.{digits}f} / {ordered[-1]:.{digits}f} {unit}"
 
 
 def render(reports: list[ChaosReport]) -> str:
     rows = [
-        "| mode | sessions | seconds | kills | resumes | events checked | turns answered "
-        "| turns spoken again | partial answers | lost | duplicated | audio mismatches "
-        "| tracebacks "
-        "| worker_lost (expected / seen) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | sessions | seconds | kills | resumes | moves | events checked "
+        "| turns answered | turns spoken again | partial answers | lost | duplicated "
+        "| audio mismatches | sessions closed | failed responses (victims / others) "
+        "| input_lost | kill to next answer (median / max) | move pause (median / max) "
+        "| tracebacks | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
-        lost_col = f"{r.worker_lost_expected} / {r.worker_lost_seen}" if r.mode == "worker" else "-"
         verdict = "pass" if r.ok else "FAIL: " + "; ".join(r.failures[:3])
         rows.append(
-            f"| {r.mode} | {r.sessions} | {r.seconds:.0f} | {r.kills} | {r.resumes} | {r.events} "
-            f"| {r.turns} | {r.respoken} | {r.partial} | {r.lost} | {r.duplicated} "
-            f"| {r.mismatched} "
-            f"| {r.tracebacks} | {lost_col} | {verdict} |"
+            f"| {r.mode} | {r.sessions} | {r.seconds:.0f} | {r.kills} | {r.resumes} "
+            f"| {r.moves} | {r.events} | {r.turns} | {r.respoken} | {r.partial} | {r.lost} "
+            f"| {r.duplicated} | {r.mismatched} | {r.closed} "
+            f"| {r.failed_victims} / {r.failed_others} | {r.input_lost} "
+            f"| {_spread(r.recovery_s, 's', 1)} | {_spread(r.pause_ms, 'ms')} "
+            f"| {r.tracebacks} | {verdict} |"
         )
     return "\n".join(rows)
 
 
+MODES = ("api", "kill", "rolling")
+
+
 async def main(args: argparse.Namespace) -> int:
-    modes = ["api", "worker"] if args.mode == "both" else [args.mode]
+    modes = list(MODES) if args.mode == "all" else [args.mode]
     reports = []
     for mode in modes:
         report = await run_chaos(mode, args.sessions, args.seconds, args.kill_every)
         print(report, flush=True)
         reports.append(report)
+    sizes = sorted(b for r in reports for b in r.checkpoint_bytes)
     table = "\n".join(
         [
             f"Measured {now_utc()} on {machine()}:",
             f"`python -m bench.chaos --mode {args.mode} --sessions {args.sessions} "
             f"--seconds {args.seconds:.0f} --kill-every {args.kill_every:g}`",
-            "(two API pods, two echo workers, one redis-server; heartbeat TTL 5 s).",
+            "(two API pods; two echo workers in api mode, three in kill and rolling modes;",
+            "one redis-server; heartbeat TTL 5 s).",
             "",
             render(reports),
+            "",
+            f"Checkpoint size at the end of the run (bytes, median / max over "
+            f"{len(sizes)} sessions): "
+            + (f"{sizes[len(sizes) // 2]} / {sizes[-1]}." if sizes else "-"),
         ]
     )
     print(table)
@@ -418,7 +467,7 @@ async def main(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["api", "worker", "both"], default="both")
+    parser.add_argument("--mode", choices=[*MODES, "all"], default="all")
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--kill-every", type=float, default=3.0)

@@ -1,19 +1,36 @@
-"""Small, fast runs of bench/chaos.py: API pods and a worker killed under live sessions."""
+"""Small, fast runs of bench/chaos.py: API pods killed, workers killed and rolled, under
+live sessions."""
 
 from bench.chaos import run_chaos
+
+
+def assert_nothing_lost(report) -> None:
+    assert report.turns > 0 and report.events > 0, report
+    assert (report.lost, report.duplicated, report.mismatched, report.tracebacks) == (0, 0, 0, 0)
+    assert report.closed == 0 and report.failures == [], report.failures
 
 
 async def test_killing_api_pods_loses_and_duplicates_nothing():
     report = await run_chaos("api", sessions=4, seconds=8.0, kill_every=2.5)
     assert report.kills >= 1 and report.resumes >= 1, report
-    assert report.turns > 0 and report.events > 0, report
-    assert (report.lost, report.duplicated, report.mismatched, report.tracebacks) == (0, 0, 0, 0)
-    assert report.failures == [], report.failures
+    assert_nothing_lost(report)
 
 
-async def test_killing_a_worker_ends_exactly_its_sessions_with_worker_lost():
-    report = await run_chaos("worker", sessions=4, seconds=12.0)
-    assert report.worker_lost_expected >= 1, report
-    assert report.worker_lost_seen == report.worker_lost_expected, report
-    assert (report.lost, report.duplicated, report.mismatched, report.tracebacks) == (0, 0, 0, 0)
-    assert report.failures == [], report.failures
+async def test_killed_workers_sessions_go_on_elsewhere_and_only_theirs_fail_a_response():
+    """SIGKILL with restarts under the same id: no session closes; a response fails only
+    in a session the killed worker held, and that session answers again."""
+    report = await run_chaos("kill", sessions=6, seconds=16.0, kill_every=6.0)
+    assert report.kills >= 1 and report.moves >= 1, report
+    assert report.failed_others == 0, report
+    assert report.recovery_s, report  # some victim answered again after its kill
+    assert_nothing_lost(report)
+
+
+async def test_a_rolling_restart_of_three_workers_closes_nothing_and_fails_nothing():
+    """Each of the three workers SIGTERMed and restarted under the same id in turn, under
+    12 talking sessions: every session moves, none closes, no response fails, no gap."""
+    report = await run_chaos("rolling", sessions=12, seconds=12.0)
+    assert report.kills >= 3 and report.moves >= 1, report
+    assert (report.failed_victims, report.failed_others) == (0, 0), report
+    assert report.pause_ms, report
+    assert_nothing_lost(report)
