@@ -228,12 +228,18 @@ async def drain(client: RecordingClient) -> None:
         client.progress.set()
 
 
-def check(conversation: Conversation) -> dict[str, int]:
+def check(conversation: Conversation) -> dict[str, Any]:
     """Lost and duplicated events and audio mismatches of one session."""
     client = conversation.client
     seqs = [f["server_event_seq"] for f in client.delivered if "server_event_seq" in f]
     head = max(seqs, default=0)
-    lost = len(set(range(1, head + 1)) - set(seqs))
+    cancelled = {rid for rid, status, _ in client.done if status == "cancelled"}
+    missing = [
+        seq
+        for seq in sorted(set(range(1, head + 1)) - set(seqs))
+        if not cancelled_audio(client, seq, cancelled)
+    ]
+    lost = len(missing)
     duplicated = len(seqs) - len(set(seqs))
     by_id: dict[str, set[int]] = {}
     for frame in client.frames:
@@ -258,11 +264,47 @@ def check(conversation: Conversation) -> dict[str, int]:
             mismatched += 1
     return {
         "lost": lost,
+        "missing": missing[:5],
         "duplicated": duplicated,
         "mismatched": mismatched,
         "partial": partial,
         "events": head,
     }
+
+
+def cancelled_audio(client: RecordingClient, seq: int, cancelled: set[str]) -> bool:
+    """Whether a seq the client never got was audio of a response that ended cancelled:
+    an API pod drops the still-queued audio deltas of a cancelled response (the seed's
+    output policy: a barge-in must not keep playing), so their seqs never reach the client.
+    Known by its neighbours: the events just before and after it belong to that response."""
+    before = max(
+        (f for f in client.delivered if (f.get("server_event_seq") or 0) < seq),
+        key=lambda f: f["server_event_seq"],
+        default=None,
+    )
+    after = min(
+        (f for f in client.delivered if (f.get("server_event_seq") or 0) > seq),
+        key=lambda f: f["server_event_seq"],
+        default=None,
+    )
+    return any(f is not None and f.get("response_id") in cancelled for f in (before, after))
+
+
+def around(client: RecordingClient, seq: int) -> str:
+    """What the client got around a lost seq (a clue for whoever reads the failure)."""
+    got = [f.get("type") for f in client.frames if f.get("server_event_seq") == seq]
+    before = [
+        f"{f.get('server_event_seq')}:{f.get('type')}"
+        for f in client.delivered
+        if seq - 3 <= (f.get("server_event_seq") or 0) <= seq + 3
+    ]
+    statuses = {rid: status for rid, status, _ in client.done}
+    near = {
+        f.get("response_id"): statuses.get(f.get("response_id"))
+        for f in client.delivered
+        if seq - 3 <= (f.get("server_event_seq") or 0) <= seq + 3 and f.get("response_id")
+    }
+    return f"received as {got or 'nothing'}; delivered around it: {before}; responses {near}"
 
 
 def answers_a_cut_turn(conversation: Conversation, ms: int, audio: bytes) -> bool:
@@ -374,6 +416,11 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         figures = check(conversation)
         report.events += figures["events"]
         report.lost += figures["lost"]
+        if figures["lost"]:
+            report.failures.append(
+                f"session {conversation.index}: seqs {figures['missing']} lost "
+                f"({around(conversation.client, figures['missing'][0])})"
+            )
         report.duplicated += figures["duplicated"]
         report.mismatched += figures["mismatched"]
         report.partial += figures["partial"]

@@ -111,7 +111,12 @@ class Failover:
         target = await self._target(loss, session_id, meta.get("model") or None)
         if target is None:
             return Outcome.CLOSE
-        generation = await self.store.move_owner(session_id, loss.dead, target, WHY)
+        # fenced on the owner generation read: a worker restarted under the dead one's id
+        # that took the session back meanwhile (`adopt`) keeps it
+        expected = int(meta["owner_generation"]) if meta.get("owner_generation") else None
+        generation = await self.store.move_owner(
+            session_id, loss.dead, target, WHY, expected_generation=expected
+        )
         if not generation:
             return Outcome.LEFT  # another sweep (or a newer owner) moved it first
         loss.placed[target] += 1

@@ -163,12 +163,16 @@ class Janitor:
             loss = await self.failover.begin(dead)
             closed = []
             for member in await self.client.smembers(self.keys.worker_sessions(dead)):
+                if await self._came_back(dead, cutoff):
+                    break  # its new process takes its sessions back itself (`adopt`)
                 session_id = member.decode()
                 meta = await self.store.meta(session_id)
                 outcome = await self.failover.move(loss, session_id, meta)
                 if outcome is Outcome.CLOSE and await self._close_lost(dead, session_id, meta):
                     closed.append(session_id)
             await self.failover.finish(loss)
+            if await self._came_back(dead, cutoff):
+                continue
             await self.client.delete(
                 self.keys.worker_sessions(dead),
                 self.keys.worker(dead),
@@ -186,6 +190,16 @@ class Janitor:
             )
             lost += closed
         return lost
+
+    async def _came_back(self, dead: str, cutoff: int) -> bool:
+        """A worker restarted under the dead one's id while it was swept (a StatefulSet pod
+        comes back under its name): its registration, inbox and session set are its own
+        now and are not deleted (it took back what the sweep had not moved: `adopt`)."""
+        score = await self.client.zscore(self.keys.workers(), dead)
+        if score is None or score < cutoff:
+            return False
+        log.warning("worker %s came back while it was swept; its keys are left to it", dead)
+        return True
 
     async def _close_lost(self, dead: str, session_id: str, meta: dict[str, str]) -> bool:
         """error{worker_lost} + session.closed{worker_lost}, fenced on the owner generation

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from services.worker.handover import hand_over
 from shared.contracts import DuplexSessionError
 from shared.ids import now_ms
 from shared.redis.boundary import (
@@ -43,7 +44,6 @@ from shared.redis.boundary import (
     TOUCH,
     ControlNotice,
     InboxMessage,
-    RestoreRequest,
 )
 from shared.redis.placement import WorkerDirectory
 
@@ -249,10 +249,12 @@ class Drain:
             self._room[model] = asked
         return not asked[1]
 
-    async def _target(self, model: str, sid: str) -> str | None:
+    async def _target(
+        self, model: str, sid: str, exclude: frozenset[str] = frozenset()
+    ) -> str | None:
         """The first live worker of the model with room, counting this drain's moves (a
         worker reports its load only once it has restored them)."""
-        exclude = frozenset({self.worker.worker_id})
+        exclude = exclude | {self.worker.worker_id}
         for candidate in await self.directory.candidates(model, sid, exclude=exclude):
             if candidate.active + self._placed[candidate.worker_id] < candidate.max_sessions:
                 return candidate.worker_id
@@ -312,28 +314,21 @@ class Drain:
             self._placed[target] -= 1
             self.moving.pop(sid, None)
             return
-        new_generation = await worker.store.move_owner(
-            sid,
-            worker.worker_id,
-            target,
-            WHY,
-            expected_generation=generation,
-            paused_at_ms=paused_at,
-        )
         self._forget(sid)
-        if not new_generation:
+        handed = await hand_over(
+            worker, sid, target, generation, paused_at, self._notify, self._target_excluding
+        )
+        if handed is None:
             log.warning(
                 "session %s: not moved to %s (closed, or owned by another worker now)", sid, target
             )
             self._placed[target] -= 1
             self.moving.pop(sid, None)
             return
-        client = worker.redis.client
-        await client.srem(worker.keys.worker_sessions(worker.worker_id), sid)
-        await client.sadd(worker.keys.worker_sessions(target), sid)
-        restore = RestoreRequest(sid, new_generation, WHY, worker.worker_id)
-        await worker.store.inbox_append(target, restore.to_fields())
-        await self._notify(sid, ControlNotice.moved(new_generation, target))
+        if handed[0] != target:
+            self._placed[target] -= 1
+            self._placed[handed[0]] += 1
+        target, new_generation = handed
         pause_ms = (time.perf_counter() - began) * 1000
         # what was read for it meanwhile goes first; later entries are forwarded as read
         while self.moving[sid]:
@@ -352,6 +347,9 @@ class Drain:
             len(checkpoint),
             pause_ms,
         )
+
+    async def _target_excluding(self, exclude: frozenset[str]) -> str | None:
+        return await self._target(self.worker.manager.plugin.plugin_id, "", exclude)
 
     async def _notify(self, sid: str, notice: ControlNotice) -> None:
         """PUBLISH the notice on the session's live channel (a cluster client has none:

@@ -81,6 +81,10 @@ async def restore(worker: WorkerHost, request: RestoreRequest) -> bool:
     except DuplexSessionError as exc:
         await refuse(worker, request, f"{exc.code}: {exc.message}")
         return False
+    except Exception as exc:  # a stage or plugin that failed: the session must not be orphaned
+        log.exception("restoring session %s failed", sid)
+        await refuse(worker, request, f"internal_error: {exc}")
+        return False
     worker.publisher.set_owner(sid, request.owner_generation)
     worker.order.restored(sid, tuple(applied))  # type: ignore[arg-type]
     await client.sadd(worker.keys.worker_sessions(worker.worker_id), sid)
@@ -173,7 +177,12 @@ async def _adopt(worker: WorkerHost, sids: list[str], restored: list[str], notic
         if not generation:
             continue  # the sweep moved it meanwhile
         request = RestoreRequest(sid, generation, WORKER_LOST, worker.worker_id)
-        if await restore(worker, request):
+        try:
+            taken = await restore(worker, request)
+        except Exception:  # one session must not keep the worker from starting
+            log.exception("taking back session %s failed", sid)
+            continue
+        if taken:
             restored.append(sid)
             notice = ControlNotice.moved(generation, worker.worker_id)
             await notices.publish(worker.keys.live(sid), notice.to_bytes())
@@ -226,3 +235,36 @@ async def check_owners(worker: WorkerHost) -> list[str]:
         len(kept),
     )
     return dropped
+
+
+async def leave(worker: WorkerHost) -> None:
+    """The last step of a stop: remove the registration, inbox and session set, unless a
+    session still lists this worker as its owner without being held here (a drain handed
+    it over while this worker was already leaving, or a move of ours failed half-way).
+    Then the worker stays in the registry as dead (score 1), its session set and inbox
+    kept: the dead-worker sweep fails those sessions over from their checkpoints at its
+    next tick. The registry entry was removed before the set is read, so a drain that
+    hands a session over after the read sees this worker gone and moves it on itself
+    (services/worker/handover.py)."""
+    client = worker.redis.client
+    orphans = []
+    for member in await client.smembers(worker.keys.worker_sessions(worker.worker_id)):
+        sid = _text(member)
+        owner, state = await client.hmget(worker.keys.session(sid), ["worker", "state"])
+        if _text(owner) == worker.worker_id and _text(state) in ("active", "detached"):
+            orphans.append(sid)
+    if orphans:
+        log.warning(
+            "leaving %d sessions that still name this worker to the dead-worker sweep: %s",
+            len(orphans),
+            ", ".join(sorted(orphans)),
+        )
+        await client.zadd(worker.keys.workers(), {worker.worker_id: 1})
+        return
+    # the inbox too: its sessions are closed or moved, and nothing reads it again
+    await client.delete(
+        worker.keys.worker(worker.worker_id),
+        worker.keys.worker_sessions(worker.worker_id),
+        worker.inbox,
+        worker.keys.inbox_bytes(worker.worker_id),
+    )

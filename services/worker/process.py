@@ -154,9 +154,9 @@ class WorkerProcess(WorkerHost):
                 await self.drain.run()
             except Exception:
                 log.exception("the drain failed; closing the sessions left")
+        await stop_all(self._loops)
         with contextlib.suppress(Exception):
             await self.redis.client.zrem(self.keys.workers(), self.worker_id)
-        await stop_all(self._loops)
         if self.health is not None:
             await self.health.stop()
         with contextlib.suppress(Exception):
@@ -164,13 +164,7 @@ class WorkerProcess(WorkerHost):
         await self.manager.shutdown("shutdown")
         await self.publisher.stop()
         with contextlib.suppress(Exception):
-            # the inbox too: its sessions are closed, and nothing reads it again
-            await self.redis.client.delete(
-                self.keys.worker(self.worker_id),
-                self.keys.worker_sessions(self.worker_id),
-                self.inbox,
-                self.keys.inbox_bytes(self.worker_id),
-            )
+            await ownership.leave(self)
 
     async def _register(self) -> None:
         started_at = int(time.time() * 1000)

@@ -273,3 +273,29 @@ async def test_commands_that_reach_the_dead_inbox_during_the_sweep_are_forwarded
         (b"command", b"2"),
     ]
     assert await client.exists(KEYS.inbox(DEAD)) == 0
+
+
+async def test_a_worker_restarted_under_the_dead_ones_id_during_the_sweep_keeps_its_keys(janitor):
+    """A StatefulSet pod comes back under its name while its sweep runs: it takes its
+    sessions back itself (`adopt`, a newer owner generation), so the sweep neither moves
+    them nor deletes the registration, inbox and session set the new process uses."""
+    client = janitor.client
+    await dead_worker(client)
+    await register_worker(client, "w-live")
+    session_id = sid()
+    await session_on(janitor, session_id)
+    begin = janitor.failover.begin
+
+    async def restarted_meanwhile(dead):
+        loss = await begin(dead)
+        # the new process: registered again, the session moved to itself (generation 2)
+        assert await janitor.store.move_owner(session_id, DEAD, DEAD, "worker_lost", 1) == 2
+        await register_worker(client, DEAD)
+        return loss
+
+    janitor.failover.begin = restarted_meanwhile
+    await janitor.sweep_dead_workers()
+    meta = await janitor.store.meta(session_id)
+    assert (meta["worker"], meta["owner_generation"]) == (DEAD, "2")
+    assert await client.zscore(KEYS.workers(), DEAD) is not None
+    assert await client.exists(KEYS.worker(DEAD), KEYS.worker_sessions(DEAD)) == 2

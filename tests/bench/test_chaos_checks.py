@@ -44,13 +44,39 @@ def test_a_clean_session_passes():
     conversation = session_with_one_answer()
     assert 200 in conversation.client.answered
     figures = check(conversation)
-    assert figures == {"lost": 0, "duplicated": 0, "mismatched": 0, "partial": 0, "events": 4}
+    assert figures == {
+        "lost": 0,
+        "missing": [],
+        "duplicated": 0,
+        "mismatched": 0,
+        "partial": 0,
+        "events": 4,
+    }
 
 
 def test_a_gap_in_the_seqs_is_a_lost_event():
     conversation = session_with_one_answer()
     conversation.client._deliver({"type": "x", "event_id": "event_9", "server_event_seq": 9})
     assert check(conversation)["lost"] == 4  # 5..8
+
+
+def test_audio_the_pod_dropped_for_a_cancelled_response_is_not_lost():
+    """A barge-in cancels a response: its queued audio deltas are dropped by the API pod
+    (by design), and their seqs never reach the client. Any other gap is still lost."""
+    client = RecordingClient("ws://unused")
+    conversation = Conversation(client, 0)
+    frames = [
+        (1, {"type": "response.created", "response": {"id": "resp_c"}}),
+        (2, {"type": "response.output_audio.delta", "response_id": "resp_c", "delta": ""}),
+        (4, {"type": "response.output_audio_transcript.delta", "response_id": "resp_c"}),
+        (5, {"type": "response.done", "response": {"id": "resp_c", "status": "cancelled"}}),
+        (7, {"type": "input_audio_buffer.speech_stopped"}),
+        (8, {"type": "input_audio_buffer.committed"}),
+    ]
+    for seq, frame in frames:
+        client._deliver({**frame, "event_id": f"event_{seq}", "server_event_seq": seq})
+    figures = check(conversation)
+    assert figures["missing"] == [6] and figures["lost"] == 1  # 3 was the cancelled audio
 
 
 def test_one_event_under_two_seqs_is_a_duplicate():

@@ -54,6 +54,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "faults",
         "profile",
         "chaos",
+        "checkpoints",
         "fuzz",
         "exhaustion",
         "models",

@@ -167,7 +167,7 @@ function onEvent(event) {
       state.resumeToken = event.resume_token || state.resumeToken;
       state.generation = event.attachment_generation || state.generation;
       state.session = event.session || state.session;
-      state.worker = event.duplex_worker_id || state.worker; // sessions stay on their worker
+      state.worker = event.duplex_worker_id || state.worker; // the worker that opened it (a drain or failover may move the session: docs/wire-api.md)
       if (event.type === "session.resumed") state.resumes += 1;
       setStatus(event.type === "session.resumed" ? "resumed" : "talking");
       break;
