@@ -53,6 +53,8 @@ VERSION = "0.1.0"
 READ_BLOCK_MS = 1000
 READ_COUNT = 256
 REPLY_TTL_S = 60
+#: the errors a command gets when the session is not held here
+NOT_HELD = frozenset({"unknown_session", "session_closed"})
 
 
 class WorkerProcess(WorkerHost):
@@ -375,6 +377,11 @@ class WorkerProcess(WorkerHost):
     def _publish_error(
         self, sid: str, exc: DuplexSessionError | RealtimeProtocolError, event_id: str | None
     ) -> None:
+        if exc.code in NOT_HELD and self.publisher.owner(sid) is None:
+            # not a session of ours (moved away, or the entry of a previous process): an
+            # error from here would reach its client unfenced, from a worker it left
+            log.info("%s for session %s, which this worker does not hold: dropped", exc.code, sid)
+            return
         error = DuplexErrorEvent.for_code(exc.code, exc.message, related_event_id=event_id)
         self.publisher.emit(sid, error)
 

@@ -170,3 +170,21 @@ async def test_a_worker_restarted_under_its_id_restores_the_sessions_it_left(fle
     finally:
         await new.stop()
         await old.manager.shutdown()
+
+
+async def test_a_command_for_a_session_the_worker_does_not_hold_reaches_no_client(fleet):
+    """An entry for a session that lives on another worker (a late one from a previous
+    process, or written in the instant of a move) is dropped: an unknown_session error from
+    here would reach that session's client unfenced, from a worker it left."""
+    await fleet.worker("w-a")
+    await fleet.worker("w-b")
+    live = await fleet.open("w-b", SID)
+    await fleet.command("w-a", SID, 1, 5, note("item_stray"))
+
+    async def handled() -> bool:  # w-a read, dispatched and deleted the entry
+        return await fleet.client.xlen(fleet.keys.inbox("w-a")) == 0
+
+    await until(handled)
+    await fleet.command("w-b", SID, 1, 1, note("item_real"))
+    await live.item_done("item_real")
+    assert not any(e["type"] == "error" for e in live.events), live.events
