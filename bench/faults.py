@@ -2,8 +2,13 @@
 
     .venv/bin/python -m bench.faults [--runs 3]
 
-worker loss   SIGKILL the worker of a live session; time until its client holds
-              error{worker_lost} (heartbeat TTL + one janitor tick)
+worker loss   SIGKILL the only worker of a live session (no other worker can take it);
+              time until its client holds error{worker_lost} (heartbeat TTL + one
+              janitor tick)
+failover      two workers; SIGKILL the one answering a session's turn (not restarted):
+              time until the client holds response.done{failed, worker_lost}, and until
+              the turn spoken again is answered by the other worker (the session goes on
+              from its checkpoint)
 API pod loss  SIGKILL the API pod of a live session whose client does not
               reconnect; time until the session is detached (resumable
               elsewhere), and until session.expired is in its journal
@@ -25,7 +30,9 @@ import redis.asyncio as redis_async
 from bench.common import write_section
 from harness.processes import start_api, start_worker
 from harness.redis_server import RedisServer
+from harness.sessions import sine
 from shared.client.duplex_client import DuplexClient
+from shared.protocol.duplex import float_to_pcm16
 from shared.redis.keys import KeySchema
 
 GRACE_S = 5.0
@@ -59,6 +66,48 @@ async def worker_loss(server: RedisServer, runs: int) -> list[float]:
     finally:
         api.stop()
     return samples
+
+
+async def worker_failover(server: RedisServer, runs: int) -> tuple[list[float], list[float]]:
+    failed, answered = [], []
+    prefix = f"bench-faults-{uuid.uuid4().hex[:6]}"
+    keys = KeySchema(prefix)
+    redis = redis_async.Redis.from_url(server.url)
+    api = start_api(server.url, prefix, "bench-failover-api")
+    workers = [start_worker(server.url, prefix, f"bench-failover-{i}") for i in range(2)]
+    turn = float_to_pcm16(sine(16_000, 2.0))
+    session = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}
+    try:
+        api.wait_ready()
+        for _ in range(runs):
+            client = DuplexClient([api.base], heartbeat_s=None)
+            await client.connect({**session, "extra_body": {"pace": 1}})
+            owner = (await redis.hget(keys.session(client.session_id), "worker")).decode()
+            for i in range(0, len(turn), 640):
+                await client.append_audio(turn[i : i + 640])
+            await client.commit()
+            await client.until("response.output_audio.delta")  # answered in real time
+            victim = next(w for w in workers if w.name == owner)
+            victim.kill()
+            started = time.monotonic()
+            done = (await client.until("response.done", timeout=60))[-1]
+            assert done.response["status"] == "failed", done.response
+            failed.append(time.monotonic() - started)
+            for i in range(0, len(turn) // 4, 640):  # the turn again, shorter
+                await client.append_audio(turn[i : i + 640])
+            await client.commit()
+            done = (await client.until("response.done", timeout=60))[-1]
+            assert done.response["status"] == "completed", done.response
+            answered.append(time.monotonic() - started)
+            await client.close()
+            workers = [w for w in workers if w is not victim]
+            workers.append(start_worker(server.url, prefix, f"{owner}-next"))
+    finally:
+        for worker in workers:
+            worker.stop()
+        api.stop()
+        await redis.aclose()
+    return failed, answered
 
 
 async def api_loss(server: RedisServer, runs: int) -> tuple[list[float], list[float]]:
@@ -115,6 +164,7 @@ async def main(args: argparse.Namespace) -> None:
     server = RedisServer()
     try:
         lost = await worker_loss(server, args.runs)
+        failed, answered = await worker_failover(server, args.runs)
         detached, expired = await api_loss(server, args.runs)
     finally:
         server.stop()
@@ -126,7 +176,9 @@ async def main(args: argparse.Namespace) -> None:
             "",
             "| fault -> noticed | runs | median s | min s | max s |",
             "|---|---|---|---|---|",
-            row("worker SIGKILL -> client has error{worker_lost}", lost),
+            row("worker SIGKILL, no other worker -> client has error{worker_lost}", lost),
+            row("worker SIGKILL mid-response -> response.done failed (worker_lost)", failed),
+            row("worker SIGKILL mid-response -> next turn answered elsewhere", answered),
             row("API pod SIGKILL -> session detached (resumable elsewhere)", detached),
             row(f"API pod SIGKILL -> session.expired (grace {GRACE_S:.0f} s)", expired),
         ]
