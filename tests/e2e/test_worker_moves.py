@@ -153,6 +153,20 @@ async def answered_turn(conversation: Conversation, ms: int, timeout: float = 20
     assert await wait_answer(client, ms, timeout, before), f"turn of {ms} ms unanswered"
 
 
+async def response_playing(conversation: Conversation, ms: int) -> str:
+    """Speak a turn of `ms` answered in real time; the id of its response, once its first
+    audio is out (whatever happens to the worker now lands while the response plays)."""
+    client = conversation.client
+    pcm = turn_audio(ms)
+    conversation.spoken[ms] = pcm
+    mark = len(client.delivered)
+    await speak(client, pcm)
+    created = await frame(client, of_type("response.created"), timeout=20, since=mark)
+    in_flight = created["response"]["id"]
+    await frame(client, of_type("response.output_audio.delta", response_id=in_flight))
+    return in_flight
+
+
 async def test_a_killed_workers_session_goes_on_elsewhere_with_its_history(fleet_of):
     fleet = await fleet_of({"w-a": 4, "w-b": 4})
     client = await fleet.client(REAL_TIME)
@@ -168,14 +182,7 @@ async def test_a_killed_workers_session_goes_on_elsewhere_with_its_history(fleet
     await frame(client, lambda f: (f.get("item") or {}).get("id") == "item_note")
     await answered_turn(conversation, 300)
     owner = await fleet.owner(sid)
-    # a long turn answered in real time: the kill lands while its response plays
-    long_turn = turn_audio(4000)
-    conversation.spoken[4000] = long_turn
-    mark = len(client.delivered)
-    await speak(client, long_turn)
-    created = await frame(client, of_type("response.created"), timeout=20, since=mark)
-    in_flight = created["response"]["id"]
-    await frame(client, of_type("response.output_audio.delta", response_id=in_flight))
+    in_flight = await response_playing(conversation, 4000)
     fleet.workers[owner].kill()
 
     done = await frame(
@@ -212,13 +219,7 @@ async def test_a_drained_worker_finishes_the_response_and_the_session_moves(flee
     sid = client.session_id
     await answered_turn(conversation, 300)
     owner = await fleet.owner(sid)
-    long_turn = turn_audio(2000)
-    conversation.spoken[2000] = long_turn
-    mark = len(client.delivered)
-    await speak(client, long_turn)
-    created = await frame(client, of_type("response.created"), timeout=20, since=mark)
-    in_flight = created["response"]["id"]
-    await frame(client, of_type("response.output_audio.delta", response_id=in_flight))
+    await response_playing(conversation, 2000)
     drained = fleet.workers[owner]
     drained.process.send_signal(signal.SIGTERM)
     # the response in flight completes on the draining worker, whole
@@ -243,12 +244,7 @@ async def test_a_stalled_worker_that_comes_back_is_fenced_out(fleet_of):
     sid = client.session_id
     await answered_turn(conversation, 300)
     owner = await fleet.owner(sid)
-    long_turn = turn_audio(4000)
-    mark = len(client.delivered)
-    await speak(client, long_turn)
-    created = await frame(client, of_type("response.created"), timeout=20, since=mark)
-    in_flight = created["response"]["id"]
-    await frame(client, of_type("response.output_audio.delta", response_id=in_flight))
+    in_flight = await response_playing(conversation, 4000)
     zombie = fleet.workers[owner]
     os.kill(zombie.process.pid, signal.SIGSTOP)
     try:
