@@ -35,16 +35,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared.redis.boundary import CLOSE, COMMAND, TOUCH, ControlNotice, RestoreRequest
+from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, RestoreRequest
 from shared.redis.keys import KeySchema
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore
 
 log = logging.getLogger(__name__)
 
-#: the inbox entries of a moved session its new worker gets (an open is never moved; a
-#: restore D had not handled yet is superseded by the new one; chat is no session's)
-FORWARDED_KINDS = frozenset({COMMAND.encode(), TOUCH.encode(), CLOSE.encode()})
 #: the session states a failover moves (opening: the opener's; closed: nothing to move)
 MOVABLE_STATES = frozenset({"active", "detached"})
 WHY = "worker_lost"
@@ -125,7 +122,7 @@ class Failover:
         restore = RestoreRequest(session_id, generation, WHY, loss.dead)
         await self.store.inbox_append(target, restore.to_fields())
         entries = loss.entries.pop(session_id, [])
-        await self._forward(target, entries)
+        await self.store.inbox_forward(target, entries)
         notice = ControlNotice.moved(generation, target).to_bytes()
         await self.publish(self.keys.live(session_id), notice)
         log.info(
@@ -149,7 +146,7 @@ class Failover:
         late.take(await self.client.xrange(self.keys.inbox(loss.dead), start, "+"))
         for session_id, entries in late.entries.items():
             if (target := loss.moved.get(session_id)) is not None:
-                await self._forward(target, entries)
+                await self.store.inbox_forward(target, entries)
                 log.info(
                     "%d late inbox entries of session %s forwarded to %s",
                     len(entries),
@@ -158,14 +155,6 @@ class Failover:
                 )
 
     async def _target(self, loss: WorkerLoss, session_id: str, model: str | None) -> str | None:
-        """The first live worker of the model with room, counting this sweep's moves (a
-        worker reports its load only once it has restored them)."""
-        exclude = frozenset({loss.dead})
-        for worker in await self.directory.candidates(model, session_id, exclude=exclude):
-            if worker.active + loss.placed[worker.worker_id] < worker.max_sessions:
-                return worker.worker_id
-        return None
-
-    async def _forward(self, target: str, entries: list[Fields]) -> None:
-        for fields in entries:
-            await self.store.inbox_append(target, {k.decode(): v for k, v in fields.items()})
+        return await self.directory.first_with_room(
+            model, session_id, frozenset({loss.dead}), loss.placed
+        )

@@ -38,13 +38,7 @@ from typing import TYPE_CHECKING, Any
 from services.worker.handover import hand_over
 from shared.contracts import DuplexSessionError
 from shared.ids import now_ms
-from shared.redis.boundary import (
-    CLOSE,
-    COMMAND,
-    TOUCH,
-    ControlNotice,
-    InboxMessage,
-)
+from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, InboxMessage
 from shared.redis.placement import WorkerDirectory
 
 if TYPE_CHECKING:
@@ -52,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WHY = "drain"
 #: how long the inbox must have been quiet (no entry of a moved session) after the last
 #: move before the worker deregisters
 LINGER_S = 0.5
@@ -65,9 +58,6 @@ POLL_S = 0.02
 NO_TARGET_RECHECK_S = 0.5
 #: how long the inbox read blocks while draining (so the linger ends soon after it may)
 DRAIN_READ_BLOCK_MS = 100
-#: the inbox entries of a moved session its new worker gets (what else comes is no
-#: session's to move: an open is refused, a chat answered here)
-FORWARDED_KINDS = frozenset({COMMAND.encode(), TOUCH.encode(), CLOSE.encode()})
 
 Fields = Mapping[bytes, Any]
 
@@ -134,19 +124,18 @@ class Drain:
         return True
 
     async def _forward(self, sid: str, target: str, entries: list[Fields]) -> None:
-        store = self.worker.store
-        sent = 0
+        forwarded = [fields for fields in entries if fields.get(b"k") in FORWARDED_KINDS]
         for fields in entries:
             if fields.get(b"k") not in FORWARDED_KINDS:
                 kind = fields.get(b"k", b"?")
                 log.info("session %s moved: a %r entry for it is not forwarded", sid, kind)
-                continue
-            await store.inbox_append(target, {_key(k): v for k, v in fields.items()})
-            sent += 1
-        if sent:
-            self.forwarded += sent
+        await self.worker.store.inbox_forward(target, forwarded)
+        if forwarded:
+            self.forwarded += len(forwarded)
             self._last_activity = self.clock()
-            log.info("%d inbox entries of moved session %s forwarded to %s", sent, sid, target)
+            log.info(
+                "%d inbox entries of moved session %s forwarded to %s", len(forwarded), sid, target
+            )
 
     # ------------------------------------------------------------ the drain
 
@@ -252,13 +241,9 @@ class Drain:
     async def _target(
         self, model: str, sid: str, exclude: frozenset[str] = frozenset()
     ) -> str | None:
-        """The first live worker of the model with room, counting this drain's moves (a
-        worker reports its load only once it has restored them)."""
-        exclude = exclude | {self.worker.worker_id}
-        for candidate in await self.directory.candidates(model, sid, exclude=exclude):
-            if candidate.active + self._placed[candidate.worker_id] < candidate.max_sessions:
-                return candidate.worker_id
-        return None
+        return await self.directory.first_with_room(
+            model, sid, exclude | {self.worker.worker_id}, self._placed
+        )
 
     async def _close(self, sid: str) -> None:
         log.info("session %s: no other worker can take it; closing it (shutdown)", sid)
@@ -368,7 +353,3 @@ class Drain:
         forget = getattr(self.worker.publisher, "forget_session", None)
         if callable(forget):
             forget(sid)
-
-
-def _key(name: Any) -> str:
-    return name.decode() if isinstance(name, bytes) else str(name)

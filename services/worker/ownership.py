@@ -85,7 +85,6 @@ async def restore(worker: WorkerHost, request: RestoreRequest) -> bool:
         log.exception("restoring session %s failed", sid)
         await refuse(worker, request, f"internal_error: {exc}")
         return False
-    worker.publisher.set_owner(sid, request.owner_generation)
     worker.order.restored(sid, tuple(applied))  # type: ignore[arg-type]
     await client.sadd(worker.keys.worker_sessions(worker.worker_id), sid)
     await worker.store.mark_restored(sid)

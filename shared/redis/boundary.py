@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 MIN_ENTRY_BYTES = 640
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
 RESTORE = "restore"
+#: the inbox entries of a moved session that its new worker gets, as read, from the old
+#: inbox (a drain forwarding, the dead-worker sweep replaying): an open is never moved, a
+#: chat belongs to no session, a restore the old worker had not read is superseded
+FORWARDED_KINDS = frozenset({COMMAND.encode(), TOUCH.encode(), CLOSE.encode()})
 #: live-channel messages that start with this byte are control notices, not events
 CONTROL_PREFIX = b"!"
 TAKEOVER_KIND = "takeover"

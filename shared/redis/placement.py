@@ -5,6 +5,7 @@ draining worker and the dead-worker sweep place the sessions they move with it t
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from shared.redis.boundary import WorkerRegistration
@@ -59,3 +60,18 @@ class WorkerDirectory:
             self.epsilon,
         )
         return [workers[wid] for wid in order]
+
+    async def first_with_room(
+        self,
+        model: str | None,
+        key: str,
+        exclude: frozenset[str],
+        placed: Mapping[str, int],
+    ) -> str | None:
+        """The worker to move session `key` to: the first candidate with room, counting
+        the sessions the caller has already `placed` on each (a worker reports its load
+        only once it has restored them)."""
+        for worker in await self.candidates(model, key, exclude=exclude):
+            if worker.active + placed.get(worker.worker_id, 0) < worker.max_sessions:
+                return worker.worker_id
+        return None

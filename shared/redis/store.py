@@ -322,6 +322,12 @@ class SessionStore:
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
         await self.scripts.inbox_append(self.client, keys, args)
 
+    async def inbox_forward(self, worker_id: str, entries: Sequence[Mapping[bytes, Any]]) -> None:
+        """Entries read from another worker's inbox, written to this one's unchanged (their
+        (attachment, seq) marks with them), in order: the commands of a moved session."""
+        for fields in entries:
+            await self.inbox_append(worker_id, {_text(k): v for k, v in fields.items()})
+
     async def inbox_ack(self, worker_id: str, handled: Sequence[tuple[Any, int]]) -> int:
         """Acknowledge and delete handled inbox entries, (entry id, size) each, giving their
         bytes back; in calls of INBOX_ACK_BATCH (Lua unpacks no more than ~8000 values,
