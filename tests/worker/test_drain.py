@@ -167,3 +167,32 @@ async def test_commands_read_once_a_move_has_begun_go_to_the_new_worker(fleet, m
     items = b.manager.runner(SID).session.conversation.items
     assert [item["id"] for item in items] == ["item_1"]
     assert not any(e["type"] == "error" for e in live.events)
+
+
+async def test_past_the_drain_deadline_a_response_is_cancelled_and_its_session_moves(fleet):
+    """A response still running at `drain_timeout_s` ends with the cancelled chain (reason
+    shutdown), on the draining worker; then the session moves and goes on."""
+    import base64
+
+    from harness.sessions import sine
+    from shared.protocol.duplex import float_to_pcm16
+
+    a = await fleet.worker("w-a", drain_timeout_s=0.2)
+    b = await fleet.worker("w-b")
+    live = await fleet.open("w-a", SID)
+    pcm = float_to_pcm16(sine(24_000, 3.0))  # answered in real time: 3 s of response
+    audio = base64.b64encode(pcm).decode()
+    await fleet.command("w-a", SID, 1, 1, {"type": "input_audio_buffer.append", "audio": audio})
+    await fleet.command("w-a", SID, 1, 2, {"type": "input.commit"})
+    await live.of_type("response.output_audio.delta")
+    await fleet.stop("w-a")
+    done = await live.of_type("response.done")
+    assert done["response"]["status"] == "cancelled", done
+    assert await fleet.client.hget(fleet.keys.session(SID), "worker") == b"w-b"
+    assert [m.session_id for m in a.drain.moves] == [SID]
+    await fleet.command("w-b", SID, 1, 3, note("item_after"))
+    await live.item_done("item_after")
+    assert SID in b.manager.session_ids()
+    seqs = live.seqs()
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert not any(e["type"] in ("error", "session.closed") for e in live.events)

@@ -161,3 +161,20 @@ async def test_an_unreadable_checkpoint_is_refused_and_holds_no_slot(two):
             await b.manager.restore("duplex-x", data, owner_generation=2, reason="worker_lost")
         assert refused.value.code == "worker_lost"
     assert b.manager.slots_in_use == 0
+
+
+async def test_a_restore_that_fails_once_registered_keeps_no_runner_or_slot(two, monkeypatch):
+    """Were the runner left behind, the session would hold a slot and sit unserved here
+    while the caller closes it (worker_lost) for want of a worker."""
+    a, b = two
+    session = await a.open(FAST)
+    data = a.manager.snapshot(session.session_id)
+
+    def broken(self, first_event=None):
+        raise RuntimeError("the runner could not start")
+
+    monkeypatch.setattr("services.worker.session.runner.SessionRunner.start", broken)
+    with pytest.raises(RuntimeError):
+        await b.manager.restore(session.session_id, data, owner_generation=2, reason="drain")
+    assert b.manager.slots_in_use == 0
+    assert b.manager.session_ids() == [] and b.manager.owned_sessions() == {}

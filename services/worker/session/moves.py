@@ -212,15 +212,21 @@ class SessionMoves:
         finally:
             self._opening -= 1
         self._set_owner(session_id, owner_generation)
-        if session.active is not None:
-            # before the runner's task starts, this coroutine is the session's one writer
-            runner.responses.fail(
-                session.active,
-                WORKER_LOST,
-                f"the worker serving this response was lost ({reason}); "
-                "the session goes on here: create the response again",
-            )
-        runner.start()
+        try:
+            if session.active is not None:
+                # before the runner's task starts, this coroutine is the session's one writer
+                runner.responses.fail(
+                    session.active,
+                    WORKER_LOST,
+                    f"the worker serving this response was lost ({reason}); "
+                    "the session goes on here: create the response again",
+                )
+            runner.start()
+        except BaseException:
+            # not served here after all (the caller refuses it): no slot or owner is kept
+            self._runners.pop(session_id, None)
+            self._owners.pop(session_id, None)
+            raise
         log.info(
             "session %s restored (%s, owner generation %d, applied %s)",
             session_id,
