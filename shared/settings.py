@@ -124,8 +124,9 @@ class WorkerSettings(RedisSettings):
     health_port: int = 0
     #: an LLM for plugins that can use one (assistant): a local model directory for vLLM
     llm_model: str | None = None
-    #: the assistant's speech recognition: hybrid (default), lm or grammar (plugins/assistant)
-    assistant_asr: str = "hybrid"
+    #: the assistant's speech recognition: whisper (default; tiny.en, streams partial
+    #: transcripts), or pocketsphinx as sphinx/hybrid, lm or grammar (plugins/assistant)
+    assistant_asr: str = "whisper"
     #: SIGTERM: how long a response in flight may run on before it is cancelled and its
     #: session moves to another worker (the chart derives terminationGracePeriodSeconds)
     drain_timeout_s: float = 20.0

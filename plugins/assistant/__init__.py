@@ -1,4 +1,5 @@
-"""`assistant`: a CPU voice assistant (Silero VAD, pocketsphinx, a responder or vLLM, espeak-ng)."""
+"""`assistant`: a CPU voice assistant (Silero VAD, Whisper tiny.en or pocketsphinx, a
+responder or vLLM, espeak-ng)."""
 
 from plugins.assistant.plugin import AssistantPlugin
 

@@ -1,13 +1,15 @@
 """The assistant plugin: a cascaded full-duplex voice assistant on the CPU.
 
 Turn taking and barge-in come from the engine's server VAD (Silero); each committed turn
-is recognised with pocketsphinx (`transcribe`, on the executor), answered by the built-in
+is recognised with Whisper tiny.en (`transcribe`, on the executor; partial transcripts
+while the user speaks, `transcribe_partial`) or pocketsphinx, answered by the built-in
 responder or, with `--llm-model PATH`, by a vLLM text stage, and spoken with espeak-ng.
 Everything it needs ships inside Python packages: no model download, no system package.
 
 Options: `duplex worker --plugin assistant --llm-model PATH` (or DUPLEX_LLM_MODEL) makes the
-worker build its vLLM stage and hand it over as `text_stage`; DUPLEX_ASSISTANT_ASR=hybrid|lm|grammar
-picks the recogniser's mode (asr.py; hybrid by default).
+worker build its vLLM stage and hand it over as `text_stage`; the `asr` option
+(DUPLEX_ASSISTANT_ASR) picks the recogniser: `whisper` (whisper.py, the default), or
+pocketsphinx (asr.py) as `sphinx` (= `hybrid`), `lm` or `grammar`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,17 @@ from typing import Any
 import numpy as np
 
 from plugins.assistant.asr import SphinxRecognizer
-from plugins.assistant.responder import llm_prompt, reply, understands
+from plugins.assistant.responder import (
+    announcement,
+    llm_prompt,
+    reply,
+    tool_answer,
+    tool_call_for,
+    understands,
+)
 from plugins.assistant.stage import AssistantRequest, AssistantStagePort
 from plugins.assistant.tts import EspeakSynthesizer
+from plugins.assistant.whisper import WhisperRecognizer
 from plugins.paced import PacedPlugin
 from shared.contracts import (
     ResponsePlanRequest,
@@ -29,24 +39,44 @@ from shared.contracts import (
     StagePort,
     last_user_text,
 )
+from shared.contracts.tools import callable_tools
+
+#: an LLM offered tools may generate at least this many tokens: a call's JSON is longer
+#: than the one short sentence the default allows
+TOOL_CALL_MAX_TOKENS = 256
+
+
+#: the `asr` option: Whisper (default), or pocketsphinx's modes (`sphinx` is `hybrid`)
+ASR_MODES = ("whisper", "sphinx", "hybrid", "lm", "grammar")
 
 
 class AssistantPlugin(PacedPlugin):
     plugin_id = "assistant"
     output_sample_rate_hz = 22_050  # espeak-ng's voices
 
-    def __init__(self, text_stage: StagePort | None = None, asr_mode: str = "hybrid") -> None:
-        if asr_mode not in ("hybrid", "lm", "grammar"):
-            raise ValueError(f"unknown recognition mode {asr_mode!r}: hybrid, lm or grammar")
+    def __init__(self, text_stage: StagePort | None = None, asr_mode: str = "whisper") -> None:
+        if asr_mode not in ASR_MODES:
+            raise ValueError(f"unknown recognition mode {asr_mode!r}: {', '.join(ASR_MODES)}")
+        asr_mode = "hybrid" if asr_mode == "sphinx" else asr_mode
         self.asr_mode = asr_mode
-        self.recognizer = SphinxRecognizer("grammar" if asr_mode == "grammar" else "lm")
+        self.recognizer: WhisperRecognizer | SphinxRecognizer
+        if asr_mode == "whisper":
+            # the model loads on first use (from_options loads it at worker start)
+            self.recognizer = WhisperRecognizer()
+        else:
+            self.recognizer = SphinxRecognizer("grammar" if asr_mode == "grammar" else "lm")
         self.commands = SphinxRecognizer("grammar") if asr_mode == "hybrid" else None
         self.text_stage = text_stage
         self.sampling_defaults: dict[str, Any] = {"temperature": 0.7, "max_tokens": 64}
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> AssistantPlugin:
-        return cls(options.get("text_stage"), options.get("asr", "hybrid"))
+        plugin = cls(options.get("text_stage"), options.get("asr") or "whisper")
+        if isinstance(plugin.recognizer, WhisperRecognizer):
+            # a worker verifies the model's checksum and loads it before taking sessions:
+            # a wrong model fails the start, and the first turn does not wait ~1 s for it
+            plugin.recognizer.load()
+        return plugin
 
     def create_stage_port(self, runtime: SessionRuntimeConfig) -> StagePort:
         synthesizer = EspeakSynthesizer.shared()
@@ -55,8 +85,9 @@ class AssistantPlugin(PacedPlugin):
         )
 
     def transcribe(self, audio: np.ndarray, sample_rate_hz: int) -> str | None:
-        """Free speech first; when its words make no command, the command grammar (fast,
-        and exact where the language model stumbles: "what i read it" -> the time)."""
+        """The recogniser's words. In hybrid mode free speech first and, when its words
+        make no command, the command grammar (fast, and exact where pocketsphinx's language
+        model stumbles: "what i read it" -> the time). Whisper needs no such help."""
         heard = self.recognizer.recognize(audio, sample_rate_hz)
         if self.commands is not None and not understands(heard):
             command = self.commands.recognize(audio, sample_rate_hz)
@@ -64,21 +95,50 @@ class AssistantPlugin(PacedPlugin):
                 return command
         return heard
 
+    @property
+    def transcribes_partials(self) -> bool:
+        """Whisper only: pocketsphinx would decode the whole turn again for each partial at
+        about 0.2 of real time, for words its final pass often changes."""
+        return self.asr_mode == "whisper"
+
+    def transcribe_partial(self, audio: np.ndarray, sample_rate_hz: int) -> str | None:
+        """The words of the turn so far (greedy decoding: a preview, on the executor)."""
+        if not isinstance(self.recognizer, WhisperRecognizer):
+            return None
+        return self.recognizer.partial(audio, sample_rate_hz)
+
     def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
+        """The answer to a turn, or to the function outputs that end history (an empty
+        turn); tools: responder.py (built-in) and tool_text.py (LLM)."""
         turn = request.turn
         heard = " ".join(t for t in (turn.transcript, turn.text) if t).strip()
         pace = float(request.runtime_config.get("pace", 1.0))
+        tools, choice = request.tools, request.tool_choice
         if self.text_stage is not None:
             sampling = dict(self.sampling_defaults)
             if request.config.temperature is not None:
                 sampling["temperature"] = request.config.temperature
+            offered = callable_tools(tools, choice)
+            if offered:
+                sampling["max_tokens"] = max(
+                    int(sampling.get("max_tokens") or 0), TOOL_CALL_MAX_TOKENS
+                )
+            instructions = request.config.instructions or ""
             payload = AssistantRequest(
-                prompt=llm_prompt(request.history, heard, request.config.instructions or ""),
+                prompt=llm_prompt(request.history, heard, instructions, tools, choice),
                 sampling=sampling,
                 pace=pace,
+                tools=tuple(str(tool["name"]) for tool in offered),
             )
         else:
-            payload = AssistantRequest(reply=reply(heard), pace=pace)
+            answer = None if heard else tool_answer(request.history)
+            call = None if answer is not None else tool_call_for(heard, tools, choice)
+            if call is not None:
+                announce = request.config.extra_body.get("announce_tool_calls") is True
+                said = announcement(call) if announce else None
+                payload = AssistantRequest(reply=said, function_call=call, pace=pace)
+            else:
+                payload = AssistantRequest(reply=answer or reply(heard), pace=pace)
         return StagePlan(request.request_id, request.fence, "stage0", payload)
 
     async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:

@@ -5,6 +5,11 @@ With a text stage, the text arrives as it is generated; each complete sentence i
 synthesized and streamed while the next is still being generated. `abort` cancels the
 speaking task and aborts the text request inside the engine, so nothing of an aborted
 response follows.
+
+Tool calls: a request whose `function_call` is set (the built-in responder chose a tool)
+says its `reply` if any (an announcement), then emits that call; a generated answer
+offered tools (`tools`: the names it may call) is read with `ToolCallText`, its calls
+emitted once generation ends. A call is a "function_call" stage output, before "done".
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from plugins.assistant.responder import sentences
+from plugins.assistant.tool_text import ToolCallText
 from plugins.paced import CHUNK_MS, split_text
 from shared.contracts import (
+    FunctionCall,
     OutputSink,
     StageOutput,
     StagePlan,
@@ -36,12 +43,14 @@ TEXT_ROLE = "llm"
 
 @dataclasses.dataclass(frozen=True)
 class AssistantRequest:
-    """One response: a fixed reply, or a prompt for the text stage."""
+    """One response: a fixed reply, a prompt for the text stage, or a tool call."""
 
     reply: str | None = None
     prompt: str | None = None
     sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     pace: float = 1.0
+    function_call: FunctionCall | None = None  # after saying `reply` (if any), call this
+    tools: tuple[str, ...] = ()  # the tools a generated answer may call, by name
 
 
 class AssistantStagePort(TaskStagePort):
@@ -84,6 +93,8 @@ class AssistantStagePort(TaskStagePort):
             else:
                 for sentence in sentences(request.reply or "")[0] or [request.reply or ""]:
                     await speaker.say(sentence)
+            if request.function_call is not None:
+                self._call(plan, request.function_call)  # after what was said before it
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -108,22 +119,36 @@ class AssistantStagePort(TaskStagePort):
                     TextRequest(request.prompt or "", request.sampling),
                 )
             )
-            pending = ""
+            pending, received = "", ""
+            calls = ToolCallText(request.tools) if request.tools else None
             while True:
                 output = await queue.get()
                 if output.kind == "error":
                     raise RuntimeError(output.message or output.error_code or "text stage failed")
-                pending += output.text
+                text = output.text
+                if output.kind == "done":
+                    # "done" carries the whole text again (the vLLM stage): only what the
+                    # deltas did not bring is new
+                    text = text[len(received) :] if text.startswith(received) else ""
+                received += text
+                pending += calls.feed(text) if calls else text
                 done, pending = sentences(pending)
                 for sentence in done:
                     await speaker.say(sentence)
                 if output.kind == "done":
                     break
+            if calls is not None:
+                pending += calls.finish()
             if pending.strip():
                 await speaker.say(pending)
+            for call in calls.calls if calls else ():
+                self._call(plan, call)
         finally:
             self._text_queues.pop(text_id, None)
             await self.text_port.abort([text_id])  # cancelled mid-generation (else a no-op)
+
+    def _call(self, plan: StagePlan, call: FunctionCall) -> None:
+        self._emit(StageOutput(plan.request_id, plan.fence, "function_call", function_call=call))
 
 
 class _Speaker:

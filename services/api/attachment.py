@@ -107,6 +107,7 @@ class Attachment:
         self.generation = 0
         self.resumable = False
         self.command_seq = 0
+        self.openai = False  # plain /v1/realtime: OpenAI GA's surface (no resume, no keys of ours)
 
     def _move(self, to: AttachmentState) -> None:
         if to not in TRANSITIONS[self.state]:
@@ -145,7 +146,7 @@ class Attachment:
         # die right after, the dead-pod sweep finds it (it checks the hash's `pod` field)
         await self._client.sadd(self._keys.api_sessions(self._pod_id), session_id)
         for worker in candidates:
-            resumable = bool(worker.capabilities.get("supports_session_resume"))
+            resumable = not self.openai and bool(worker.capabilities.get("supports_session_resume"))
             payload = {**session, "model": worker.model}
             await self._store.open(
                 session_id,
@@ -165,9 +166,9 @@ class Attachment:
                 self._move(S.OPENED)
                 self._liveness.attach(session_id, 1)
                 if resumable:
-                    reply["resume_token"] = token
-                    reply["attachment_generation"] = 1
-                reply["duplex_worker_id"] = worker.worker_id  # for consoles and debugging
+                    reply.update(resume_token=token, attachment_generation=1)
+                if not self.openai:
+                    reply["duplex_worker_id"] = worker.worker_id  # for consoles and debugging
                 return reply
             await self._client.delete(self._keys.session(session_id), self._keys.events(session_id))
             code = (reply or {}).get("error", {}).get("code") if reply else None

@@ -8,6 +8,11 @@ replay, gap fill, overflow), and the session itself lives on its worker and in R
 Three tasks per socket, none of them restarted (a restarted writer or pump would send
 out of order or after a takeover): this one reads; `ws-writer` sends what is queued and
 closes the socket after a closure notice; `ws-live:<session>` is the delivery pump.
+
+On the openai surface (plain /v1/realtime) the worker already emits OpenAI GA's events
+(services/worker/session/surface.py); here the client's duplex-only events are refused
+(`unknown_event`), the journal's `server_event_seq` is cut off each event sent, and a
+closure notice closes the socket without being sent (GA has no such event).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from typing import Any
 
@@ -28,6 +34,10 @@ from services.api.inbox_writer import InboxFull
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import CLOSURE_TYPES
 from shared.protocol.duplex import (
+    CLIENT_COMMAND_TIERS,
+    SURFACE_DUPLEX,
+    SURFACE_KEY,
+    SURFACE_OPENAI,
     AppendAudio,
     CloseSession,
     DuplexErrorEvent,
@@ -35,6 +45,7 @@ from shared.protocol.duplex import (
     SessionEventAck,
     SessionResume,
     SessionResumed,
+    SignalTurn,
     UpdateSession,
     parse_client_event,
 )
@@ -44,6 +55,28 @@ log = logging.getLogger(__name__)
 
 #: frames longer than this are parsed off the event loop (a 20 ms pcm16 append is ~1 KiB)
 PARSE_INLINE_MAX_CHARS = 256 * 1024
+#: what ends the socket on the openai surface, unsent: the closures and a lost journal
+OPENAI_ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
+#: event_publish.lua appends the seq as the last key of the event's JSON object
+_SEQ_SUFFIX = re.compile(rb',"server_event_seq":\d+\}\Z')
+
+
+def without_seq(data: bytes) -> bytes:
+    """An event's JSON without the journal's `server_event_seq` (the openai surface's
+    clients validate events against GA's types). Only the tail is searched."""
+    found = _SEQ_SUFFIX.search(data, max(0, len(data) - 48))
+    return data if found is None else data[: found.start()] + b"}"
+
+
+def duplex_only(command: Any) -> bool:
+    """A client event the OpenAI Realtime API does not have: a Tier 3 command, or an
+    envelope event of ours (`conversation.item.retrieve`, which is GA's, comes as its
+    SignalTurn and passes)."""
+    if isinstance(command, SessionResume | SessionEventAck):
+        return True
+    if isinstance(command, SignalTurn) and command.event == "conversation.item.retrieve":
+        return False
+    return CLIENT_COMMAND_TIERS.get(command.wire_type) == 3
 
 
 class HandshakeFailed(Exception):
@@ -75,6 +108,16 @@ class RealtimeConnection:
         self.resume_only = resume_only
         self.config_timeout_s = config_timeout_s
         self.max_input_bytes = max_input_bytes  # the session's pending-input limit
+        self.surface = SURFACE_DUPLEX
+
+    def use_surface(self, surface: str) -> None:
+        """Serve the socket as `surface` (realtime.py: before `run`)."""
+        self.surface = surface
+        self.attachment.openai = surface == SURFACE_OPENAI
+
+    @property
+    def openai(self) -> bool:
+        return self.surface == SURFACE_OPENAI
 
     # ------------------------------------------------------------ main
 
@@ -141,6 +184,9 @@ class RealtimeConnection:
             except RealtimeProtocolError as exc:
                 self.delivery.send(DuplexErrorEvent.from_exception(exc))
                 continue
+            if isinstance(event, SessionResume) and self.openai:
+                self._refuse_duplex_only(event)
+                continue
             if isinstance(event, SessionResume):
                 await self._resume(event)
                 return None
@@ -158,6 +204,10 @@ class RealtimeConnection:
             return frame
 
     async def _open(self, session: dict[str, Any]) -> None:
+        # the surface is the route's, told to the worker at open: a client's own is dropped
+        session = {k: v for k, v in session.items() if k != SURFACE_KEY}
+        if self.openai:
+            session[SURFACE_KEY] = SURFACE_OPENAI
         try:
             reply = await self.attachment.open(session, self.model)
         except AttachFailed as failed:
@@ -234,6 +284,9 @@ class RealtimeConnection:
             return
         if not self.attachment.live:
             return  # taken over (or ended) while a large frame was parsed on a thread
+        if self.openai and duplex_only(command):
+            self._refuse_duplex_only(command)
+            return
         if isinstance(command, SessionResume):
             self.delivery.error(
                 "unsupported_session_resume",
@@ -261,6 +314,15 @@ class RealtimeConnection:
                 retryable=True,
             )
 
+    def _refuse_duplex_only(self, command: Any) -> None:
+        self.delivery.error(
+            "unknown_event",
+            f"{command.wire_type} is not an OpenAI Realtime event; "
+            "connect with ?duplex=1 for the duplex protocol",
+            command.event_id,
+            param="type",
+        )
+
     def _fits_input_budget(self, command: AppendAudio) -> bool:
         """Refuse at the door an append that alone is over the session's pending-input
         limit: the worker would refuse it anyway, after it had crossed Redis."""
@@ -285,6 +347,8 @@ class RealtimeConnection:
                 )
             return
         if isinstance(command, UpdateSession):
+            if isinstance(command.patch, dict):
+                command.patch.pop(SURFACE_KEY, None)  # the surface is the pod's to say
             self.view.adopt(command.patch)
         started = time.perf_counter()
         await self.attachment.command(command)
@@ -298,7 +362,11 @@ class RealtimeConnection:
         try:
             while True:
                 item = await self.delivery.get()
-                await self.ws.send_text(item.data.decode())
+                if self.openai and item.wire_type in OPENAI_ENDINGS:
+                    await self.ws.close(1000, item.wire_type)  # GA has no such event
+                    return
+                data = without_seq(item.data) if self.openai else item.data
+                await self.ws.send_text(data.decode())
                 if item.wire_type == "session.created":
                     self.attachment.created_delivered()
                 if item.wire_type in CLOSURE_TYPES:

@@ -5,6 +5,10 @@ browsers, which cannot set headers on a WebSocket, the subprotocol
 `openai-insecure-api-key.<key>`) and the browser Origin. Either refusal closes with 1008
 before the handshake completes, so the client gets HTTP 403 and no session exists.
 After it: the query's `duplex`, `autostart` and `resume` flags, then the connection.
+
+Two surfaces share the route: `/v1/realtime` without `?duplex=1` is OpenAI's Realtime GA
+API ("openai": GA's events, defaults and reasons, nothing of ours), `?duplex=1` and
+`/v1/duplex` are the duplex protocol (docs/wire-api.md, Connecting).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from starlette.websockets import WebSocket
 from services.api.connection import RealtimeConnection
 from services.api.metrics import ApiMetrics
 from services.api.security import KeyChecker, origin_allowed
+from shared.protocol.duplex import SURFACE_DUPLEX, SURFACE_OPENAI
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +90,15 @@ class RealtimeEndpoint:
         accept = next((p for p in subprotocols if p == "realtime"), None)
         await websocket.accept(subprotocol=accept)
         query = websocket.query_params
-        duplex = True if force_duplex else flag(query.get("duplex"), True)
-        if not duplex:
+        duplex = True if force_duplex else flag(query.get("duplex"), False)
+        if duplex is None:
             body = {
                 "type": "error",
                 "error": {
                     "type": "invalid_request_error",
-                    "code": "unknown_event",
-                    "message": "Realtime API is not available: this deployment serves duplex",
+                    "code": "invalid_session_config",
+                    "message": "duplex must be one of 1/true/on/yes or 0/false/off/no",
+                    "param": "duplex",
                 },
             }
             await websocket.send_text(orjson.dumps(body).decode())
@@ -107,6 +113,7 @@ class RealtimeEndpoint:
             resume_only=(autostart is False) or bool(resume),
             api_key=key,
         )
+        connection.use_surface(SURFACE_DUPLEX if duplex else SURFACE_OPENAI)
         self.metrics.active_sessions.inc()
         try:
             await connection.run()

@@ -17,6 +17,7 @@ from shared.contracts.plugin import (
 )
 from shared.contracts.stages import (
     DuplexFence,
+    FunctionCall,
     OutputSink,
     StageCleanupError,
     StageOutput,
@@ -36,6 +37,7 @@ __all__ = [
     "DuplexRuntimeConfigError",
     "DuplexSessionConfig",
     "DuplexSessionError",
+    "FunctionCall",
     "OpenResult",
     "OutputSink",
     "ResponseCreateOptions",

@@ -30,6 +30,7 @@ from shared.contracts.config import (
     SessionRuntimeConfig,
 )
 from shared.contracts.stages import DuplexFence, StageOutput, StagePlan, StagePort
+from shared.contracts.tools import ToolChoice, check_session_tools
 from shared.errors import CodedError
 
 
@@ -69,6 +70,12 @@ class ResponsePlanRequest:
     runtime_config: Mapping[str, Any]
     options: ResponseCreateOptions
     history: Sequence[Mapping[str, Any]]
+    #: the function tools this response may call (`response.create`'s, else the session's),
+    #: validated (`shared.contracts.tools`), and its `tool_choice`; a plugin without tool
+    #: support ignores both. A response planned after a client's `function_call_output`
+    #: has an empty `turn` (no audio, no text): its input is the end of `history`.
+    tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: ToolChoice = "auto"
 
 
 class DuplexModelPlugin(abc.ABC):
@@ -99,7 +106,10 @@ class DuplexModelPlugin(abc.ABC):
         """What this model supports when a worker serves `max_sessions` sessions."""
 
     def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:
-        """Refuse server-owned keys in a client's `extra_body`."""
+        """Refuse server-owned keys in a client's `extra_body`, and malformed `tools` /
+        `tool_choice` (kept there as `realtime_tools` / `realtime_tool_choice`: this hook
+        sees every session object, at open and at each update). Overrides call it."""
+        check_session_tools(extra_body)
         private = sorted(set(extra_body) & self.private_runtime_config_keys)
         if private:
             raise DuplexRuntimeConfigError(
@@ -144,6 +154,23 @@ class DuplexModelPlugin(abc.ABC):
         """Speech recognition of a committed turn's audio (mono float32). Blocking: the
         runner calls it on the executor. The result becomes the item's transcript and a
         `conversation.item.input_audio_transcription.completed` event."""
+        return None
+
+    @property
+    def transcribes_partials(self) -> bool:
+        """Whether the runner should call `transcribe_partial` while the user speaks (False
+        unless a plugin overrides `transcribe_partial`; a plugin may also override this to
+        say no, e.g. for a recogniser mode with no useful partials)."""
+        return type(self).transcribe_partial is not DuplexModelPlugin.transcribe_partial
+
+    def transcribe_partial(self, audio: np.ndarray, sample_rate_hz: int) -> str | None:
+        """The best transcript so far of the current uncommitted turn. `audio` is the whole
+        turn so far (mono float32 at `input_sample_rate_hz`), not just what is new. Blocking:
+        the runner calls it off the event loop (on the executor), at most every ~500 ms of
+        new speech and never twice at once for one session. A non-empty result becomes a
+        `conversation.item.input_audio_transcription.delta`; None or "" means nothing yet.
+        It must be cheap enough to keep up with speech: the final transcript still comes
+        from `transcribe` at the commit."""
         return None
 
     # ------------------------------------------------------------ session moves

@@ -52,13 +52,26 @@ class StagePlan:
     final: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class FunctionCall:
+    """A complete tool call the model made: the declared tool's `name`, its `arguments` as
+    JSON text (the Realtime API's `arguments` string), and `call_id` (the worker makes one
+    when None). Whole, never partial: a plugin emits it once the call is fully generated."""
+
+    name: str
+    arguments: str = "{}"
+    call_id: str | None = None
+
+
 @dataclasses.dataclass
 class StageOutput:
     """One output of a stage request, delivered to the owning session's mailbox.
 
     `kind`: "audio" (mono float32 `audio` at `sample_rate_hz`, optional `text`
     for its transcript), "text", "listen" (the model decided not to speak),
-    "done" (the request's turn is complete) or "error" (`error_code`, `message`).
+    "function_call" (`function_call`: the response calls a tool; the request still ends
+    with "done"), "done" (the request's turn is complete) or "error" (`error_code`,
+    `message`).
     """
 
     request_id: str
@@ -70,6 +83,7 @@ class StageOutput:
     error_code: str | None = None
     message: str = ""
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    function_call: FunctionCall | None = None
 
 
 OutputSink = Callable[[StageOutput], None]
@@ -122,6 +136,7 @@ class StagePort(abc.ABC):
 
 __all__ = [
     "DuplexFence",
+    "FunctionCall",
     "OutputSink",
     "StageCleanupError",
     "StageOutput",

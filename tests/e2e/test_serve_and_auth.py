@@ -78,21 +78,26 @@ async def test_websocket_needs_the_key_before_any_session(keyed):
 
 
 async def test_handshake_rules(serve):
-    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?duplex=0") as ws:
+    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?duplex=maybe") as ws:
         reply = orjson.loads(await ws.recv())
-        assert "not available" in reply["error"]["message"]
+        assert (reply["error"]["code"], reply["error"]["param"]) == (
+            "invalid_session_config",
+            "duplex",
+        )
     async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/duplex?model=echo") as ws:
         created = orjson.loads(await ws.recv())  # ?model= with autostart opens before any message
         assert created["type"] == "session.created" and created["session"]["model"] == "echo"
         assert created["attachment_generation"] == 1 and len(created["resume_token"]) >= 40
-    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?autostart=0") as ws:
+    async with websockets.connect(
+        f"ws://127.0.0.1:{serve.port}/v1/realtime?duplex=1&autostart=0"
+    ) as ws:
         await ws.send('{"type":"session.heartbeat","event_id":"h1"}')
         reply = orjson.loads(await ws.recv())
         assert (
             reply["error"]["code"] == "invalid_session_config"
             and reply["error"]["event_id"] == "h1"
         )
-    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime") as ws:
+    async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?duplex=1") as ws:
         await ws.send('{"type":"session.heartbeat"}')  # any other first event autostarts
         kinds = [orjson.loads(await ws.recv())["type"] for _ in range(2)]
         assert kinds == ["session.created", "session.heartbeat_ack"]

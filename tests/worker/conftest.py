@@ -28,3 +28,18 @@ async def vad_parts():
     made = await make_parts(VAD_SESSION, vad=True)
     yield made
     await close_parts(made)
+
+
+@pytest.fixture
+async def parts_for():
+    """Session parts for a session object (unpaced) and a plugin; closed at the end."""
+    made = []
+
+    async def make(session, plugin, *, vad=False):
+        parts = await make_parts({"extra_body": {"pace": 0}, **session}, vad=vad, plugin=plugin)
+        made.append(parts)
+        return parts
+
+    yield make
+    for parts in made:
+        await close_parts(parts)

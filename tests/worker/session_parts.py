@@ -16,11 +16,13 @@ from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.handlers import SessionContext, apply_result
+from services.worker.session.idle_timeout import IdleDue
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.response_controller import ResponseController
+from services.worker.session.transcription import PartialTranscript
 from services.worker.session.vad import VadBackend, VadStream
 from shared.contracts import (
     CommittedTurn,
@@ -117,7 +119,11 @@ class Parts:
 
     async def apply(self, item: Any) -> None:
         """What the runner's task does with a mailbox item."""
-        if not await apply_result(self.ctx, item):  # the runner's own routing
+        if isinstance(item, PartialTranscript):  # the runner routes these itself
+            self.input.on_partial(item)
+        elif isinstance(item, IdleDue):
+            await self.input.on_idle_due(item)
+        elif not await apply_result(self.ctx, item):  # the runner's own routing
             raise AssertionError(f"unexpected mailbox item {item!r}")
 
     async def apply_next(self, count: int) -> list[Any]:
@@ -147,8 +153,10 @@ class Parts:
         )
 
 
-async def make_parts(session: dict[str, Any] | None = None, *, vad: bool = False) -> Parts:
-    plugin = EchoPlugin()
+async def make_parts(
+    session: dict[str, Any] | None = None, *, vad: bool = False, plugin: Any = None
+) -> Parts:
+    plugin = plugin or EchoPlugin()
     config = DuplexSessionConfig.from_realtime(session or {"extra_body": {"pace": 0}})
     state = EngineSession(
         session_id=SESSION_ID,
@@ -164,12 +172,17 @@ async def make_parts(session: dict[str, Any] | None = None, *, vad: bool = False
     events: list[DuplexEvent] = []
     mailbox: asyncio.Queue[Any] = asyncio.Queue()
     executor = ThreadPoolExecutor(1, thread_name_prefix="parts")
-    responses = ResponseController(state, plugin, port, events.append)
+
+    def emit(event: DuplexEvent) -> None:  # the runner's emit: recorded, then observed
+        events.append(event)
+        controller.observe(event)
+
+    responses = ResponseController(state, plugin, port, emit)
     controller = InputController(
-        state, plugin, pipeline, executor, responses, events.append, mailbox.put_nowait
+        state, plugin, pipeline, executor, responses, emit, mailbox.put_nowait
     )
     port.bind(SESSION_ID, mailbox.put_nowait)
-    ctx = SessionContext(state, plugin, controller, responses, events.append)
+    ctx = SessionContext(state, plugin, controller, responses, emit)
     controller.start()
     return Parts(state, port, pipeline, responses, controller, ctx, events, mailbox, executor)
 

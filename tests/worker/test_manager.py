@@ -238,7 +238,7 @@ async def test_heartbeat_ack(harness):
 
 
 async def test_invalid_config_is_refused_at_open(harness):
-    error = await refused(harness.client.open({"turn_detection": {"type": "semantic_vad"}}))
+    error = await refused(harness.client.open({"turn_detection": {"type": "turn_vad"}}))
     assert error.code == "unsupported_turn_detection"
     error = await refused(harness.client.open({"extra_body": {"pace": -1}}))
     assert error.code == "invalid_duplex_runtime_config"

@@ -27,7 +27,7 @@ async def test_update_refusals(harness):
     refusals = {
         "model_update_unsupported": {"model": "other"},
         "ref_audio_update_unsupported": {"ref_audio": "data:audio/wav;base64,AAAA"},
-        "unsupported_turn_detection": {"turn_detection": {"type": "semantic_vad"}},
+        "unsupported_turn_detection": {"turn_detection": {"type": "turn_vad"}},
         "unsupported_audio_format": {"output_audio_format": "mp3"},
         "invalid_duplex_runtime_config": {"extra_body": {"pace": "fast"}},
     }

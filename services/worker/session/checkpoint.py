@@ -2,17 +2,25 @@
 compact JSON (readable with redis-cli: `GET duplex:session:{SID}:checkpoint`).
 
 Keys: `v` (1), `session_id`, `config` (the session config in realtime form, its whole
-`extra_body` included), `runtime_config`, `items` (the conversation), `epoch`, `turn_id`,
-`turn_state`, `input_generation`, `unanswered_items`, `audio_started`, `overlap_reported`,
+`extra_body` included; `duplex_surface: "openai"` for a plain /v1/realtime session),
+`runtime_config`, `items` (the conversation), `epoch`, `turn_id`, `turn_state`,
+`input_generation`, `unanswered_items`, `audio_started`, `overlap_reported`,
 `last_response_id`, `responses` (the retained responses: id, item id, stage request id,
-fence, playback ledger, transcript, audio/text marks, modalities, output format, status),
-`active` (the in-flight response, or null), `pending_turns` (committed turns not answered
-yet, audio base64 float32 at the model's input rate), `input_stream_samples` (the session's
-input clock, so server-VAD timestamps go on where they were), `applied` ([attachment, seq]:
+fence, playback ledger, transcript, audio/text marks, modalities, output format, status,
+the client's metadata), `active` (the in-flight response, or null), `pending_turns`
+(committed turns not answered yet, audio base64 float32 at the model's input rate),
+`input_stream_samples` (the session's input clock, so server-VAD timestamps go on where
+they were), `applied` ([attachment, seq]:
 the highest command mark whose whole effect is in the checkpoint), `model_state` (the
 plugin's `export_session_state`, or null) and `input` (a drain's final checkpoint only:
 the uncommitted turn's audio, base64 float32, its text and the input ledger's timing;
 null otherwise).
+
+Function calls: `function_call` and `function_call_output` items are items like any other;
+the calls still waiting for an output are the call items without one
+(`Conversation.pending_call_ids`), so `items` carries them and an output sent after a move
+is accepted. A response's calls not emitted yet (it had not completed) are not carried:
+a restore fails an in-flight response, and its calls with it (tool_calls.py).
 
 Audio in conversation items: none is kept. Items the engine makes never hold audio (a
 user turn's item has its transcript; its audio lives in the pending turn until answered);
@@ -137,6 +145,7 @@ def _response(response: ActiveResponse) -> dict[str, Any]:
         "status": response.status,
         "reason": response.reason,
         "metrics": response.metrics,
+        "metadata": response.metadata,
     }
 
 
@@ -295,6 +304,7 @@ def _active(session_id: str, entry: Mapping[str, Any], output_rate_hz: int) -> A
         status=entry["status"],
         reason=entry.get("reason"),
         metrics=dict(entry.get("metrics") or {}),
+        metadata=entry.get("metadata"),
     )
     return response
 

@@ -1,4 +1,9 @@
-"""The session's conversation history: ordered items, by id."""
+"""The session's conversation history: ordered items, by id.
+
+Function calls are items too: a `function_call` item (the model's, or one a client
+created) makes its `call_id` known, a `function_call_output` item answers it. Which calls
+are pending is read from the items themselves, so it travels wherever the items do (a
+checkpoint, a move) and a deleted call item is simply no longer known."""
 
 from __future__ import annotations
 
@@ -50,3 +55,31 @@ class Conversation:
     def discard(self, item_id: str) -> None:
         """Remove an item if present (a failed response leaves nothing in history)."""
         self._items = [item for item in self._items if item.get("id") != item_id]
+
+    def function_call(self, call_id: str) -> dict[str, Any] | None:
+        """The `function_call` item of `call_id`, if history holds one."""
+        return self._find("function_call", call_id)
+
+    def function_output(self, call_id: str) -> dict[str, Any] | None:
+        """The `function_call_output` item answering `call_id`, if history holds one."""
+        return self._find("function_call_output", call_id)
+
+    def pending_call_ids(self) -> list[str]:
+        """Call ids of function calls in history that no output answers yet, in order."""
+        outputs = [item for item in self._items if item.get("type") == "function_call_output"]
+        answered = {item.get("call_id") for item in outputs}
+        return [
+            item["call_id"]
+            for item in self._items
+            if item.get("type") == "function_call" and item.get("call_id") not in answered
+        ]
+
+    def _find(self, item_type: str, call_id: str) -> dict[str, Any] | None:
+        return next(
+            (
+                item
+                for item in self._items
+                if item.get("type") == item_type and item.get("call_id") == call_id
+            ),
+            None,
+        )

@@ -21,6 +21,7 @@ from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.response_controller import ResponseController
+from services.worker.session.tool_calls import check_item, check_response_tools, tool_output_turn
 from shared.contracts import (
     DuplexModelPlugin,
     DuplexSessionError,
@@ -165,11 +166,16 @@ async def _create_response(ctx: SessionContext, command: CreateResponse, reserve
     )
     if session.model_native:
         options.check_native()
+    check_response_tools(options)
     if session.active is not None:
         raise DuplexSessionError(
             "response_already_active", f"response {session.active.response_id} is active"
         )
-    if not session.pending_turns:
+    turn = session.pending_turns[-1] if session.pending_turns else None
+    if turn is None:
+        # after the client's function_call_output: answer it, with no new audio turn
+        turn = tool_output_turn(session, ctx.plugin.input_sample_rate_hz)
+    if turn is None:
         if session.unanswered_items:
             session.unanswered_items = 0  # the refusal consumes the items
             raise DuplexSessionError(
@@ -178,7 +184,7 @@ async def _create_response(ctx: SessionContext, command: CreateResponse, reserve
         raise DuplexSessionError(
             "response_create_without_input", "commit audio before response.create"
         )
-    await ctx.responses.start_response(session.pending_turns[-1], options, command.event_id)
+    await ctx.responses.start_response(turn, options, command.event_id)
 
 
 async def _cancel_response(ctx: SessionContext, command: CancelResponse, reserved: int) -> None:
@@ -253,6 +259,7 @@ async def _create_item(ctx: SessionContext, command: CreateItem, reserved: int) 
     item.setdefault("status", "completed")
     if any(existing.get("id") == item["id"] for existing in conversation.items):
         raise DuplexSessionError("bad_event", f"item {item['id']!r} already exists")
+    check_item(conversation, item)  # function_call_output: a known call, answered once
     previous = conversation.add(item, command.previous_item_id)
     if item.get("role") == "user":
         ctx.session.unanswered_items += 1

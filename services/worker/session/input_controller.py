@@ -21,11 +21,13 @@ input.cancel that zeroes its generation's, or by `stop` for work never delivered
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 
 from services.worker.session.command_marks import NO_MARK, Mark
 from services.worker.session.engine_session import EngineSession, new_item_id
+from services.worker.session.idle_timeout import IdleDue, IdleTimer
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.input_queue import (
     AppendReady,
@@ -37,6 +39,13 @@ from services.worker.session.input_queue import (
     Ready,
 )
 from services.worker.session.response_controller import ResponseController
+from services.worker.session.semantic_turn import TurnHint, classify
+from services.worker.session.transcription import (
+    PartialTranscriber,
+    PartialTranscript,
+    is_semantic,
+    transcript_events,
+)
 from shared.contracts import (
     CommittedTurn,
     DuplexModelPlugin,
@@ -55,9 +64,11 @@ from shared.protocol.duplex import (
     DuplexInputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
-    InputAudioTranscriptionCompleted,
+    InputAudioBufferTimeoutTriggered,
     ResponseListen,
 )
+
+log = logging.getLogger(__name__)
 
 #: Committed turns kept for a later response.create (the latest is answered).
 MAX_UNANSWERED_TURNS = 4
@@ -81,6 +92,10 @@ class InputController:
         self.responses = responses
         self.emit = emit
         self.queue = InputQueue(session, pipeline, executor, deliver)
+        #: partial transcripts while the user speaks (`transcription.py`)
+        self.partials = PartialTranscriber(session, plugin, executor, deliver, emit)
+        #: turn detection's idle_timeout_ms (`idle_timeout.py`)
+        self.idle = IdleTimer(session, deliver)
         #: the mark of the command the runner is dispatching; scheduling work takes it
         #: (None then tells the runner its command completes with that work)
         self.current_mark: Mark | None = NO_MARK
@@ -91,7 +106,9 @@ class InputController:
         self.queue.start()
 
     async def stop(self) -> None:
-        """Stop the input task and give back what its unfinished work had reserved."""
+        """Stop the input task and timers; give back what unfinished work had reserved."""
+        await self.partials.stop()
+        await self.idle.stop()
         for work in await self.queue.stop():
             if isinstance(work, AppendWork):
                 self.release(work.generation, input_bytes=work.reserved)
@@ -149,7 +166,9 @@ class InputController:
         if result.speech and session.active is not None and not self.pipeline.has_vad:
             self.responses.report_overlap("listen", "listen_only")
         for event in result.vad_events:
-            if event.kind == "started":
+            if event.kind == "paused":  # semantic_vad: the verdict needs the words so far
+                self.partials.on_pause()
+            elif event.kind == "started":
                 session.input.trim_before(event.audio_ms)
                 self.speech_started(event.audio_ms)
                 if session.active is not None:
@@ -160,23 +179,32 @@ class InputController:
                 td = session.config.turn_detection
                 if not session.model_native and td is not None:
                     self.schedule_commit(Commit(create_response=td.create_response))
+        self.partials.on_audio()
+        if self.idle.due_by_audio():
+            await self.idle_timeout()
 
     async def on_commit_ready(self, ready: CommitReady) -> None:
         self.release(ready.generation, commits=1)
         if self.is_stale(ready.generation) or ready.failed:
             return
         self.session.input.append(ready.tail)
-        transcript = None
+        transcript, failure = None, None
         if self.plugin.transcribes and self.session.input.has_audio:
             # speech recognition is slow (pocketsphinx: ~0.1-0.4 of real time): it runs on the
             # executor; this session's mailbox waits, the worker's other sessions do not
             audio, rate = self.session.input.peek(), self.session.input.sample_rate_hz
-            transcript = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.plugin.transcribe, audio, rate
-            )
+            try:
+                transcript = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self.plugin.transcribe, audio, rate
+                )
+            except Exception as exc:  # the turn is committed without it (`.failed`)
+                log.warning(
+                    "session %s: transcription failed", self.session.session_id, exc_info=True
+                )
+                failure = exc
             if self.is_stale(ready.generation):
                 return  # cancelled while recognising: the turn is gone
-        turn = self.commit_turn(ready.command, transcript)
+        turn = self.commit_turn(ready.command, transcript, failure)
         if turn is None:
             return
         create = ready.command.create_response
@@ -206,10 +234,19 @@ class InputController:
         ledger.item_id = ledger.item_id or new_item_id()
         self.emit(InputAudioBufferSpeechStopped(audio_end_ms=audio_end_ms, item_id=ledger.item_id))
 
-    def commit_turn(self, command: Commit, transcript: str | None = None) -> CommittedTurn | None:
+    def commit_turn(
+        self,
+        command: Commit,
+        transcript: str | None = None,
+        failure: BaseException | None = None,
+        *,
+        allow_empty: bool = False,
+    ) -> CommittedTurn | None:
         """The commit fan-out: speech_stopped -> item added -> item created -> committed
-        -> (transcription) -> item done. Returns the committed turn, or None. `transcript`:
-        what the plugin's speech recogniser heard (`DuplexModelPlugin.transcribe`)."""
+        -> (transcription completed or failed) -> item done. Returns the committed turn, or
+        None. `transcript`: what the plugin's speech recogniser heard
+        (`DuplexModelPlugin.transcribe`); `failure`: what it raised instead.
+        `allow_empty`: an idle timeout commits an audio item even with no audio."""
         session, ledger = self.session, self.session.input
         if command.is_speech is False:  # the client declares silence: no turn, no response
             ledger.clear()
@@ -233,7 +270,7 @@ class InputController:
                 )
             )
             return None
-        if not ledger.has_audio and not ledger.text:
+        if not ledger.has_audio and not ledger.text and not allow_empty:
             raise DuplexSessionError(
                 "input_audio_buffer_empty",
                 "commit without audio",
@@ -246,7 +283,7 @@ class InputController:
         audio = ledger.take()
         session.turn_id += 1
         session.turn_state = "user_committed"
-        content = [{"type": "input_audio", "transcript": None}] if audio.size else []
+        content = [{"type": "input_audio", "transcript": None}] if audio.size or allow_empty else []
         if text:
             content.append({"type": "input_text", "text": text})
         item = {
@@ -271,12 +308,10 @@ class InputController:
                 event=self._committed_event(item_id, empty=False, no_response=False),
             )
         )
-        if transcript is not None:
-            self.emit(
-                InputAudioTranscriptionCompleted(
-                    item_id=item_id, content_index=0, transcript=transcript
-                )
-            )
+        if audio.size:
+            seconds = audio.size / ledger.sample_rate_hz
+            for event in transcript_events(session.config, item_id, transcript, failure, seconds):
+                self.emit(event)
         self.emit(ConversationItemDone(previous_item_id=previous, item=item))
         session.pending_turns.append(turn)
         while len(session.pending_turns) > MAX_UNANSWERED_TURNS:
@@ -303,6 +338,7 @@ class InputController:
     def reset(self) -> None:
         """Drop the buffered turn; the resampler and VAD start over at the stream's end."""
         self.session.input.clear()
+        self.partials.reset()
         self.pipeline.reset(self.session.input.stream_ms)
 
     def reserve_again(self, command: DuplexCommand, reserved: int) -> None:
@@ -324,3 +360,41 @@ class InputController:
 
     def configure_vad(self, settings: TurnDetection | None) -> None:
         self.pipeline.configure_vad(settings, self.session.input.stream_ms)
+
+    # ------------------------------------------------------------ partials and idle timeout
+
+    def observe(self, event: DuplexEvent) -> None:
+        """Every event the session emits (the runner's `emit`): the idle timer's cues."""
+        self.idle.observe(event)
+
+    def on_partial(self, result: PartialTranscript) -> None:
+        """A partial decode came back: its delta, and semantic_vad's verdict."""
+        text = self.partials.apply(result)
+        if text is not None and is_semantic(self.session.config):
+            self.pipeline.set_turn_hint(TurnHint(classify(text), result.covers_ms))
+
+    async def on_idle_due(self, due: IdleDue) -> None:
+        if self.idle.due_by_wall(due):
+            await self.idle_timeout()
+
+    async def idle_timeout(self) -> None:
+        """idle_timeout_ms passed in silence (`idle_timeout.py`): timeout_triggered, the
+        silent audio since the playback ended committed, and a response to it."""
+        session, ledger = self.session, self.session.input
+        span = self.idle.fire()
+        if span is None:
+            return  # the user or the client acted meanwhile: theirs is the next turn
+        ledger.trim_before(span.audio_start_ms)
+        ledger.item_id = ledger.item_id or new_item_id()
+        self.emit(
+            InputAudioBufferTimeoutTriggered(
+                audio_start_ms=span.audio_start_ms,
+                audio_end_ms=span.audio_end_ms,
+                item_id=ledger.item_id,
+            )
+        )
+        td = session.config.turn_detection
+        create = td is not None and td.create_response
+        turn = self.commit_turn(Commit(create_response=create), allow_empty=True)
+        if turn is not None and create:
+            await self.responses.start_response(turn, ResponseCreateOptions(), None)

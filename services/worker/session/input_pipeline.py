@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from services.worker.session.semantic_turn import TurnHint
 from services.worker.session.vad import ServerVadDetector, VadBackend, VadEvent
 from shared.contracts import TurnDetection
 from shared.protocol.duplex import (
@@ -69,14 +70,26 @@ class InputPipeline:
             return True  # refused by the header check before any decode: cheap inline
 
     def configure_vad(self, settings: TurnDetection | None, stream_ms: int) -> None:
-        """(Re)build the detector when turn detection changes; None turns it off."""
+        """(Re)build the detector when turn detection changes; None turns it off. A new
+        `idle_timeout_ms` alone keeps it (the idle timer is not the detector's): a
+        session.update that only sets it must not forget the speech under way."""
         with self._lock:
             if settings is None or self._vad_backend is None:
                 self._detector = None
-            elif self._detector is None or self._detector.settings != settings:
+            elif self._detector is None or _detection(self._detector.settings) != _detection(
+                settings
+            ):
                 self._detector = ServerVadDetector(
                     self._vad_backend(), settings, start_ms=stream_ms
                 )
+            else:
+                self._detector.settings = settings
+
+    def set_turn_hint(self, hint: TurnHint) -> None:
+        """semantic_vad: the verdict of the latest partial transcript (`semantic_turn`)."""
+        with self._lock:
+            if self._detector is not None:
+                self._detector.set_hint(hint)
 
     def reset(self, stream_ms: int) -> None:
         """Input clear: forget the resampler's history and restart VAD at `stream_ms`."""
@@ -112,6 +125,11 @@ class InputPipeline:
         """The resampler's held-back samples, at a commit (also fed to VAD)."""
         with self._lock:
             return self._converter.flush()
+
+
+def _detection(settings: TurnDetection) -> TurnDetection:
+    """The settings that matter to the detector."""
+    return dataclasses.replace(settings, idle_timeout_ms=None)
 
 
 _EMPTY = np.zeros(0, np.float32)

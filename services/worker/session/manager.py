@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from services.worker.session import surface
 from services.worker.session.command_marks import NO_MARK, CommandMarks, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import InputPipeline
@@ -152,9 +153,10 @@ class SessionManager(SessionMoves, SessionHost):
             resume_token=resume_token,
         )
         runner.start(created)
-        return OpenResult(
-            session_id, self.capabilities, engine_session.lease.generation, created.session
+        body = (
+            surface.session_object(config, session_id) if config.openai_surface else created.session
         )
+        return OpenResult(session_id, self.capabilities, engine_session.lease.generation, body)
 
     def _admit(self, session_id: str) -> None:
         """Refuse when every slot is taken or the session is already here."""
@@ -182,7 +184,7 @@ class SessionManager(SessionMoves, SessionHost):
             session,
             self.plugin,
             self.port,
-            self._emitter(session.session_id),
+            self._emitter(session),
             self.executor,
             pipeline,
             on_close=self._close_later,
@@ -195,10 +197,18 @@ class SessionManager(SessionMoves, SessionHost):
         except RealtimeProtocolError as exc:
             raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
 
-    def _emitter(self, session_id: str) -> Callable[[DuplexEvent], None]:
-        sink = self.sink
+    def _emitter(self, session: EngineSession) -> Callable[[DuplexEvent], None]:
+        """The runner's way out. An openai-surface session's events are projected to
+        OpenAI GA's here (`surface.py`), so the journal holds what its client gets; the
+        surface is read per event from the config, which an update replaces (and keeps)."""
+        sink, session_id = self.sink, session.session_id
 
         def emit(event: DuplexEvent) -> None:
+            if session.config.openai_surface:
+                projected = surface.project(event, session)
+                if projected is None:
+                    return
+                event = projected
             sink.emit(session_id, event)
 
         return emit
@@ -209,6 +219,8 @@ class SessionManager(SessionMoves, SessionHost):
         """Queue a command; `mark` is its inbox (attachment, seq) (`command_marks`)."""
         runner = self.runner(session_id)
         session = runner.session
+        if session.config.openai_surface:
+            command = surface.client_command(command)
         reserved = 0
         if isinstance(command, AppendAudio):
             try:

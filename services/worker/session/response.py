@@ -65,6 +65,10 @@ class ActiveResponse:
     status: str = "in_progress"
     reason: str | None = None
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: function_call items the stage made, emitted when the response completes (tool_calls.py)
+    function_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the client's `response.create` metadata, echoed by the openai surface (`surface.py`)
+    metadata: dict[str, str] | None = None
 
     @property
     def item_id(self) -> str:

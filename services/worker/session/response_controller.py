@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from services.worker.session import surface
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.response import (
     CANCELLED,
@@ -36,6 +37,7 @@ from services.worker.session.response import (
     speak_events,
     start_events,
 )
+from services.worker.session.tool_calls import hold_call, plan_tools, with_calls
 from shared.contracts import (
     CommittedTurn,
     DuplexModelPlugin,
@@ -82,7 +84,10 @@ class ResponseController:
         self, turn: CommittedTurn, options: ResponseCreateOptions, event_id: str | None
     ) -> None:
         session = self.session
+        metadata = surface.response_metadata(options) if session.config.openai_surface else None
         if session.active is not None:
+            if not _interrupts(session):
+                return  # GA: with interrupt_response false a turn does not cut the response
             await self.advance_epoch("new_response")
         if turn in session.pending_turns:
             session.pending_turns.remove(turn)
@@ -96,6 +101,7 @@ class ResponseController:
             request_id=request_id,
             encoder=OutputAudioEncoder(output_format, self.plugin.output_sample_rate_hz),
             modalities=options.modalities or session.config.modalities,
+            metadata=metadata,
         )
         session.active = response
         session.remember(response)
@@ -103,6 +109,7 @@ class ResponseController:
         previous = session.conversation.add(response.item("in_progress", transcript=""))
         for event in start_events(response, previous):
             self.emit(event)
+        tools, tool_choice = plan_tools(session.config, options)
         plan = self.plugin.plan_response(
             ResponsePlanRequest(
                 fence=fence,
@@ -113,6 +120,8 @@ class ResponseController:
                 runtime_config=session.runtime_config,
                 options=options,
                 history=session.conversation.items,
+                tools=tools,
+                tool_choice=tool_choice,
             )
         )
         try:
@@ -124,6 +133,8 @@ class ResponseController:
     async def advance_epoch(self, reason: str) -> None:
         """Cancel, barge-in, output clear, input cancel: one atomic step on the loop."""
         session = self.session
+        if reason == "barge_in" and not _interrupts(session):
+            return  # speech over the response does not cancel it (interrupt_response false)
         session.epoch += 1
         response = session.active
         if response is not None:
@@ -170,7 +181,8 @@ class ResponseController:
         previous = _previous_or_none(conversation, response.item_id)
         if history_item is None:
             conversation.discard(response.item_id)  # a failed response leaves no partial text
-        for event in finish_events(response, status, history_item, previous):
+        events = finish_events(response, status, history_item, previous)
+        for event in with_calls(events, response, status, conversation):  # its tool calls
             self.emit(event)
         if session.active is response:
             session.active = None
@@ -196,6 +208,8 @@ class ResponseController:
             self.emit_audio(
                 response, output.audio, output.sample_rate_hz, output.text, end_of_turn=False
             )
+        elif output.kind == "function_call":
+            hold_call(response, output.function_call)  # emitted when the response completes
         elif output.kind == "done":
             tail = response.encoder.flush()
             if tail:
@@ -331,6 +345,13 @@ class ResponseController:
 
     def _error(self, code: str, message: str, related_event_id: str | None = None) -> None:
         self.emit(DuplexErrorEvent.for_code(code, message, related_event_id=related_event_id))
+
+
+def _interrupts(session: EngineSession) -> bool:
+    """Whether user speech cancels the active response: always, unless turn detection
+    says `interrupt_response: false` (accepted on the openai surface only)."""
+    td = session.config.turn_detection
+    return td is None or td.interrupt_response
 
 
 def _item_status(response: ActiveResponse) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 from services.worker.session.command_marks import NO_MARK, CommandMarks, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.handlers import SessionContext, apply_result, dispatch
+from services.worker.session.idle_timeout import IdleDue
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.input_queue import (
@@ -35,6 +36,7 @@ from services.worker.session.input_queue import (
     start_task,
 )
 from services.worker.session.response_controller import ResponseController
+from services.worker.session.transcription import PartialTranscript
 from shared.contracts import (
     DuplexModelPlugin,
     StageOutput,
@@ -187,6 +189,7 @@ class SessionRunner:
 
     def emit(self, event: DuplexEvent) -> None:
         self._emit_event(event)
+        self.input.observe(event)  # the idle timer follows responses and speech
 
     def error(
         self, code: str, message: str, related_event_id: str | None = None, **extra: Any
@@ -228,6 +231,10 @@ class SessionRunner:
                     item.done.set_result(None)
         elif isinstance(item, Dropped):
             self.marks.complete(item.mark)
+        elif isinstance(item, PartialTranscript):  # the session's own timers and decodes
+            self.input.on_partial(item)
+        elif isinstance(item, IdleDue):
+            await self.input.on_idle_due(item)
         else:
             mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
             try:

@@ -4,6 +4,10 @@ One `SileroOnnxBackend` (one ONNX session) per worker is shared by every
 session; each session owns a `ServerVadDetector` with its own recurrent state.
 The detector runs on the manager's executor, called by the session's input task
 (`InputQueue`) in append order.
+
+`semantic_vad` is the same detector with another rule for how much silence ends a turn:
+the verdict of the latest partial transcript (`semantic_turn.py`), handed in with
+`set_hint` by the session's runner (through `InputPipeline`, under its lock).
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ import threading
 
 import numpy as np
 
+from services.worker.session.semantic_turn import (
+    PAUSE_PROBE_MS,
+    UNDECIDED,
+    TurnHint,
+    silence_needed_ms,
+)
 from shared.contracts import TurnDetection
+from shared.protocol.duplex import SEMANTIC_VAD
 
 SAMPLE_RATE_HZ = 16_000
 FRAME_SAMPLES = 512  # 32 ms at 16 kHz: Silero's frame
@@ -112,7 +123,9 @@ class _SileroStream(VadStream):
 
 @dataclasses.dataclass(frozen=True)
 class VadEvent:
-    kind: str  # "started" | "stopped"
+    #: "started" | "stopped" | "paused" (semantic_vad: PAUSE_PROBE_MS of silence inside
+    #: speech, reported at the end of the last speech frame, so a transcript is asked for)
+    kind: str
     audio_ms: int  # session-relative: audio_start_ms or audio_end_ms
 
 
@@ -122,7 +135,7 @@ class ServerVadDetector:
     Start: `min_speech_duration_ms` of frames at or above `threshold`, reported
     `prefix_padding_ms` before the first of them. Stop: `silence_duration_ms`
     of frames below the negative threshold, reported at the end of the last
-    speech frame.
+    speech frame; under semantic_vad, the silence `semantic_turn` asks for.
     """
 
     def __init__(self, backend: VadBackend, settings: TurnDetection, start_ms: int = 0) -> None:
@@ -135,6 +148,25 @@ class ServerVadDetector:
         self.run_ms = 0
         self.silence_ms = 0
         self.last_speech_end_ms = 0
+        self.semantic = settings.type == SEMANTIC_VAD
+        self.hint: TurnHint | None = None
+        self.probed = False  # this pause has been reported ("paused")
+
+    def set_hint(self, hint: TurnHint) -> None:
+        """The latest partial transcript's verdict (semantic_vad only)."""
+        self.hint = hint
+
+    def silence_limit_ms(self) -> float:
+        """The silence that ends the current turn."""
+        if not self.semantic:
+            return self.settings.silence_duration_ms
+        hint = self.hint
+        # a transcript decoded before the last speech frame misses the words that matter
+        fresh = hint is not None and hint.covers_ms >= self.last_speech_end_ms
+        verdict = hint.verdict if fresh and hint is not None else UNDECIDED
+        return silence_needed_ms(
+            self.settings.eagerness, self.settings.silence_duration_ms, verdict
+        )
 
     @property
     def negative_threshold(self) -> float:
@@ -165,14 +197,18 @@ class ServerVadDetector:
             if self.run_ms < self.settings.min_speech_duration_ms:
                 return None
             self.in_speech, self.silence_ms, self.last_speech_end_ms = True, 0, frame_end
+            self.hint, self.probed = None, False
             start = max(0, self.run_start_ms - int(self.settings.prefix_padding_ms))
             self.run_start_ms, self.run_ms = None, 0
             return VadEvent("started", start)
         if probability >= self.negative_threshold:
-            self.silence_ms, self.last_speech_end_ms = 0, frame_end
+            self.silence_ms, self.last_speech_end_ms, self.probed = 0, frame_end, False
             return None
         self.silence_ms += FRAME_MS
-        if self.silence_ms < self.settings.silence_duration_ms:
+        if self.silence_ms < self.silence_limit_ms():
+            if self.semantic and not self.probed and self.silence_ms >= PAUSE_PROBE_MS:
+                self.probed = True
+                return VadEvent("paused", self.last_speech_end_ms)
             return None
-        self.in_speech = False
+        self.in_speech, self.hint = False, None
         return VadEvent("stopped", self.last_speech_end_ms)

@@ -4,7 +4,7 @@ This package is the ONE door the rest of duplex-serve uses for the wire
 protocol; nothing outside `shared.protocol` imports `shared.protocol.realtime`.
 Registries for introspection:
 
-- `SERVER_EVENT_TYPES`: the 42 server event types -> class (`SERVER_EVENT_TIERS`: tier of each)
+- `SERVER_EVENT_TYPES`: the 45 server event types -> class (`SERVER_EVENT_TIERS`: tier of each)
 - `CLIENT_COMMAND_TYPES`: the 17 client commands -> class (`CLIENT_COMMAND_TIERS`)
 - `ENVELOPE_EVENT_TYPES`: the 3 envelope-only client events
 - `CLIENT_EVENT_ALIASES`: alias -> canonical type

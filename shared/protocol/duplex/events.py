@@ -1,6 +1,6 @@
-"""The whole 42-event server vocabulary.
+"""The whole 45-event server vocabulary.
 
-22 Tier 1 events are re-exported unchanged, 8 Tier 2 classes subclass their
+25 Tier 1 events are re-exported unchanged, 8 Tier 2 classes subclass their
 OpenAI twin and declare only the keys they add, and 12 Tier 3 events are ours
 alone (the last, `duplex.<internal type>`, is the raw fallback).
 """
@@ -26,7 +26,10 @@ from shared.protocol.realtime.events import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     InputAudioTranscriptionCompleted,
+    InputAudioTranscriptionDelta,
+    InputAudioTranscriptionFailed,
     OutputAudioBufferCleared,
     RateLimitsUpdated,
     ResponseContentPartAdded,
@@ -376,7 +379,7 @@ TIER3_EVENT_CLASSES: tuple[type[RealtimeEvent], ...] = (
     DuplexRawEvent,
 )
 
-#: wire type -> class for all 42 server event types (`duplex.<type>` for the raw fallback).
+#: wire type -> class for all 45 server event types (`duplex.<type>` for the raw fallback).
 SERVER_EVENT_TYPES: dict[str, type[RealtimeEvent]] = build_registry(
     *TIER1_EVENT_CLASSES, *TIER2_EVENT_CLASSES, *TIER3_EVENT_CLASSES
 )
@@ -433,7 +436,10 @@ __all__ = [
     "InputAudioBufferCleared",
     "InputAudioBufferSpeechStarted",
     "InputAudioBufferSpeechStopped",
+    "InputAudioBufferTimeoutTriggered",
     "InputAudioTranscriptionCompleted",
+    "InputAudioTranscriptionDelta",
+    "InputAudioTranscriptionFailed",
     "OutputAudioBufferCleared",
     "OverlapDecision",
     "PlaybackAcknowledged",

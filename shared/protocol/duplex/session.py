@@ -3,6 +3,12 @@
 `DuplexSessionConfig` is what a session runs with; `TurnDetection` is the
 server VAD setting; `ResponseCreateOptions` is one `response.create`. All are
 frozen: an update produces a new config, so a runner can compare old and new.
+
+Two surfaces (docs/wire-api.md, Connecting): a session opened on plain `/v1/realtime`
+is an "openai" one, with the OpenAI Realtime GA defaults (pcm16 at 24 kHz in and out,
+`server_vad`); one opened on `?duplex=1` or `/v1/duplex` is a "duplex" one, with the
+contract's. The API pod says which by adding `duplex_surface` to the opening session
+object; it is read only at open (and from a checkpoint), never from an update.
 """
 
 from __future__ import annotations
@@ -11,6 +17,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from shared.protocol.duplex.turn_detection import (
+    SEMANTIC_VAD,
+    SEMANTIC_VAD_SILENCE_MS,
+    SERVER_VAD,
+    TURN_DETECTION_TYPES,
+    TurnDetection,
+)
+from shared.protocol.duplex.turn_detection import number as _number
 from shared.protocol.realtime.errors import RealtimeProtocolError
 from shared.protocol.realtime.formats import PCM16, WAV, AudioFormat, parse_audio_format
 from shared.protocol.realtime.session import (
@@ -59,28 +73,17 @@ NATIVE_UNSUPPORTED_RESPONSE_OPTIONS = (
     "tool_choice",
 )
 
-MIN_SPEECH_DURATION_FLOOR_MS = 32
+SURFACE_DUPLEX = "duplex"
+SURFACE_OPENAI = "openai"
+SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI)
+#: the key the API pod adds to the opening session object (a client's own is stripped)
+SURFACE_KEY = "duplex_surface"
 
 
 def _config_error(
     message: str, param: str, code: str = "invalid_session_config"
 ) -> RealtimeProtocolError:
     return RealtimeProtocolError(code, message, param=param)
-
-
-def _number(
-    value: Any,
-    param: str,
-    *,
-    minimum: float = 0.0,
-    exclusive: bool = False,
-    code: str = "invalid_session_config",
-) -> float | int:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok and (value > minimum if exclusive else value >= minimum):
-        return value
-    bound = f"> {minimum}" if exclusive else f">= {minimum}"
-    raise _config_error(f"{param} must be a number {bound}", param, code)
 
 
 def _optional_str(value: Any, param: str) -> str | None:
@@ -97,76 +100,23 @@ def _pick(session: Mapping[str, Any], extra: Mapping[str, Any], key: str) -> Any
 # ---------------------------------------------------------------- 4.2 turn detection
 
 
-def _td_error(message: str) -> RealtimeProtocolError:
-    return RealtimeProtocolError("unsupported_turn_detection", message, param="turn_detection")
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnDetection:
-    """Server VAD (Silero), one detector per session. The only supported type."""
-
-    type: str = "server_vad"
-    threshold: float = 0.5
-    prefix_padding_ms: int | float = 300
-    silence_duration_ms: int | float = 500
-    min_speech_duration_ms: int | float = 96
-    create_response: bool = True
-    interrupt_response: bool = True
-
-    @classmethod
-    def from_realtime(cls, value: Any) -> TurnDetection:
-        if not isinstance(value, Mapping):
-            raise _td_error("turn_detection must be an object or null")
-        kind = value.get("type", "server_vad")
-        if kind != "server_vad":
-            raise _td_error(
-                f"unsupported turn detection type {kind!r}: only server_vad is supported"
-            )
-        default = cls()
-        threshold = value.get("threshold", default.threshold)
-        if (
-            not isinstance(threshold, int | float)
-            or isinstance(threshold, bool)
-            or not 0 < threshold <= 1
-        ):
-            raise _td_error("threshold must be a number in (0, 1]")
-
-        def ms(key: str, *, positive: bool = False) -> int | float:
-            raw = value.get(key, getattr(default, key))
-            try:
-                return _number(raw, key, exclusive=positive, code="unsupported_turn_detection")
-            except RealtimeProtocolError as exc:
-                raise _td_error(exc.message) from None
-
-        flags = {}
-        for key in ("create_response", "interrupt_response"):
-            flag = value.get(key, True)
-            if not isinstance(flag, bool):
-                raise _td_error(f"{key} must be a boolean")
-            flags[key] = flag
-        if not flags["interrupt_response"]:
-            raise _td_error("interrupt_response=false is not supported: speech always interrupts")
-        return cls(
-            threshold=float(threshold),
-            prefix_padding_ms=ms("prefix_padding_ms"),
-            silence_duration_ms=ms("silence_duration_ms", positive=True),
-            min_speech_duration_ms=max(ms("min_speech_duration_ms"), MIN_SPEECH_DURATION_FLOOR_MS),
-            **flags,
-        )
-
-    def to_realtime(self) -> JSON:
-        return dataclasses.asdict(self)
-
-
 def _resolve_overlap(
     session: Mapping[str, Any],
     extra: Mapping[str, Any],
     base_td: TurnDetection | None,
     base_policy: str,
+    allow_no_interrupt: bool = False,
 ) -> tuple[TurnDetection | None, str]:
     """Turn detection and the overlap policy it forces (contract 4.2)."""
     declared, value = read_turn_detection(session)
-    td = (None if value is None else TurnDetection.from_realtime(value)) if declared else base_td
+    if declared:
+        td = (
+            None
+            if value is None
+            else TurnDetection.from_realtime(value, allow_no_interrupt=allow_no_interrupt)
+        )
+    else:
+        td = base_td
     explicit = _pick(session, extra, "overlap_policy")
     if explicit is not None and explicit not in OVERLAP_POLICIES:
         explicit = LISTEN_ONLY  # unknown values normalise to listen_only
@@ -211,21 +161,43 @@ class DuplexSessionConfig:
     input_audio_format: AudioFormat = AudioFormat(PCM16, 16_000)
     output_audio_format: AudioFormat = AudioFormat(PCM16, None)
     extra_body: JSON = dataclasses.field(default_factory=dict, hash=False)
+    #: "duplex" or "openai" (module docstring): fixed at open
+    surface: str = SURFACE_DUPLEX
 
     # -- reading
+
+    @classmethod
+    def for_surface(cls, surface: str) -> DuplexSessionConfig:
+        """The defaults of a surface: the openai one has OpenAI's (pcm16 at 24 kHz in and
+        out, server_vad turn detection, so barge-in on speech)."""
+        if surface == SURFACE_DUPLEX:
+            return cls()
+        if surface != SURFACE_OPENAI:
+            raise _config_error(f"unknown surface {surface!r}", SURFACE_KEY)
+        return cls(
+            surface=SURFACE_OPENAI,
+            input_audio_format=AudioFormat(PCM16, 24_000),
+            output_audio_format=AudioFormat(PCM16, 24_000),
+            response_format="pcm",
+            turn_detection=TurnDetection(),
+            overlap_policy=BARGE_IN_ON_SPEECH,
+        )
 
     @classmethod
     def from_realtime(
         cls, session: Mapping[str, Any], base: DuplexSessionConfig | None = None
     ) -> DuplexSessionConfig:
-        """`base` (defaults when None) with a session object applied.
+        """`base` (the defaults of the object's `duplex_surface` when None) with a
+        session object applied.
 
-        Ids inside the object are ignored (the server allocates them). Formats
+        Ids inside the object are ignored (the server allocates them), and so is
+        `duplex_surface` when there is a base (an update keeps the surface). Formats
         are checked before turn detection, as the contract orders it.
         """
-        base = base or cls()
         if not isinstance(session, Mapping):
             raise _config_error("session must be an object", "session")
+        if base is None:
+            base = cls.for_surface(session.get(SURFACE_KEY) or SURFACE_DUPLEX)
         client_extra = session.get("extra_body")
         client_extra = {} if client_extra is None else client_extra
         if not isinstance(client_extra, Mapping):
@@ -235,7 +207,11 @@ class DuplexSessionConfig:
         )
         output_format = read_output_format(session, base.output_audio_format)
         td, policy = _resolve_overlap(
-            session, client_extra, base.turn_detection, base.overlap_policy
+            session,
+            client_extra,
+            base.turn_detection,
+            base.overlap_policy,
+            allow_no_interrupt=base.openai_surface,
         )
 
         extra = {**base.extra_body, **client_extra}
@@ -243,7 +219,9 @@ class DuplexSessionConfig:
             if key in session:
                 extra[f"realtime_{key}"] = session[key]
         extra["realtime_session_payload"] = {
-            k: v for k, v in session.items() if k not in ("id", "session_id", "extra_body")
+            k: v
+            for k, v in session.items()
+            if k not in ("id", "session_id", "extra_body", SURFACE_KEY)
         }
         changes: JSON = {
             "input_audio_format": input_format,
@@ -328,6 +306,11 @@ class DuplexSessionConfig:
     # -- derived
 
     @property
+    def openai_surface(self) -> bool:
+        """Opened on plain /v1/realtime: every event is OpenAI GA's (worker `surface.py`)."""
+        return self.surface == SURFACE_OPENAI
+
+    @property
     def audio_output(self) -> bool:
         return "audio" in self.modalities
 
@@ -350,7 +333,11 @@ class DuplexSessionConfig:
         if self.speed is not None:
             output["speed"] = self.speed
         client_extra = {k: v for k, v in self.extra_body.items() if not k.startswith("realtime_")}
+        # the surface rides along only when it is not the default: a duplex session's
+        # object is unchanged, and a checkpoint of an openai one restores as one
+        surface = {SURFACE_KEY: self.surface} if self.openai_surface else {}
         return {
+            **surface,
             "object": "realtime.session",
             "type": "realtime",
             "model": self.model,
@@ -473,6 +460,14 @@ __all__ = [
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
     "REALTIME_ONLY_KEYS",
+    "SEMANTIC_VAD",
+    "SEMANTIC_VAD_SILENCE_MS",
+    "SERVER_VAD",
+    "SURFACES",
+    "SURFACE_DUPLEX",
+    "SURFACE_KEY",
+    "SURFACE_OPENAI",
+    "TURN_DETECTION_TYPES",
     "DuplexSessionConfig",
     "InputAudioDefaults",
     "ResponseCreateOptions",

@@ -1,6 +1,6 @@
-"""The 30 OpenAI Realtime (GA) server events served by duplex-serve.
+"""The 33 OpenAI Realtime (GA) server events served by duplex-serve.
 
-22 ship unchanged (Tier 1). The other 8 are the OpenAI shape of events that
+25 ship unchanged (Tier 1). The other 8 are the OpenAI shape of events that
 `shared.protocol.duplex.events` extends with additive keys (Tier 2). Field
 names and nesting follow the OpenAI GA API; nested objects stay JSON dicts.
 """
@@ -65,6 +65,17 @@ class InputAudioBufferCleared(RealtimeEvent):
     """After `input_audio_buffer.clear` or `input.cancel`."""
 
     TYPE = "input_audio_buffer.cleared"
+
+
+@dataclasses.dataclass(kw_only=True)
+class InputAudioBufferTimeoutTriggered(RealtimeEvent):
+    """Server VAD's `idle_timeout_ms` passed without speech after the last response's
+    audio; the (silent) buffer is committed and a response created next."""
+
+    TYPE = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -142,12 +153,39 @@ class ConversationItemTruncated(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class InputAudioTranscriptionCompleted(RealtimeEvent):
-    """The user's transcript, produced by the model itself."""
+    """The user's transcript of a committed item, by the model's recogniser.
+
+    `usage` is GA's duration form, `{type: "duration", seconds}`: the item's audio."""
 
     TYPE = "conversation.item.input_audio_transcription.completed"
     item_id: str
     content_index: int
     transcript: str
+    usage: JSON | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class InputAudioTranscriptionDelta(RealtimeEvent):
+    """New words of the transcript of the turn the user is speaking (partial recognition).
+
+    `delta` is incremental: the deltas of an item, joined, are the stable words heard so
+    far; `.completed` carries the final transcript."""
+
+    TYPE = "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    content_index: int | None = None
+    delta: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class InputAudioTranscriptionFailed(RealtimeEvent):
+    """The recogniser failed on a committed item (`error`: type, code, message); the
+    item is committed without a transcript and the session goes on."""
+
+    TYPE = "conversation.item.input_audio_transcription.failed"
+    item_id: str
+    content_index: int
+    error: JSON
 
 
 # ---------------------------------------------------------------- response lifecycle
@@ -356,6 +394,9 @@ TIER1_EVENT_CLASSES: tuple[type[RealtimeEvent], ...] = (
     ConversationItemDone,
     ConversationItemRetrieved,
     InputAudioTranscriptionCompleted,
+    InputAudioTranscriptionDelta,
+    InputAudioTranscriptionFailed,
+    InputAudioBufferTimeoutTriggered,
     ResponseOutputItemAdded,
     ResponseOutputItemDone,
     ResponseContentPartAdded,
@@ -383,7 +424,7 @@ EXTENDED_EVENT_CLASSES: tuple[type[RealtimeEvent], ...] = (
     ErrorEvent,
 )
 
-#: wire type -> class for the 30 OpenAI server events.
+#: wire type -> class for the 33 OpenAI server events.
 REALTIME_SERVER_EVENTS: dict[str, type[RealtimeEvent]] = build_registry(
     *TIER1_EVENT_CLASSES, *EXTENDED_EVENT_CLASSES
 )

@@ -20,6 +20,9 @@ TIER1_EVENTS = {
     "conversation.item.done",
     "conversation.item.retrieved",
     "conversation.item.input_audio_transcription.completed",
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.failed",
+    "input_audio_buffer.timeout_triggered",
     "response.output_item.added",
     "response.output_item.done",
     "response.content_part.added",
@@ -80,10 +83,10 @@ TIER3_COMMANDS = {
 }
 
 
-def test_server_events_are_exactly_the_contracts_42():
-    assert len(TIER1_EVENTS) == 22 and len(TIER2_EVENTS) == 8 and len(TIER3_EVENTS) == 12
+def test_server_events_are_exactly_the_contracts_45():
+    assert len(TIER1_EVENTS) == 25 and len(TIER2_EVENTS) == 8 and len(TIER3_EVENTS) == 12
     assert set(SERVER_EVENT_TYPES) == TIER1_EVENTS | TIER2_EVENTS | TIER3_EVENTS
-    assert len(SERVER_EVENT_TYPES) == 42
+    assert len(SERVER_EVENT_TYPES) == 45
     for tier, expected in ((1, TIER1_EVENTS), (2, TIER2_EVENTS), (3, TIER3_EVENTS)):
         assert {t for t, n in SERVER_EVENT_TIERS.items() if n == tier} == expected
 
@@ -115,7 +118,7 @@ def test_envelope_only_events_and_aliases():
     assert set(CLIENT_EVENT_ALIASES.values()) <= set(CLIENT_COMMAND_TYPES)
 
 
-def test_openai_half_holds_30_events_and_10_commands():
+def test_openai_half_holds_33_events_and_10_commands():
     assert set(realtime.REALTIME_SERVER_EVENTS) == TIER1_EVENTS | TIER2_EVENTS
     assert set(realtime.REALTIME_CLIENT_COMMANDS) == TIER1_COMMANDS | TIER2_COMMANDS
 

@@ -163,7 +163,10 @@ def test_min_speech_duration_has_a_floor():
 @pytest.mark.parametrize(
     "td",
     [
-        {"type": "semantic_vad"},
+        {"type": "semantic_vad", "eagerness": "eager"},
+        {"type": "server_vad", "idle_timeout_ms": 0},
+        {"type": "server_vad", "idle_timeout_ms": 1.5},
+        {"type": "server_vad", "idle_timeout_ms": True},
         {"type": "none"},
         "server_vad",
         {"type": "server_vad", "threshold": 0},
