@@ -110,4 +110,29 @@ bench: venv redis-server
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(FRAMEWORKS_VENV) .pytest_cache .ruff_cache .hypothesis
+
+# The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents,
+# the OpenAI Agents SDK and Pipecat. Their pins (tests/frameworks/requirements/) resolve
+# together, so they share one venv (about 800 MB, 1-2 minutes to install), held to the exact
+# set in constraints.txt. Each test runs a framework's client program with this venv's python
+# against a `duplex serve` the main venv starts. A plain `pytest` never collects them
+# (pyproject's norecursedirs): they run when named, here.
+FRAMEWORKS_VENV  := .venv-frameworks
+FRAMEWORKS_REQS  := tests/frameworks/requirements
+FRAMEWORKS_STAMP := $(FRAMEWORKS_VENV)/.installed
+
+.PHONY: test-frameworks
+
+$(FRAMEWORKS_STAMP): $(wildcard $(FRAMEWORKS_REQS)/*.txt)
+	test -x $(FRAMEWORKS_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORKS_VENV)
+	$(FRAMEWORKS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FRAMEWORKS_VENV)/bin/python -m pip install --quiet -c $(FRAMEWORKS_REQS)/constraints.txt \
+	  -r $(FRAMEWORKS_REQS)/livekit.txt -r $(FRAMEWORKS_REQS)/openai_agents.txt \
+	  -r $(FRAMEWORKS_REQS)/pipecat.txt
+	$(FRAMEWORKS_VENV)/bin/python -m pip check
+	touch $(FRAMEWORKS_STAMP)
+
+test-frameworks: venv $(FRAMEWORKS_STAMP)
+	FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python \
+	  $(BIN)/python -m pytest tests/frameworks $(PYTEST_ARGS)

@@ -1,0 +1,163 @@
+"""The voice-agent frameworks as clients of `duplex serve` (`make test-frameworks`).
+
+Each framework runs in its own interpreter (the venv `make test-frameworks` builds from
+tests/frameworks/requirements/): this side starts `duplex serve --plugin assistant`, says the
+phrases with espeak-ng into WAV files, runs a client program (tests/frameworks/clients/) with
+the framework's python and reads the one JSON line it prints.
+
+Not collected by a plain `pytest` or `make test` (pyproject's `norecursedirs`): name the
+directory, as `make test-frameworks` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import wave
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.processes import start_serve
+from harness.speech import spoken
+from shared.protocol.duplex import float_to_pcm16
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = Path(__file__).resolve().parent / "clients"
+#: the venv `make test-frameworks` builds; FRAMEWORKS_PYTHON(_<FRAMEWORK>) override it
+DEFAULT_PYTHON = ROOT / ".venv-frameworks" / "bin" / "python"
+
+#: what the scenarios say, by the name the clients use
+PHRASES = {
+    "hello": "hello",  # "Hello! How can I help you?"
+    # a reply of some seconds, so that the interruption lands while it plays
+    "long": "repeat after me the quick brown fox jumps over the lazy dog",
+    "thanks": "thank you",  # "You are welcome."
+    "weather": "please get the weather",  # names the tool get_weather
+}
+
+#: how long one client program may run (its steps time out well before)
+CLIENT_TIMEOUT_S = 240
+
+
+def framework_python(framework: str) -> str:
+    """The interpreter of `framework`'s venv, or a skip saying how to get one."""
+    python = (
+        os.environ.get(f"FRAMEWORKS_PYTHON_{framework.upper()}")
+        or os.environ.get("FRAMEWORKS_PYTHON")
+        or str(DEFAULT_PYTHON)
+    )
+    if not Path(python).exists():
+        pytest.skip(f"no {framework} venv at {python}: run `make test-frameworks`")
+    return python
+
+
+class RunningServer:
+    """A server someone else started (FRAMEWORKS_SERVER_URL): its log is not ours to read."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/")
+
+    def logs(self) -> str:
+        return ""
+
+
+@pytest.fixture(scope="session")
+def assistant_serve():
+    """`duplex serve` with the assistant: speech in, a spoken answer out, barge-in, tools.
+    FRAMEWORKS_SERVER_URL=http://HOST:PORT points the tests at a server already running
+    the assistant instead."""
+    if url := os.environ.get("FRAMEWORKS_SERVER_URL"):
+        yield RunningServer(url)
+        return
+    process = start_serve("serve-frameworks", ("--plugin", "assistant"))
+    try:
+        process.wait_ready(timeout=180)
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def speech_files(tmp_path_factory) -> dict[str, Path]:
+    """Each phrase said by espeak-ng, as a 16 kHz mono pcm16 WAV (the clients resample)."""
+    folder = tmp_path_factory.mktemp("speech")
+    files = {}
+    for name, text in PHRASES.items():
+        path = folder / f"{name}.wav"
+        with wave.open(str(path), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(16000)
+            wav.writeframes(float_to_pcm16(spoken(text)))
+        files[name] = path
+    return files
+
+
+class ClientRun:
+    """One client program's result: its JSON line, and its stderr for failure messages."""
+
+    def __init__(self, result: dict[str, Any], stderr: str, server_log: str) -> None:
+        self.result = result
+        self.stderr = stderr
+        self.server_log = server_log
+
+    def __getitem__(self, key: str) -> Any:
+        return self.result[key]
+
+    def explain(self) -> str:
+        """What to print when an assertion on this run fails."""
+        result = {k: v for k, v in self.result.items() if k != "trace"}
+        return (
+            f"\n--- result\n{json.dumps(result, indent=1)[:12000]}"
+            f"\n--- server events in order\n{' '.join(self.result.get('trace', []))[:6000]}"
+            f"\n--- client stderr (tail)\n{self.stderr[-3000:]}"
+            f"\n--- server log (tail)\n{self.server_log[-3000:]}"
+        )
+
+
+@pytest.fixture
+def run_client(assistant_serve, speech_files):
+    """`run_client(framework, scenario)`: run that framework's client against the server."""
+
+    def run(framework: str, scenario: str, model: str = "assistant") -> ClientRun:
+        python = framework_python(framework)
+        command = [
+            python,
+            str(CLIENTS / f"{framework}_client.py"),
+            "--url",
+            assistant_serve.base,
+            "--model",
+            model,
+            "--scenario",
+            scenario,
+        ]
+        for name, path in speech_files.items():
+            command += ["--speech", f"{name}={path}"]
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
+        # no framework may reach a real provider: a key that is not one, no proxies
+        environment.update(OPENAI_API_KEY="unused", NO_PROXY="*")
+        log_start = len(assistant_serve.logs())
+        try:
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=CLIENT_TIMEOUT_S,
+                env=environment,
+                cwd=CLIENTS,
+            )
+        except subprocess.TimeoutExpired as expired:
+            pytest.fail(f"{framework} {scenario}: no result in {CLIENT_TIMEOUT_S}s\n{expired}")
+        server_log = assistant_serve.logs()[log_start:]
+        lines = [line for line in done.stdout.splitlines() if line.startswith('{"framework"')]
+        if not lines:
+            pytest.fail(
+                f"{framework} {scenario}: exit {done.returncode}, no result line\n"
+                f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-6000:]}"
+            )
+        return ClientRun(json.loads(lines[-1]), done.stderr, server_log)
+
+    return run
