@@ -21,6 +21,7 @@ import numpy as np
 
 from plugins.assistant.asr import SphinxRecognizer
 from plugins.assistant.responder import (
+    GREETING,
     announcement,
     llm_prompt,
     reply,
@@ -108,11 +109,16 @@ class AssistantPlugin(PacedPlugin):
         return self.recognizer.partial(audio, sample_rate_hz)
 
     def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
-        """The answer to a turn, or to the function outputs that end history (an empty
-        turn); tools: responder.py (built-in) and tool_text.py (LLM)."""
+        """The answer to a turn, to the function outputs that end history, or to the
+        client's text items (a turn without audio); with no input at all, a greeting.
+        Tools: responder.py (built-in) and tool_text.py (LLM). A text response is not
+        synthesized (`speak`); max_output_tokens also bounds the LLM's generation."""
         turn = request.turn
         heard = " ".join(t for t in (turn.transcript, turn.text) if t).strip()
+        # a turn the user spoke (the recogniser heard it); any other's words are in history
+        spoken_turn = turn.audio.size > 0 or turn.transcript is not None
         pace = float(request.runtime_config.get("pace", 1.0))
+        speak = request.audio_output
         tools, choice = request.tools, request.tool_choice
         if self.text_stage is not None:
             sampling = dict(self.sampling_defaults)
@@ -123,22 +129,30 @@ class AssistantPlugin(PacedPlugin):
                 sampling["max_tokens"] = max(
                     int(sampling.get("max_tokens") or 0), TOOL_CALL_MAX_TOKENS
                 )
+            if request.max_output_tokens is not None:  # the client's limit wins (GA: calls too)
+                sampling["max_tokens"] = request.max_output_tokens
             instructions = request.config.instructions or ""
+            prompt = llm_prompt(
+                request.history, heard, instructions, tools, choice, user_turn=spoken_turn
+            )
             payload = AssistantRequest(
-                prompt=llm_prompt(request.history, heard, instructions, tools, choice),
+                prompt=prompt,
                 sampling=sampling,
                 pace=pace,
                 tools=tuple(str(tool["name"]) for tool in offered),
+                speak=speak,
             )
         else:
             answer = None if heard else tool_answer(request.history)
             call = None if answer is not None else tool_call_for(heard, tools, choice)
+            if answer is None and not heard and not spoken_turn:
+                answer = GREETING  # asked to speak first: nothing was said or written
             if call is not None:
                 announce = request.config.extra_body.get("announce_tool_calls") is True
                 said = announcement(call) if announce else None
-                payload = AssistantRequest(reply=said, function_call=call, pace=pace)
+                payload = AssistantRequest(reply=said, function_call=call, pace=pace, speak=speak)
             else:
-                payload = AssistantRequest(reply=answer or reply(heard), pace=pace)
+                payload = AssistantRequest(reply=answer or reply(heard), pace=pace, speak=speak)
         return StagePlan(request.request_id, request.fence, "stage0", payload)
 
     async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:

@@ -37,6 +37,9 @@ from shared.contracts.tools import ToolChoice, callable_tools, must_call
 NAME = "the duplex serve assistant"
 
 SORRY = "Sorry, I did not catch that."
+#: the answer to a greeting, and what the assistant says when asked to speak first (a
+#: response.create with no input at all, on the openai surface)
+GREETING = "Hello! How can I help you?"
 
 
 def _words(text: str) -> list[str]:
@@ -71,7 +74,7 @@ def reply(text: str, now: datetime.datetime | None = None) -> str:
     if phrase.startswith("can you hear me"):
         return "Yes, I can hear you."
     if words[0] in ("hello", "hi", "hey") or phrase.startswith("good "):
-        return "Hello! How can I help you?"
+        return GREETING
     if words[0] in ("thanks", "thank"):
         return "You are welcome."
     if words[0] in ("goodbye", "bye") or phrase.startswith("see you"):
@@ -85,10 +88,15 @@ def llm_prompt(
     instructions: str,
     tools: Sequence[Mapping[str, Any]] = (),
     tool_choice: ToolChoice = "auto",
+    *,
+    user_turn: bool = True,
 ) -> str:
     """A plain-text chat prompt: the instructions, the tools it may call, then the
     conversation, one line a turn (tool calls and outputs included, `tool_text.py`). Each
-    turn extends the previous prompt, so vLLM's prefix cache reuses the earlier turns."""
+    turn extends the previous prompt, so vLLM's prefix cache reuses the earlier turns.
+    `user_turn` False: the response answers no spoken turn (a function output, the
+    client's text items, or nothing: the assistant speaks first), so no "User:" line is
+    added beyond what history holds."""
     lines = [instructions.strip() or f"You are {NAME}. Answer in one short sentence."]
     lines += tools_prompt(callable_tools(tools, tool_choice), tool_choice)
     for item in history:
@@ -103,7 +111,7 @@ def llm_prompt(
         if said:
             lines.append(f"{'User' if item.get('role') == 'user' else 'Assistant'}: {said}")
     answering_tool = not user_text and bool(tool_outputs(history))
-    if not answering_tool and (not lines[-1].endswith(user_text) or not user_text):
+    if user_turn and not answering_tool and (not lines[-1].endswith(user_text) or not user_text):
         lines.append(f"User: {user_text}")
     lines.append("Assistant:")
     return "\n".join(lines)

@@ -10,6 +10,10 @@ Tool calls: a request whose `function_call` is set (the built-in responder chose
 says its `reply` if any (an announcement), then emits that call; a generated answer
 offered tools (`tools`: the names it may call) is read with `ToolCallText`, its calls
 emitted once generation ends. A call is a "function_call" stage output, before "done".
+
+A text response (`speak` False: the response's modalities have no audio) is not
+synthesized: each sentence goes out as one "text" output, unpaced (pacing is for audio
+played in real time).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class AssistantRequest:
     pace: float = 1.0
     function_call: FunctionCall | None = None  # after saying `reply` (if any), call this
     tools: tuple[str, ...] = ()  # the tools a generated answer may call, by name
+    speak: bool = True  # False: a text response, words without synthesis
 
 
 class AssistantStagePort(TaskStagePort):
@@ -86,7 +91,7 @@ class AssistantStagePort(TaskStagePort):
 
     async def _run(self, plan: StagePlan) -> None:
         request: AssistantRequest = plan.payload
-        speaker = _Speaker(self, plan, request.pace)
+        speaker = _Speaker(self, plan, request.pace, request.speak)
         try:
             if request.prompt is not None and self.text_port is not None:
                 await self._speak_generated(plan, request, speaker)
@@ -152,10 +157,13 @@ class AssistantStagePort(TaskStagePort):
 
 
 class _Speaker:
-    """Synthesizes sentences and streams them in chunks, paced (pace 1 = real time)."""
+    """Synthesizes sentences and streams them in chunks, paced (pace 1 = real time); or,
+    for a text response (`speak` False), sends each sentence as text."""
 
-    def __init__(self, port: AssistantStagePort, plan: StagePlan, pace: float) -> None:
-        self.port, self.plan, self.pace = port, plan, pace
+    def __init__(
+        self, port: AssistantStagePort, plan: StagePlan, pace: float, speak: bool = True
+    ) -> None:
+        self.port, self.plan, self.pace, self.speak = port, plan, pace, speak
         self.spoken = ""
         self._chunk = port.rate_hz * CHUNK_MS // 1000
         self._sent = 0
@@ -165,8 +173,15 @@ class _Speaker:
         text = sentence.strip()
         if not text:
             return
-        audio = await asyncio.to_thread(self.port.synthesize, text)
         spoken_text = (" " if self.spoken else "") + text
+        if not self.speak:
+            self.spoken += spoken_text
+            self.port._emit(
+                StageOutput(self.plan.request_id, self.plan.fence, "text", text=spoken_text)
+            )
+            await asyncio.sleep(0)  # one sentence at a time: an abort lands between them
+            return
+        audio = await asyncio.to_thread(self.port.synthesize, text)
         self.spoken += spoken_text
         count = max(1, -(-len(audio) // self._chunk))
         for index, piece_text in enumerate(split_text(spoken_text, count)):

@@ -2,7 +2,8 @@
 
 Each submitted request runs as one asyncio task; `abort` cancels the task, so
 generation stops at its next chunk and nothing of an aborted request is
-emitted afterwards.
+emitted afterwards. A request with nothing to say aloud (a text response, or a turn
+without audio) emits its transcript as one "text" output, then "done".
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def resample_whole(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray
 class EchoStagePort(TaskStagePort):
     async def _run(self, plan: StagePlan) -> None:
         request = plan.payload
+        if not request.speak or request.audio.size == 0:
+            text = StageOutput(plan.request_id, plan.fence, "text", text=request.transcript)
+            self._emit(text)
+            self._emit(StageOutput(plan.request_id, plan.fence, "done", text=request.transcript))
+            return
         try:
             audio = await asyncio.to_thread(
                 resample_whole, request.audio, request.sample_rate_hz, request.output_rate_hz

@@ -73,9 +73,26 @@ class ResponsePlanRequest:
     #: the function tools this response may call (`response.create`'s, else the session's),
     #: validated (`shared.contracts.tools`), and its `tool_choice`; a plugin without tool
     #: support ignores both. A response planned after a client's `function_call_output`
-    #: has an empty `turn` (no audio, no text): its input is the end of `history`.
+    #: has an empty `turn` (no audio, no text): its input is the end of `history`. On the
+    #: openai surface a `response.create` with no committed audio plans one too: a turn
+    #: with no audio whose `text` is what the client's user text items said since the
+    #: last response, or "" (nothing: the model speaks first, e.g. a greeting).
     tools: tuple[Mapping[str, Any], ...] = ()
     tool_choice: ToolChoice = "auto"
+
+    @property
+    def audio_output(self) -> bool:
+        """Whether the response speaks (its modalities hold "audio"). A text response
+        (`output_modalities: ["text"]`) wants words only: the runner drops any audio of
+        it, so a plugin should not make any (emit "text" outputs instead of synthesizing)."""
+        return "audio" in self.options.output_modalities(self.config)
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The response's max_output_tokens (None: no limit). The runner cuts the words at
+        the limit and ends the response `incomplete` whatever the plugin does; a plugin
+        with an LLM passes it on as the LLM's own limit, so it does not generate in vain."""
+        return self.options.output_token_limit(self.config)
 
 
 class DuplexModelPlugin(abc.ABC):

@@ -68,7 +68,9 @@ class StageOutput:
     """One output of a stage request, delivered to the owning session's mailbox.
 
     `kind`: "audio" (mono float32 `audio` at `sample_rate_hz`, optional `text`
-    for its transcript), "text", "listen" (the model decided not to speak),
+    for its transcript), "text" (words without audio: a text response's text, or in an
+    audio response a transcript piece with no sound of its own), "listen" (the model
+    decided not to speak),
     "function_call" (`function_call`: the response calls a tool; the request still ends
     with "done"), "done" (the request's turn is complete) or "error" (`error_code`,
     `message`).

@@ -2,7 +2,9 @@
 surface): a spoken request calls a declared tool with the GA events, the client's output
 is spoken in the answer, a barge-in into the answer keeps the call and its output, a call
 cancelled while announced leaves nothing, a dropped socket resumes mid-exchange, bad tools
-and unknown calls are refused, and the openai SDK drives the same exchange."""
+and unknown calls are refused, and the openai SDK drives the same exchange (on the openai
+surface a call alone is the response's only output item, GA's way; the duplex surface keeps
+contract 1.2's message item, opened with the response, so its call is at output_index 1)."""
 
 import asyncio
 import base64
@@ -235,16 +237,22 @@ async def test_the_openai_sdk_calls_a_tool_and_answers_it(assistant):
             )
         await connection.input_audio_buffer.commit()
         await connection.response.create()
-        kinds, done = [], None
+        kinds, done, added = [], None, []
         async for event in connection:
             kinds.append(event.type)
             assert event.type != "error", event.error
+            if event.type == "response.output_item.added":
+                added.append(event)
             if event.type == "response.function_call_arguments.done":
                 done = event
             if event.type == "response.done":
                 assert event.response.status == "completed"
+                # GA: a response that says nothing outputs just its call, at index 0
+                assert [item.type for item in event.response.output] == ["function_call"]
                 break
         assert done is not None and done.name == "get_weather" and done.arguments == "{}"
+        assert [(e.item.type, e.output_index) for e in added] == [("function_call", 0)]
+        assert done.output_index == 0
         assert kinds.index("response.function_call_arguments.delta") < kinds.index(
             "response.function_call_arguments.done"
         )

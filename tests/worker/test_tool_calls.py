@@ -1,12 +1,14 @@
 """Function calling in the worker: a stage's call becomes a function_call output item in the
-GA event order, the client's output answers it once, response.create after it plans a
-response without a new turn, a cancelled or failed response leaves no call behind, tools
-reach the plugin, bad tools are refused, and pending calls survive a checkpoint."""
+GA event order (on the openai surface the only output item of a response that said
+nothing), the client's output answers it once, response.create after it plans a response
+without a new turn, a cancelled or failed response leaves no call behind, tools reach the
+plugin, bad tools are refused, and pending calls survive a checkpoint."""
 
 import orjson
 import pytest
 
 from harness.sessions import make_harness, types
+from services.worker.session import surface
 from services.worker.session.checkpoint import export_checkpoint
 from services.worker.session.handlers import dispatch
 from services.worker.session.tool_calls import check_item
@@ -19,8 +21,12 @@ from shared.protocol.duplex import (
     UpdateSession,
     parse_client_event,
 )
+from tests.protocol.ga_events import check_ga_event
+from tests.worker.session_parts import close_parts, make_parts
 from tests.worker.test_checkpoint import reimport
 from tests.worker.test_echo_turn import RESPONSE_END
+
+OPENAI = {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
 
 WEATHER = {
     "type": "function",
@@ -38,7 +44,8 @@ CALL_EVENTS = [
     "response.output_item.done",
     "conversation.item.done",
 ]
-#: a response that said nothing and called a tool: its message item closes, then the call
+#: a response that said nothing and called a tool (the duplex surface): its message item,
+#: opened with the response, closes empty, then the call
 CALL_RESPONSE_END = [
     "response.output_item.done",
     "conversation.item.done",
@@ -302,3 +309,73 @@ async def test_echo_ignores_tools_and_answers_an_output_with_silence(harness):
     events = await session.until("response.done")
     assert events[-1].response["status"] == "completed"
     assert events[-1].response["output"][0]["content"][0]["transcript"] == "echo 0 ms"
+
+
+def projected(events, session) -> list:
+    """The events as the openai surface sends them, each checked against GA's types."""
+    sent = [e for e in (surface.project(event, session) for event in events) if e is not None]
+    for event in sent:
+        check_ga_event(event.to_dict())
+    return sent
+
+
+async def test_on_the_openai_surface_a_call_alone_is_the_only_output_item():
+    """GA: a response that says nothing outputs just its function_call item, at index 0;
+    history holds no empty assistant message (the duplex surface keeps contract 1.2's
+    message item, opened with the response: the tests above)."""
+    parts = await make_parts(OPENAI)
+    try:
+        await parts.start_response()
+        call = FunctionCall("get_weather", '{"city": "paris"}', "call_only")
+        await parts.apply(parts.output("function_call", function_call=call))
+        await parts.apply(parts.output("done"))
+        events = projected(parts.take_events(), parts.session)
+        assert types(events) == [
+            "response.created",
+            *CALL_EVENTS,
+            "response.done",
+            "rate_limits.updated",
+        ]
+        added, item_done, done = events[1], events[6], events[-2]
+        assert added.output_index == events[4].output_index == 0
+        assert added.item["type"] == "function_call" and events[2].previous_item_id is None
+        assert done.response["output"] == [item_done.item]
+        history = parts.session.conversation.items
+        assert [item["type"] for item in history] == ["function_call"]
+        assert parts.session.conversation.pending_call_ids() == ["call_only"]
+    finally:
+        await close_parts(parts)
+
+
+async def test_on_the_openai_surface_a_call_after_words_follows_the_message():
+    parts = await make_parts(OPENAI)
+    try:
+        await parts.start_response()
+        response = parts.session.active
+        parts.take_events()
+        await parts.apply(parts.output("audio", 0.1, text="Let me see."))
+        call = FunctionCall("get_weather", "{}", "call_after")
+        await parts.apply(parts.output("function_call", function_call=call))
+        await parts.apply(parts.output("done"))
+        events = projected(parts.take_events(), parts.session)
+        assert (
+            types(events)
+            == [
+                "response.output_item.added",  # the message item, announced at its first audio
+                "conversation.item.added",
+                "conversation.item.created",
+                "response.content_part.added",
+                "response.output_audio.delta",
+                "response.output_audio_transcript.delta",
+                *RESPONSE_END[:5],
+                *CALL_EVENTS,
+                *RESPONSE_END[5:],
+            ]
+        )
+        assert (events[0].output_index, events[11].output_index) == (0, 1)
+        output = events[-2].response["output"]
+        assert [item["type"] for item in output] == ["message", "function_call"]
+        history = parts.session.conversation.items
+        assert [item["id"] for item in history] == [response.item_id, output[1]["id"]]
+    finally:
+        await close_parts(parts)

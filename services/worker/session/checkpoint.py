@@ -7,7 +7,8 @@ Keys: `v` (1), `session_id`, `config` (the session config in realtime form, its 
 `input_generation`, `unanswered_items`, `audio_started`, `overlap_reported`,
 `last_response_id`, `responses` (the retained responses: id, item id, stage request id,
 fence, playback ledger, transcript, audio/text marks, modalities, output format, status,
-the client's metadata), `active` (the in-flight response, or null), `pending_turns`
+the client's metadata, whether its message item was announced, its max_output_tokens),
+`active` (the in-flight response, or null), `pending_turns`
 (committed turns not answered yet, audio base64 float32 at the model's input rate),
 `input_stream_samples` (the session's input clock, so server-VAD timestamps go on where
 they were), `applied` ([attachment, seq]:
@@ -146,6 +147,8 @@ def _response(response: ActiveResponse) -> dict[str, Any]:
         "reason": response.reason,
         "metrics": response.metrics,
         "metadata": response.metadata,
+        "announced": response.announced,
+        "max_output_tokens": response.max_output_tokens,
     }
 
 
@@ -305,6 +308,9 @@ def _active(session_id: str, entry: Mapping[str, Any], output_rate_hz: int) -> A
         reason=entry.get("reason"),
         metrics=dict(entry.get("metrics") or {}),
         metadata=entry.get("metadata"),
+        # a checkpoint of before the openai surface's lazy item announced it at the start
+        announced=bool(entry.get("announced", True)),
+        max_output_tokens=entry.get("max_output_tokens"),
     )
     return response
 

@@ -17,12 +17,15 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.tool_calls import check_item, check_response_tools, tool_output_turn
 from shared.contracts import (
+    CommittedTurn,
     DuplexModelPlugin,
     DuplexSessionError,
     ResponseCreateOptions,
@@ -161,6 +164,7 @@ async def _cancel_input(ctx: SessionContext, command: CancelInput, reserved: int
 
 async def _create_response(ctx: SessionContext, command: CreateResponse, reserved: int) -> None:
     session = ctx.session
+    openai = session.config.openai_surface
     options = ResponseCreateOptions.from_realtime(
         command.options, private_keys=ctx.plugin.private_runtime_config_keys
     )
@@ -168,13 +172,21 @@ async def _create_response(ctx: SessionContext, command: CreateResponse, reserve
         options.check_native()
     check_response_tools(options)
     if session.active is not None:
-        raise DuplexSessionError(
-            "response_already_active", f"response {session.active.response_id} is active"
-        )
+        active = session.active.response_id
+        if openai:  # GA's code: Pipecat ignores it, and treats any other error as fatal
+            raise DuplexSessionError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {active}. "
+                "Wait until the response is finished before creating a new one.",
+            )
+        raise DuplexSessionError("response_already_active", f"response {active} is active")
     turn = session.pending_turns[-1] if session.pending_turns else None
     if turn is None:
         # after the client's function_call_output: answer it, with no new audio turn
         turn = tool_output_turn(session, ctx.plugin.input_sample_rate_hz)
+    if turn is None and openai:
+        # GA answers from the conversation: the client's user text, or nothing at all
+        turn = conversation_turn(session, ctx.plugin.input_sample_rate_hz)
     if turn is None:
         if session.unanswered_items:
             session.unanswered_items = 0  # the refusal consumes the items
@@ -192,8 +204,36 @@ async def _cancel_response(ctx: SessionContext, command: CancelResponse, reserve
     if active is None or (
         command.response_id is not None and command.response_id != active.response_id
     ):
+        if ctx.session.config.openai_surface:
+            # GA's code and message: Pipecat ignores this code (any other error is fatal to
+            # it), LiveKit skips errors whose message starts with "Cancellation failed"
+            raise DuplexSessionError(
+                "response_cancel_not_active", "Cancellation failed: no active response found"
+            )
         raise DuplexSessionError("response_not_active", "no active response to cancel")
     await ctx.responses.advance_epoch("client_cancelled")
+
+
+def conversation_turn(session: EngineSession, sample_rate_hz: int) -> CommittedTurn:
+    """The input of an openai-surface `response.create` with no committed audio: a turn
+    without audio whose text is what the client's user items said since the last response
+    (their `input_text` parts, and the transcripts of `input_audio` ones), "" if none."""
+    users = [item for item in session.conversation.items if item.get("role") == "user"]
+    pending = users[len(users) - session.unanswered_items :] if session.unanswered_items else []
+    said = [
+        str(part.get("text") or part.get("transcript") or "").strip()
+        for item in pending
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") in ("input_text", "input_audio")
+    ]
+    anchor = pending[-1]["id"] if pending else session.conversation.last_id()
+    return CommittedTurn(
+        session.turn_id,
+        str(anchor or ""),
+        np.zeros(0, np.float32),
+        sample_rate_hz,
+        " ".join(words for words in said if words),
+    )
 
 
 async def _clear_output(ctx: SessionContext, command: ClearOutputAudio, reserved: int) -> None:

@@ -1,15 +1,28 @@
 """One response's state and the events of its canonical sequence (contract 1.2).
 
-start:   response.created -> conversation.item.added -> conversation.item.created
-         -> response.output_item.added
-speak:   response.speak -> response.content_part.added            (before the first audio)
+start:   response.created, then the message item (`item_events`):
+         conversation.item.added -> conversation.item.created -> response.output_item.added
+         (the openai surface: output_item.added first, GA's order, and only once the
+         response has something to say: `ActiveResponse.announced`, module end)
+part:    audio: response.speak -> response.content_part.added{audio}  (before the first audio)
+         text:  response.content_part.added{text}                     (before the first text)
 audio:   response.output_audio.delta + response.output_audio_transcript.delta
-finish:  response.output_audio.done -> response.output_audio_transcript.done
+text:    response.output_text.delta
+finish:  audio: response.output_audio.done -> response.output_audio_transcript.done
+         text:  response.output_text.done
          -> response.content_part.done -> response.output_item.done
          -> conversation.item.done -> response.done -> rate_limits.updated
 The finish chain closes only what was opened, so a response cancelled before
 its first audio ends with output_item.done -> conversation.item.done ->
-response.done -> rate_limits.updated.
+response.done -> rate_limits.updated (on the openai surface, whose item was never
+announced, with response.done -> rate_limits.updated alone).
+
+A text response (its modalities without "audio": `output_modalities: ["text"]`) carries
+one `output_text` part instead of audio; its words are `transcript` all the same.
+
+`max_output_tokens`: a response's words are counted in tokens (`count_tokens`: a word,
+a run of non-space characters, is one token per 4 characters or part of them), and
+`fit_to_limit` cuts the words that would go past the limit (docs/wire-api.md).
 """
 
 from __future__ import annotations
@@ -37,12 +50,18 @@ from shared.protocol.duplex import (
     ResponseOutputAudioTranscriptDone,
     ResponseOutputItemAdded,
     ResponseOutputItemDone,
+    ResponseOutputTextDelta,
+    ResponseOutputTextDone,
     ResponseSpeak,
     error_type_for,
     retryable_for,
 )
 
-COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
+COMPLETED, CANCELLED, FAILED, INCOMPLETE = "completed", "cancelled", "failed", "incomplete"
+#: the reason of a response cut at its max_output_tokens (GA's)
+MAX_OUTPUT_TOKENS = "max_output_tokens"
+#: characters of a word per counted token (`count_tokens`)
+CHARS_PER_TOKEN = 4
 
 
 def new_response_id() -> str:
@@ -58,7 +77,9 @@ class ActiveResponse:
     modalities: tuple[str, ...]
     output_index: int = 0
     content_index: int = 0
+    #: the content part (audio or text) is open: its first output was emitted
     speaking: bool = False
+    #: the response's words: the audio's transcript, or a text response's text
     transcript: str = ""
     marks: list[dict[str, float]] = dataclasses.field(default_factory=list)
     playback: PlaybackLedger = dataclasses.field(default_factory=PlaybackLedger)
@@ -69,6 +90,15 @@ class ActiveResponse:
     function_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: the client's `response.create` metadata, echoed by the openai surface (`surface.py`)
     metadata: dict[str, str] | None = None
+    #: the message item was announced (output_item.added) and is in history; the duplex
+    #: surface announces it at the start, the openai surface at the first output, so a
+    #: response that only calls a tool has no empty message item (GA)
+    announced: bool = False
+    #: the limit on the response's words in tokens (None: none)
+    max_output_tokens: int | None = None
+    #: under a limit, the spaces that end the words so far, sent with the next words:
+    #: a response cut at its limit ends at a word, not at a space (`take_words`)
+    held_space: str = ""
 
     @property
     def item_id(self) -> str:
@@ -77,6 +107,11 @@ class ActiveResponse:
     @property
     def format_name(self) -> str:
         return self.encoder.format.encoding
+
+    @property
+    def text_only(self) -> bool:
+        """A text response: `output_text` content, no audio."""
+        return "audio" not in self.modalities
 
     def committed_text(self, committed_ms: float) -> str:
         """The transcript up to `committed_ms` of audio, from the audio/text marks."""
@@ -87,18 +122,19 @@ class ActiveResponse:
         return self.transcript[:chars]
 
     def item(self, status: str, transcript: str | None = None) -> dict[str, Any]:
+        said = self.transcript if transcript is None else transcript
+        part = (
+            {"type": "output_text", "text": said}
+            if self.text_only
+            else {"type": "output_audio", "transcript": said}
+        )
         return {
             "id": self.item_id,
             "object": "realtime.item",
             "type": "message",
             "role": "assistant",
             "status": status,
-            "content": [
-                {
-                    "type": "output_audio",
-                    "transcript": self.transcript if transcript is None else transcript,
-                }
-            ],
+            "content": [part],
         }
 
     def response_object(
@@ -130,6 +166,57 @@ class ActiveResponse:
         }
 
 
+def said_text(item: dict[str, Any]) -> str:
+    """The words of an assistant message item (an audio transcript or a text part)."""
+    part = (item.get("content") or [{}])[0]
+    return str(part.get("transcript", part.get("text")) or "")
+
+
+# ---------------------------------------------------------------- max_output_tokens
+
+
+def count_tokens(text: str) -> int:
+    """`text` in tokens: each word (a run of non-space characters) counts one token per
+    `CHARS_PER_TOKEN` characters or part of them ("I" 1, "hello" 2, "Hello!" 2)."""
+    return sum(-(-len(word) // CHARS_PER_TOKEN) for word in text.split())
+
+
+def fit_to_limit(before: str, piece: str, limit: int | None) -> tuple[str, bool]:
+    """The part of `piece` that keeps `before + piece` within `limit` tokens, and whether
+    anything of `piece` was cut. The cut falls at a token boundary: after the last whole
+    token that fits (a word longer than a token may be cut inside), never after a space."""
+    if limit is None or count_tokens(before + piece) <= limit:
+        return piece, False
+    low, high = 0, len(piece)  # count_tokens grows with the prefix: bisect the longest fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count_tokens(before + piece[:middle]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return piece[:low].rstrip(), True
+
+
+def take_words(response: ActiveResponse, text: str) -> tuple[str, bool]:
+    """The words of a stage output the response may say under its max_output_tokens, and
+    whether they reached past it (the response then ends `incomplete`). Under a limit the
+    spaces that end them wait for the next words, so a cut response ends at a word."""
+    if response.max_output_tokens is None:
+        return text, False
+    kept, over = fit_to_limit(
+        response.transcript, response.held_space + text, response.max_output_tokens
+    )
+    if over:
+        response.held_space = ""
+        return kept, True
+    words = kept.rstrip()
+    response.held_space = kept[len(words) :]
+    return words, False
+
+
+# ---------------------------------------------------------------- events
+
+
 def _scoped(response: ActiveResponse) -> dict[str, Any]:
     return {
         "response_id": response.response_id,
@@ -139,23 +226,35 @@ def _scoped(response: ActiveResponse) -> dict[str, Any]:
     }
 
 
-def start_events(response: ActiveResponse, previous_item_id: str | None) -> list[DuplexEvent]:
+def created_event(response: ActiveResponse) -> DuplexEvent:
+    return DuplexResponseCreated(
+        response_id=response.response_id, response=response.response_object("in_progress", [])
+    )
+
+
+def item_events(
+    response: ActiveResponse, previous_item_id: str | None, *, ga_order: bool
+) -> list[DuplexEvent]:
+    """The message item is announced: it entered history after `previous_item_id`."""
+    response.announced = True
     item = response.item("in_progress", transcript="")
     item["content"] = []
-    return [
-        DuplexResponseCreated(
-            response_id=response.response_id, response=response.response_object("in_progress", [])
-        ),
+    added = ResponseOutputItemAdded(
+        response_id=response.response_id, output_index=response.output_index, item=item
+    )
+    conversation: list[DuplexEvent] = [
         ConversationItemAdded(previous_item_id=previous_item_id, item=item),
         ConversationItemCreated(previous_item_id=previous_item_id, item=item),
-        ResponseOutputItemAdded(
-            response_id=response.response_id, output_index=response.output_index, item=item
-        ),
     ]
+    return [added, *conversation] if ga_order else [*conversation, added]
 
 
-def speak_events(response: ActiveResponse, session_id: str) -> list[DuplexEvent]:
+def part_events(response: ActiveResponse, session_id: str) -> list[DuplexEvent]:
+    """The content part opens: an audio part (after `response.speak`) or a text part."""
     response.speaking = True
+    if response.text_only:
+        part = {"type": "text", "text": ""}
+        return [ResponseContentPartAdded(**_scoped(response), part=part)]
     metadata = {"session_id": session_id, "epoch": response.fence.epoch, "model_speak": True}
     return [
         ResponseSpeak(**_scoped(response), metadata=metadata),
@@ -198,6 +297,18 @@ def audio_events(
     ]
 
 
+def text_events(response: ActiveResponse, text: str) -> list[DuplexEvent]:
+    """Words without audio: a text response's text delta, or, in an audio response, a
+    transcript delta alone (the model wrote them without sound: echo's answer to a text
+    turn). The mark keeps them in history at the audio generated so far."""
+    response.transcript += text
+    if response.text_only:
+        return [ResponseOutputTextDelta(**_scoped(response), delta=text)]
+    mark = {"text_chars": len(response.transcript), "audio_end_ms": response.playback.generated_ms}
+    response.marks.append(mark)
+    return [ResponseOutputAudioTranscriptDelta(**_scoped(response), delta=text)]
+
+
 def finish_events(
     response: ActiveResponse,
     status: str,
@@ -209,23 +320,33 @@ def finish_events(
     item_status = "completed" if status == COMPLETED else "incomplete"
     item = history_item or response.item(item_status)
     events: list[DuplexEvent] = []
-    if response.speaking:
-        part = {"type": "audio", "transcript": response.transcript}
+    said = response.transcript
+    if response.speaking and response.text_only:
+        events += [
+            ResponseOutputTextDone(**_scoped(response), text=said),
+            ResponseContentPartDone(**_scoped(response), part={"type": "text", "text": said}),
+        ]
+    elif response.speaking:
         events += [
             ResponseOutputAudioDone(**_scoped(response)),
-            ResponseOutputAudioTranscriptDone(**_scoped(response), transcript=response.transcript),
-            ResponseContentPartDone(**_scoped(response), part=part),
+            ResponseOutputAudioTranscriptDone(**_scoped(response), transcript=said),
+            ResponseContentPartDone(
+                **_scoped(response), part={"type": "audio", "transcript": said}
+            ),
+        ]
+    if response.announced:
+        events += [
+            ResponseOutputItemDone(
+                response_id=response.response_id, output_index=response.output_index, item=item
+            ),
+            ConversationItemDone(previous_item_id=previous_item_id, item=item),
         ]
     events += [
-        ResponseOutputItemDone(
-            response_id=response.response_id, output_index=response.output_index, item=item
-        ),
-        ConversationItemDone(previous_item_id=previous_item_id, item=item),
         DuplexResponseDone(
             response_id=response.response_id,
             response=response.response_object(
                 status,
-                [item],
+                [item] if response.announced else [],
                 {
                     "committed": history_item is not None,
                     "playback": response.playback.to_dict(),

@@ -4,19 +4,22 @@ Invariant: every method runs on the session's runner task (or in its `stop`, aft
 task has ended), so it may write the `EngineSession` without a lock.
 
 The response epoch fences the output stream: response.cancel, output_audio_buffer.clear,
-barge_in, input.cancel and a new response over an active one advance it (`advance_epoch`),
-which emits the cancelled terminal chain first and then aborts the stage request, so
-nothing of the old epoch is emitted after its terminal event: a stage output of an older
-fence or request still arriving is consumed and dropped (`dropped_stale_outputs`).
+barge_in, input.cancel, a new response over an active one and a response cut at its
+max_output_tokens advance it, which emits the terminal chain first and then aborts the
+stage request, so nothing of the old epoch is emitted after its terminal event: a stage
+output of an older fence or request still arriving is consumed and dropped
+(`dropped_stale_outputs`).
 
-History follows the playback ledger: a completed response keeps all it generated (under
-`commit_all_on_done`) or what the client acknowledged (`ack_only`); a cancelled one keeps
-what was played; a failed one leaves nothing in history.
+What a stage output becomes: audio (and its transcript) in an audio response; the words
+alone in a text response (`output_modalities: ["text"]`; any audio is dropped, and the
+plugin was told not to make any: `ResponsePlanRequest.audio_output`); words past the
+response's max_output_tokens are cut and end it `incomplete` (response.py).
+
+History follows the playback ledger (`ResponseHistory`, response_history.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -30,13 +33,19 @@ from services.worker.session.response import (
     CANCELLED,
     COMPLETED,
     FAILED,
+    INCOMPLETE,
+    MAX_OUTPUT_TOKENS,
     ActiveResponse,
     audio_events,
+    created_event,
     finish_events,
+    item_events,
     new_response_id,
-    speak_events,
-    start_events,
+    part_events,
+    take_words,
+    text_events,
 )
+from services.worker.session.response_history import ResponseHistory
 from services.worker.session.tool_calls import hold_call, plan_tools, with_calls
 from shared.contracts import (
     CommittedTurn,
@@ -49,14 +58,10 @@ from shared.contracts import (
 )
 from shared.protocol.duplex import (
     ACK_ONLY,
-    AckPlayback,
-    DuplexConversationItemTruncated,
     DuplexErrorEvent,
     DuplexEvent,
     OutputAudioEncoder,
     OverlapDecision,
-    PlaybackAcknowledged,
-    TruncateItem,
     b64encode_audio,
 )
 
@@ -68,7 +73,7 @@ Emit = Callable[[DuplexEvent], None]
 STAGE_FAILED = "runtime_data_plane_stream_failed"
 
 
-class ResponseController:
+class ResponseController(ResponseHistory):
     def __init__(
         self, session: EngineSession, plugin: DuplexModelPlugin, port: StagePort, emit: Emit
     ) -> None:
@@ -100,15 +105,16 @@ class ResponseController:
             fence=fence,
             request_id=request_id,
             encoder=OutputAudioEncoder(output_format, self.plugin.output_sample_rate_hz),
-            modalities=options.modalities or session.config.modalities,
+            modalities=options.output_modalities(session.config),
             metadata=metadata,
+            max_output_tokens=options.output_token_limit(session.config),
         )
         session.active = response
         session.remember(response)
         session.turn_state = "assistant_generating"
-        previous = session.conversation.add(response.item("in_progress", transcript=""))
-        for event in start_events(response, previous):
-            self.emit(event)
+        self.emit(created_event(response))
+        if not session.config.openai_surface:
+            self.announce(response)  # contract 1.2: the item opens with the response
         tools, tool_choice = plan_tools(session.config, options)
         plan = self.plugin.plan_response(
             ResponsePlanRequest(
@@ -130,6 +136,15 @@ class ResponseController:
             log.exception("session %s: stage submit failed", session.session_id)
             self.fail(response, STAGE_FAILED, f"stage submit failed: {exc}", event_id)
 
+    def announce(self, response: ActiveResponse) -> None:
+        """The response's message item enters history and is announced: at the start on
+        the duplex surface, at its first output on the openai surface (GA: a response
+        that only calls a tool has no message item)."""
+        session = self.session
+        previous = session.conversation.add(response.item("in_progress", transcript=""))
+        for event in item_events(response, previous, ga_order=session.config.openai_surface):
+            self.emit(event)
+
     async def advance_epoch(self, reason: str) -> None:
         """Cancel, barge-in, output clear, input cancel: one atomic step on the loop."""
         session = self.session
@@ -141,6 +156,14 @@ class ResponseController:
             self.finish(response, CANCELLED, reason)
             session.turn_state = "barge_in" if reason == "barge_in" else "idle"
             await self.port.abort([response.request_id])
+
+    async def stop_at_limit(self, response: ActiveResponse) -> None:
+        """The response's words reached its max_output_tokens: it ends `incomplete` and its
+        stage stops. The epoch advances as for a cancel: a later response to the same turn
+        would reuse the stage request id, and nothing of this one may reach it."""
+        self.session.epoch += 1
+        self.finish(response, INCOMPLETE, MAX_OUTPUT_TOKENS)
+        await self.port.abort([response.request_id])
 
     async def close(self, reason: str) -> None:
         """The session stops: a response still active ends with the cancelled chain."""
@@ -204,14 +227,20 @@ class ResponseController:
         ):
             self.dropped_stale_outputs += 1  # a late output of a cancelled epoch: never emitted
             return
-        if output.kind == "audio" and output.audio is not None:
-            self.emit_audio(
-                response, output.audio, output.sample_rate_hz, output.text, end_of_turn=False
-            )
+        if output.kind in ("audio", "text"):
+            text, over = take_words(response, output.text)
+            if output.kind == "audio" and output.audio is not None and not response.text_only:
+                self.emit_audio(
+                    response, output.audio, output.sample_rate_hz, text, end_of_turn=False
+                )
+            elif text:  # a text response's words (its audio, if any, dropped), or words alone
+                self.emit_words(response, text)
+            if over:
+                await self.stop_at_limit(response)
         elif output.kind == "function_call":
             hold_call(response, output.function_call)  # emitted when the response completes
         elif output.kind == "done":
-            tail = response.encoder.flush()
+            tail = b"" if response.text_only else response.encoder.flush()
             if tail:
                 self.emit_encoded(response, tail, "", end_of_turn=True)
             self.finish(response, COMPLETED, None)
@@ -238,15 +267,28 @@ class ResponseController:
     ) -> None:
         session = self.session
         if not response.speaking:
-            for event in speak_events(response, session.session_id):
-                self.emit(event)
             session.turn_state = "assistant_playing"
             session.audio_started = True
+        self._open_part(response)
         duration_ms = _duration_ms(encoded, response)
         for event in audio_events(
             response, session.session_id, b64encode_audio(encoded), text, duration_ms, end_of_turn
         ):
             self.emit(event)
+
+    def emit_words(self, response: ActiveResponse, text: str) -> None:
+        """Words without audio (response.py `text_events`)."""
+        self._open_part(response)
+        for event in text_events(response, text):
+            self.emit(event)
+
+    def _open_part(self, response: ActiveResponse) -> None:
+        """Before the response's first output: its item (if not yet announced), its part."""
+        if not response.announced:
+            self.announce(response)
+        if not response.speaking:
+            for event in part_events(response, self.session.session_id):
+                self.emit(event)
 
     def report_overlap(self, action: str, reason: str) -> None:
         """The user spoke over the active response: said once per response."""
@@ -265,84 +307,6 @@ class ResponseController:
             )
         )
 
-    # ------------------------------------------------------------ playback and history
-
-    def acknowledge_playback(self, command: AckPlayback) -> None:
-        session = self.session
-        if command.response_id is not None:
-            response = session.responses.get(command.response_id)
-        else:
-            response = session.active or session.last_response
-        if response is None:
-            raise DuplexSessionError("playback_item_not_found", "no response to acknowledge")
-        if command.item_id is not None and command.item_id != response.item_id:
-            raise DuplexSessionError(
-                "playback_item_mismatch",
-                f"{command.item_id!r} is not {response.response_id}'s item",
-            )
-        response.playback.acknowledge(command.played_ms, command.committed_ms, command.truncate)
-        history = ""
-        if response.status != FAILED and (
-            command.truncate
-            or session.config.playback_commit_policy == ACK_ONLY
-            or response.status != "in_progress"
-        ):
-            item = self.history_item(response, _item_status(response))
-            history = item["content"][0]["transcript"]
-        self.emit(
-            PlaybackAcknowledged(
-                event={
-                    "session_id": session.session_id,
-                    "epoch": session.epoch,
-                    "response_id": response.response_id,
-                    "item_id": response.item_id,
-                    "played_ms": response.playback.played_ms,
-                    "committed_ms": response.playback.committed_ms,
-                    "truncate": command.truncate,
-                    "playback": response.playback.to_dict(),
-                    "history_committed": history,
-                }
-            )
-        )
-
-    def truncate_item(self, command: TruncateItem) -> None:
-        session = self.session
-        if not session.capabilities.supports_audio_truncate:
-            raise DuplexSessionError("bad_event", "this model does not support truncation")
-        session.conversation.get(command.item_id)  # item_not_found
-        response = session.response_by_item(command.item_id)
-        if response is None:
-            raise DuplexSessionError(
-                "bad_event", f"item {command.item_id!r} has no assistant audio"
-            )
-        if command.audio_end_ms > response.playback.generated_ms + 1e-6:
-            raise DuplexSessionError(
-                "bad_event", f"audio_end_ms is past the item's {response.playback.generated_ms} ms"
-            )
-        # the client heard exactly this much: history keeps that prefix
-        response.playback.played_ms = response.playback.committed_ms = float(command.audio_end_ms)
-        self.history_item(response, _item_status(response))
-        self.emit(
-            DuplexConversationItemTruncated(
-                item_id=command.item_id,
-                content_index=command.content_index,
-                audio_end_ms=int(command.audio_end_ms),
-                event=command.to_dict(),
-            )
-        )
-
-    def history_item(self, response: ActiveResponse, status: str) -> dict[str, Any]:
-        """Write the response's committed text into its history item; return the item."""
-        text = (
-            response.transcript
-            if response.playback.committed_ms >= response.playback.generated_ms
-            else response.committed_text(response.playback.committed_ms)
-        )
-        item = response.item(status, transcript=text)
-        with contextlib.suppress(DuplexSessionError):  # deleted by the client: nothing to update
-            self.session.conversation.get(response.item_id).update(item)
-        return item
-
     def _error(self, code: str, message: str, related_event_id: str | None = None) -> None:
         self.emit(DuplexErrorEvent.for_code(code, message, related_event_id=related_event_id))
 
@@ -352,12 +316,6 @@ def _interrupts(session: EngineSession) -> bool:
     says `interrupt_response: false` (accepted on the openai surface only)."""
     td = session.config.turn_detection
     return td is None or td.interrupt_response
-
-
-def _item_status(response: ActiveResponse) -> str:
-    return {"completed": "completed", "in_progress": "in_progress"}.get(
-        response.status, "incomplete"
-    )
 
 
 def _duration_ms(encoded: bytes, response: ActiveResponse) -> float:

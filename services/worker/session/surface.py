@@ -16,14 +16,22 @@ What the projection does (docs/wire-api.md, "The openai surface"):
   is off (GA sends them only from its VAD).
 - `session.created` / `session.updated` carry GA's session object (`session_object`).
 - `response.created` / `response.done` carry GA's response object: `metadata` is the
-  client's `response.create` metadata (or null), `status_details` maps our reasons with
-  `CANCELLED_REASONS`, `response.done` has a zero `usage`.
+  client's `response.create` metadata (or null), `max_output_tokens` is the limit the
+  response ran under ("inf": none), `status_details` maps our reasons with
+  `CANCELLED_REASONS` (an incomplete response's, `max_output_tokens`, is GA's own),
+  `response.done` has a zero `usage`.
 - Tier 2 keys go: `format`, `sample_rate_hz`, `metadata` of audio deltas, `event` of
   committed / deleted / truncated, the top-level `response_id` of response events.
 - `conversation.item.input_audio_transcription.completed` gets GA's required `usage`.
 
 And one rule on the way in (`client_command`, from `SessionManager.submit`): a client's
 commit creates no response, as in GA.
+
+What the surface changes beyond the projection, where the worker decides it (each reads
+`config.openai_surface`): a response's message item is announced at its first output,
+`response.output_item.added` first (response_controller.py, response.py); a
+`response.create` with no committed audio is answered from the conversation, and the
+refusals of a cancel or create carry GA's codes (handlers.py).
 """
 
 from __future__ import annotations
@@ -101,6 +109,8 @@ def status_details(status: str, reason: str | None) -> JSON | None:
     """GA's `status_details` of a response that ended with our `reason`."""
     if status == "cancelled":
         return {"type": "cancelled", "reason": CANCELLED_REASONS.get(reason or "")}
+    if status == "incomplete":  # our reason is GA's own: max_output_tokens
+        return {"type": "incomplete", "reason": reason}
     if status == "failed":
         code = reason or "internal_error"
         entry = ERROR_CODES.get(code)
@@ -203,6 +213,11 @@ def response_object(data: Mapping[str, Any], response: ActiveResponse | None, do
         "output_modalities": output_modalities(data.get("output_modalities")),
         "usage": copy.deepcopy(NO_USAGE) if done else None,
         "metadata": response.metadata if response is not None else None,
+        "max_output_tokens": (
+            "inf"
+            if response is None or response.max_output_tokens is None
+            else response.max_output_tokens
+        ),
     }
 
 

@@ -6,12 +6,15 @@ controller and the command handlers.
 2. A stage output of kind "function_call" is held on its response (`hold_call`): nothing
    of it is emitted yet.
 3. When the response completes, its assistant message item closes as always, then each
-   held call becomes an output item (`with_calls`), at output_index 1, 2, ...:
+   held call becomes an output item (`with_calls`), at the output_index after it (1, 2,
+   ...; on the openai surface a response that said nothing has no message item, as in
+   GA, and its calls are at 0, 1, ...):
    `response.output_item.added` -> `conversation.item.added` / `.created` ->
    `response.function_call_arguments.delta` (the whole arguments, one delta) ->
    `response.function_call_arguments.done` -> `response.output_item.done` ->
    `conversation.item.done`, and `response.done` lists it in `output`. The call item enters
-   history right after the message item, and its `call_id` is pending until answered.
+   history right after the message item (at the end of history when there is none), and
+   its `call_id` is pending until answered.
    A response cancelled (barge-in, `response.cancel`, ...) or failed before it completed
    drops its held calls: none of their events was sent and nothing enters history, so no
    call is ever left half-made or unanswerable.
@@ -137,10 +140,13 @@ def with_calls(
     done = events[at]
     anchor = response.item_id if _holds(conversation, response.item_id) else None
     added: list[DuplexEvent] = []
-    for offset, call in enumerate(calls, start=1):
+    # after the message item, or in its place when it was never announced (module head, 3)
+    index = response.output_index + (1 if response.announced else 0)
+    for call in calls:
         previous = conversation.add(dict(call), anchor)
         anchor = call["id"]
-        added += call_events(response.response_id, response.output_index + offset, call, previous)
+        added += call_events(response.response_id, index, call, previous)
+        index += 1
     assert isinstance(done, DuplexResponseDone)
     done.response["output"] = [*done.response.get("output", []), *(dict(c) for c in calls)]
     return [*events[:at], *added, *events[at:]]

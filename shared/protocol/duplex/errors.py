@@ -79,9 +79,22 @@ _INVALID_REQUEST: list[tuple[str, str]] = [
         "per-response instructions/voice/temperature/max tokens/tools in a model-native session",
     ),
     ("response_already_active", "response.create while a response is active"),
+    (
+        "conversation_already_has_active_response",
+        "openai surface (OpenAI's code): response.create while a response is active",
+    ),
     ("response_not_active", "cancel with no active response"),
-    ("response_create_without_input", "response.create with no committed audio"),
-    ("text_only_turn_unsupported", "response.create over items only"),
+    (
+        "response_cancel_not_active",
+        "openai surface (OpenAI's code): response.cancel with no active response "
+        '(message "Cancellation failed: no active response found")',
+    ),
+    (
+        "response_create_without_input",
+        "duplex surface: response.create with no committed audio (and no function output "
+        "to answer)",
+    ),
+    ("text_only_turn_unsupported", "duplex surface: response.create over items only"),
     ("input_audio_buffer_empty", "commit without audio"),
     ("missing_item_id", "item_id is required"),
     ("item_not_found", "no conversation item with that id"),
@@ -89,7 +102,11 @@ _INVALID_REQUEST: list[tuple[str, str]] = [
     ("playback_item_not_found", "playback.ack for an unknown response or item"),
     ("playback_ack_too_late", "playback.ack for a response superseded by a later commit"),
     ("unsupported_audio_format", "unsupported audio format or sample rate (8 000-192 000 Hz)"),
-    ("unsupported_turn_detection", "only server_vad with interrupt_response=true is supported"),
+    (
+        "unsupported_turn_detection",
+        "turn detection other than server_vad or semantic_vad (eagerness low, medium, high "
+        "or auto), a malformed setting, or interrupt_response=false on the duplex surface",
+    ),
     ("unsupported_ref_audio_path", "ref_audio paths are not accepted; use a URI or data URL"),
     ("ref_audio_required", "the model needs ref_audio when audio output is on"),
     ("model_update_unsupported", "session.update cannot change the model"),

@@ -73,6 +73,9 @@ NATIVE_UNSUPPORTED_RESPONSE_OPTIONS = (
     "tool_choice",
 )
 
+#: GA's bound on `max_output_tokens` (an integer 1-4096, or "inf"), held on both surfaces
+GA_MAX_OUTPUT_TOKENS = 4096
+
 SURFACE_DUPLEX = "duplex"
 SURFACE_OPENAI = "openai"
 SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI)
@@ -95,6 +98,16 @@ def _optional_str(value: Any, param: str) -> str | None:
 def _pick(session: Mapping[str, Any], extra: Mapping[str, Any], key: str) -> Any:
     """A key from the session object, falling back to `extra_body` (overlap/playback keys)."""
     return session[key] if key in session else extra.get(key)
+
+
+def check_max_output_tokens(limit: int | None, param: str) -> None:
+    """GA's bound on max_output_tokens, on both surfaces: 1-4096 (or "inf", read as None;
+    `read_max_tokens` refused anything below 1)."""
+    if limit is not None and limit > GA_MAX_OUTPUT_TOKENS:
+        raise _config_error(
+            f"max_output_tokens must be an integer from 1 to {GA_MAX_OUTPUT_TOKENS} or 'inf'",
+            param,
+        )
 
 
 # ---------------------------------------------------------------- 4.2 turn detection
@@ -259,6 +272,7 @@ class DuplexSessionConfig:
             changes["temperature"] = float(_number(session["temperature"], "temperature"))
         declared, max_tokens = read_max_tokens(session)
         if declared:
+            check_max_output_tokens(max_tokens, "max_output_tokens")
             changes["max_tokens"] = max_tokens
         speed = read_speed(session)
         if speed is not None:
@@ -414,6 +428,7 @@ class ResponseCreateOptions:
             declared.add("temperature")
         has_max, max_tokens = read_max_tokens(options)
         if has_max:
+            check_max_output_tokens(max_tokens, "response.max_output_tokens")
             kwargs["max_tokens"] = max_tokens
             declared.add("max_tokens")
         speed = read_speed(options)
@@ -440,6 +455,16 @@ class ResponseCreateOptions:
                 declared.add(key)
         return cls(extra_body=extra, declared=frozenset(declared), **kwargs)
 
+    def output_modalities(self, config: DuplexSessionConfig) -> tuple[str, ...]:
+        """The modalities of this response: its own, else the session's ("audio" in them:
+        audio and its transcript; without it: text)."""
+        return self.modalities or config.modalities
+
+    def output_token_limit(self, config: DuplexSessionConfig) -> int | None:
+        """The max_output_tokens of this response: its own when it set one ("inf": none),
+        else the session's."""
+        return self.max_tokens if "max_tokens" in self.declared else config.max_tokens
+
     def check_native(self) -> None:
         """Model-native sessions decide these per session, never per response."""
         refused = [key for key in NATIVE_UNSUPPORTED_RESPONSE_OPTIONS if key in self.declared]
@@ -455,6 +480,7 @@ __all__ = [
     "ACK_ONLY",
     "BARGE_IN_ON_SPEECH",
     "COMMIT_ALL_ON_DONE",
+    "GA_MAX_OUTPUT_TOKENS",
     "LISTEN_ONLY",
     "NATIVE_UNSUPPORTED_RESPONSE_OPTIONS",
     "OVERLAP_POLICIES",
