@@ -32,8 +32,13 @@ DEFAULT_PYTHON = ROOT / ".venv-frameworks" / "bin" / "python"
 #: what the scenarios say, by the name the clients use
 PHRASES = {
     "hello": "hello",  # "Hello! How can I help you?"
-    # a reply of some seconds, so that the interruption lands while it plays
-    "long": "repeat after me the quick brown fox jumps over the lazy dog",
+    # a reply of about 5 s, so that the interruption lands while the server still sends it
+    # even on a loaded machine (a reply of 2.5 s once finished first under a parallel CI);
+    # no pause in it longer than 110 ms, which Pipecat's local VAD would take for an end
+    "long": (
+        "repeat after me the cat sleeps under the warm kitchen table and the dog runs "
+        "across the green garden"
+    ),
     "thanks": "thank you",  # "You are welcome."
     "weather": "please get the weather",  # names the tool get_weather
 }
