@@ -228,7 +228,7 @@ def _spoken_output(output: str) -> str:
     """A tool's output as one short spoken sentence (a JSON string or object is read out)."""
     try:
         value: Any = json.loads(output)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         value = output
     if isinstance(value, Mapping):
         text = ", ".join(

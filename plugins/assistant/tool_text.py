@@ -50,12 +50,12 @@ def tools_prompt(tools: Sequence[Mapping[str, Any]], tool_choice: ToolChoice) ->
 def call_line(item: Mapping[str, Any]) -> str:
     """A history item of a tool call or its output, as a prompt line ("" for others)."""
     if item.get("type") == "function_call":
-        try:
-            arguments: Any = json.loads(str(item.get("arguments") or "{}"))
-        except ValueError:
-            arguments = item.get("arguments")
-        call = {"name": item.get("name"), "arguments": arguments}
-        return f"Assistant: {OPEN}{json.dumps(call)}{CLOSE}"
+        text = str(item.get("arguments") or "{}")
+        try:  # the client may have made the item: its arguments may be anything
+            body = json.dumps({"name": item.get("name"), "arguments": json.loads(text)})
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+            body = json.dumps({"name": item.get("name"), "arguments": item.get("arguments")})
+        return f"Assistant: {OPEN}{body}{CLOSE}"
     if item.get("type") == "function_call_output":
         return f"Tool: <tool_response>{item.get('output', '')}</tool_response>"
     return ""
@@ -66,7 +66,7 @@ def parse_call(body: str, allowed: Iterable[str]) -> FunctionCall | None:
     of an allowed tool."""
     try:
         value = json.loads(body.strip())
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("dropped a tool call that is not JSON: %.200r", body)
         return None
     if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):

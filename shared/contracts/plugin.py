@@ -89,9 +89,10 @@ class ResponsePlanRequest:
 
     @property
     def max_output_tokens(self) -> int | None:
-        """The response's max_output_tokens (None: no limit). The runner cuts the words at
-        the limit and ends the response `incomplete` whatever the plugin does; a plugin
-        with an LLM passes it on as the LLM's own limit, so it does not generate in vain."""
+        """The response's max_output_tokens (None: no limit), on both surfaces. On the
+        openai surface the runner also cuts the words at the limit and ends the response
+        `incomplete` whatever the plugin does (GA); on the duplex surface it is the
+        plugin's alone. A plugin with an LLM passes it on as the LLM's own limit."""
         return self.options.output_token_limit(self.config)
 
 

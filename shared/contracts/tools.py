@@ -4,8 +4,10 @@ which of them one response may call.
 A tool is `{"type": "function", "name", "description"?, "parameters"?}` (`type` may be left
 out; `name` matches `^[A-Za-z0-9_-]{1,64}$` as OpenAI requires; `parameters`, a JSON Schema,
 must be an object). `tool_choice` is `"auto"` (the default), `"none"`, `"required"` or
-`{"type": "function", "name"}`. Anything else is refused with `invalid_tools` (MCP tools
-and choices included: no model here can call them). Tools arrive from `session.update`
+`{"type": "function", "name"}`. At most `MAX_TOOLS` tools (OpenAI's limit), each
+`description` at most `MAX_DESCRIPTION_CHARS` characters and each `parameters` at most
+`MAX_PARAMETERS_BYTES` as compact JSON. Anything else is refused with `invalid_tools` (MCP
+tools and choices included: no model here can call them). Tools arrive from `session.update`
 (kept as `extra_body.realtime_tools` / `realtime_tool_choice`) and per response from
 `response.create` (`realtime_response_tools` / `realtime_response_tool_choice`), which
 replace the session's for that response.
@@ -17,10 +19,18 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from shared.contracts.host import DuplexSessionError
 
 TOOL_CHOICES = ("auto", "none", "required")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: the most tools one declaration may hold (OpenAI's limit)
+MAX_TOOLS = 128
+#: the longest tool description, in characters
+MAX_DESCRIPTION_CHARS = 4096
+#: the largest tool parameters schema, in bytes of compact JSON
+MAX_PARAMETERS_BYTES = 64 * 1024
 
 #: a validated tool_choice: one of TOOL_CHOICES, or {"type": "function", "name": ...}
 ToolChoice = str | Mapping[str, Any]
@@ -36,7 +46,10 @@ def read_tools(value: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
         return ()
     if not isinstance(value, list | tuple):
         raise _invalid("tools must be a list of function tools", param)
+    if len(value) > MAX_TOOLS:
+        raise _invalid(f"at most {MAX_TOOLS} tools may be declared", param)
     tools: list[dict[str, Any]] = []
+    names: set[str] = set()
     for index, tool in enumerate(value):
         where = f"{param}[{index}]"
         if not isinstance(tool, Mapping):
@@ -47,14 +60,22 @@ def read_tools(value: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
         name = tool.get("name")
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise _invalid("a function tool needs a name matching ^[A-Za-z0-9_-]{1,64}$", where)
-        if any(existing["name"] == name for existing in tools):
+        if name in names:
             raise _invalid(f"tool {name!r} is declared twice", where)
+        names.add(name)
         description = tool.get("description")
         if description is not None and not isinstance(description, str):
             raise _invalid("a tool's description must be a string", f"{where}.description")
+        if description is not None and len(description) > MAX_DESCRIPTION_CHARS:
+            raise _invalid(
+                f"a tool's description is at most {MAX_DESCRIPTION_CHARS} characters",
+                f"{where}.description",
+            )
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, Mapping):
             raise _invalid("a tool's parameters must be a JSON Schema object", where)
+        if parameters is not None:
+            _check_size(parameters, f"{where}.parameters")
         out: dict[str, Any] = {"type": "function", "name": name}
         if description is not None:
             out["description"] = description
@@ -62,6 +83,19 @@ def read_tools(value: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
             out["parameters"] = dict(parameters)
         tools.append(out)
     return tuple(tools)
+
+
+def _check_size(parameters: Mapping[str, Any], where: str) -> None:
+    """Refuse parameters over MAX_PARAMETERS_BYTES of compact JSON (serialized once, in C:
+    the frame that carried them is bounded, so this is too), or that are not JSON."""
+    try:
+        size = len(orjson.dumps(parameters))
+    except orjson.JSONEncodeError as exc:  # nested too deep, or not JSON values
+        raise _invalid(f"a tool's parameters must be JSON: {exc}", where) from None
+    if size > MAX_PARAMETERS_BYTES:
+        raise _invalid(
+            f"a tool's parameters are at most {MAX_PARAMETERS_BYTES} bytes of JSON", where
+        )
 
 
 def read_tool_choice(value: Any, param: str = "tool_choice") -> ToolChoice:
@@ -104,6 +138,9 @@ def must_call(tool_choice: ToolChoice) -> bool:
 
 
 __all__ = [
+    "MAX_DESCRIPTION_CHARS",
+    "MAX_PARAMETERS_BYTES",
+    "MAX_TOOLS",
     "TOOL_CHOICES",
     "ToolChoice",
     "callable_tools",

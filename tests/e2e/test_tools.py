@@ -71,7 +71,7 @@ async def test_a_spoken_request_calls_the_tool_and_the_answer_speaks_its_output(
     session = {**ASSISTANT_SESSION, "tools": [WEATHER]}
     client = await DuplexClient(assistant.base, heartbeat_s=None).connect(session)
     try:
-        await say(client, spoken("please get the weather"))
+        await say(client, spoken("can you get the weather for me"))
         events = await client.until("response.done", timeout=30)
         heard = of_type(events, "conversation.item.input_audio_transcription.completed")[-1]
         assert "get" in heard.transcript and "weather" in heard.transcript
@@ -215,7 +215,7 @@ async def test_the_openai_sdk_calls_a_tool_and_answers_it(assistant):
     from openai import AsyncOpenAI
 
     sdk = AsyncOpenAI(api_key="unused", base_url=f"{assistant.base}/v1")
-    pcm = float_to_pcm16(spoken("please get the weather"))
+    pcm = float_to_pcm16(spoken("can you get the weather for me"))
     async with sdk.realtime.connect(model="assistant") as connection:
         await connection.session.update(
             session={

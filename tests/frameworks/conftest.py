@@ -40,7 +40,9 @@ PHRASES = {
         "across the green garden"
     ),
     "thanks": "thank you",  # "You are welcome."
-    "weather": "please get the weather",  # names the tool get_weather
+    # names the tool get_weather; Whisper hears this one whatever silence surrounds it
+    # (24 of 24 offsets), "please get the weather" once became "please get to the wearer"
+    "weather": "can you get the weather for me",
 }
 
 #: how long one client program may run (its steps time out well before)

@@ -98,6 +98,27 @@ def test_no_output_no_tool_answer():
     assert tool_answer(history_with_output("x")[:2]) is None
 
 
+#: client text nested past the JSON parser's depth (json.loads raises RecursionError)
+NESTED = "[" * 100_000 + "]" * 100_000
+
+
+def test_an_output_nested_too_deep_is_read_as_text():
+    said = tool_answer(history_with_output(NESTED))
+    assert said is not None and said.startswith("The get weather tool says: [[[")
+    answer = plan(AssistantPlugin(), history=history_with_output(NESTED), tools=[WEATHER])
+    assert answer.reply == said
+
+
+def test_a_client_call_nested_too_deep_is_shown_as_its_text():
+    history = history_with_output("Sunny.")
+    history[1] = {**history[1], "arguments": NESTED}
+    line = llm_prompt(history, "", "", [WEATHER], "auto").splitlines()[-3]
+    assert json.loads(line.removeprefix("Assistant: <tool_call>").removesuffix("</tool_call>")) == {
+        "name": "get_weather",
+        "arguments": NESTED,
+    }
+
+
 def plan(plugin, heard="", history=(), tools=(), tool_choice="auto"):
     import numpy as np
 

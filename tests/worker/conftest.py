@@ -35,8 +35,10 @@ async def parts_for():
     """Session parts for a session object (unpaced) and a plugin; closed at the end."""
     made = []
 
-    async def make(session, plugin, *, vad=False):
-        parts = await make_parts({"extra_body": {"pace": 0}, **session}, vad=vad, plugin=plugin)
+    async def make(session, plugin, *, vad=False, state=None):
+        parts = await make_parts(
+            {"extra_body": {"pace": 0}, **session}, vad=vad, plugin=plugin, state=state
+        )
         made.append(parts)
         return parts
 

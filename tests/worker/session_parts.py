@@ -154,11 +154,16 @@ class Parts:
 
 
 async def make_parts(
-    session: dict[str, Any] | None = None, *, vad: bool = False, plugin: Any = None
+    session: dict[str, Any] | None = None,
+    *,
+    vad: bool = False,
+    plugin: Any = None,
+    state: EngineSession | None = None,
 ) -> Parts:
+    """`state`: the session's state as it is (a restored checkpoint's), else a new one."""
     plugin = plugin or EchoPlugin()
     config = DuplexSessionConfig.from_realtime(session or {"extra_body": {"pace": 0}})
-    state = EngineSession(
+    state = state or EngineSession(
         session_id=SESSION_ID,
         config=config,
         runtime_config=await plugin.prepare_runtime_config(config),
@@ -166,6 +171,7 @@ async def make_parts(
         lease=LeaseState(None),
         input=InputLedger(plugin.input_sample_rate_hz),
     )
+    config = state.config
     pipeline = InputPipeline(plugin.input_sample_rate_hz, LoudnessVad if vad else None)
     pipeline.configure_vad(config.turn_detection, 0)
     port = RecordingPort()

@@ -2,6 +2,8 @@
 the eagerness; without a transcript, the eagerness-scaled silence."""
 
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 from harness.sessions import types
 from plugins.echo import EchoPlugin
+from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.semantic_turn import (
     FINISHED,
     PAUSE_PROBE_MS,
@@ -18,8 +21,16 @@ from services.worker.session.semantic_turn import (
     TurnHint,
     classify,
 )
-from services.worker.session.vad import FRAME_MS, FRAME_SAMPLES, ServerVadDetector, VadEvent
+from services.worker.session.vad import (
+    FRAME_MS,
+    FRAME_SAMPLES,
+    ServerVadDetector,
+    VadBackend,
+    VadEvent,
+    VadStream,
+)
 from shared.contracts import TurnDetection
+from shared.protocol.duplex import AppendAudio, float_to_pcm16
 from shared.protocol.duplex.session import SEMANTIC_VAD_SILENCE_MS
 from tests.worker.session_parts import LoudnessVad
 from tests.worker.transcribing import Recogniser, feed, loud, quiet, settle
@@ -110,6 +121,43 @@ def test_server_vad_ignores_transcripts_and_never_pauses():
         {"type": "server_vad", "prefix_padding_ms": 0, "min_speech_duration_ms": 64}
     )
     assert silence_that_ends(settings, (UNFINISHED, 320)) == 512  # its silence_duration_ms
+
+
+class _Held(VadBackend, VadStream):
+    """A VAD whose first frame holds until `release`: a conversion that keeps the
+    pipeline's lock (a large append: thousands of frames)."""
+
+    def __init__(self) -> None:
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.released_in_time: bool | None = None
+
+    def new_stream(self) -> VadStream:
+        return self
+
+    def probability(self, frame: np.ndarray) -> float:
+        if self.released_in_time is None:
+            self.inside.set()
+            self.released_in_time = self.release.wait(5)  # a failure guard: never hangs
+        return 0.0
+
+
+async def test_a_turn_hint_never_waits_for_a_conversion_in_progress():
+    """The runner hands the hint over on the event loop: waiting there for the session's
+    conversion on the executor would stall every session of the worker."""
+    held = _Held()
+    pipeline = InputPipeline(16_000, lambda: held)
+    pipeline.configure_vad(semantic("medium"), 0)
+    append = AppendAudio(audio=float_to_pcm16(np.zeros(4 * FRAME_SAMPLES, np.float32)),
+                         format="pcm16", sample_rate_hz=16_000)  # fmt: skip
+    with ThreadPoolExecutor(1) as executor:
+        converting = executor.submit(pipeline.convert, append, 0.01)
+        assert held.inside.wait(5)  # the conversion holds the lock now
+        hint = TurnHint(FINISHED, 320)
+        pipeline.set_turn_hint(hint)  # on the loop: returns at once
+        held.release.set()
+        converting.result(5)
+    assert held.released_in_time  # set_turn_hint did not wait for the conversion
+    assert pipeline._detector is not None and pipeline._detector.hint is hint
 
 
 # ---------------------------------------------------------------- through the session

@@ -1,7 +1,7 @@
 """A failing stage fails only its response; the session and its history go on."""
 
 from harness.sessions import appends, make_harness, send_all, sine, types
-from plugins.echo import EchoStagePort
+from plugins.echo import EchoPlugin, EchoStagePort
 from shared.contracts import StageOutput
 
 
@@ -72,5 +72,36 @@ async def test_submit_failure_fails_the_response():
         assert (
             next(e for e in events if e.wire_type == "response.done").response["status"] == "failed"
         )
+    finally:
+        await h.manager.shutdown()
+
+
+class PlanFailsOnce(EchoPlugin):
+    """A plugin whose first plan_response raises (as a parser of client text might)."""
+
+    failed = False
+
+    def plan_response(self, request):
+        if not self.failed:
+            self.failed = True
+            raise RecursionError("maximum recursion depth exceeded")
+        return super().plan_response(request)
+
+
+async def test_a_plan_that_raises_fails_the_response_and_the_session_goes_on():
+    h = make_harness(plugin=PlanFailsOnce())
+    try:
+        session = await h.client.open(
+            {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
+        )
+        await session.send({"type": "response.create", "event_id": "first"})
+        events = await session.until("error")
+        done = next(e for e in events if e.wire_type == "response.done")
+        assert done.response["status"] == "failed"
+        assert (events[-1].code, events[-1].related_event_id) == ("internal_error", "first")
+        await session.send({"type": "response.create", "event_id": "second"})
+        events = await session.until("response.done")
+        assert "error" not in types(events)  # not refused as a second active response
+        assert events[-1].response["status"] == "completed"
     finally:
         await h.manager.shutdown()

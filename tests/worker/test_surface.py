@@ -12,7 +12,9 @@ from services.worker.session.checkpoint import (
     read_checkpoint,
     session_from_checkpoint,
 )
+from services.worker.session.handlers import dispatch
 from services.worker.session.lease import LeaseState
+from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import (
     CancelResponse,
     ClearInput,
@@ -25,6 +27,7 @@ from shared.protocol.duplex import (
 )
 from tests.protocol.ga_events import check_ga_event
 from tests.worker.session_parts import RecordingPort, close_parts, make_parts
+from tests.worker.transcribing import feed, loud, quiet
 
 #: an openai session without turn detection (the client commits), its model unpaced
 MANUAL = {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
@@ -150,6 +153,25 @@ async def test_invalid_metadata_is_refused():
         await h.manager.shutdown()
 
 
+@pytest.mark.parametrize("eagerness", [["high"], {"level": "high"}])
+async def test_a_malformed_eagerness_is_refused_at_open_and_in_an_update(eagerness):
+    td = {"type": "semantic_vad", "eagerness": eagerness}
+    h = make_harness()
+    try:
+        with pytest.raises(DuplexSessionError) as info:
+            await h.client.open({**MANUAL, "turn_detection": td})
+        assert (info.value.code, info.value.param) == (
+            "unsupported_turn_detection",
+            "turn_detection",
+        )
+        session = await h.client.open(MANUAL)
+        await session.send({"type": "session.update", "session": {"turn_detection": td}})
+        error = await session.until("error")
+        assert (error[-1].code, error[-1].param) == ("unsupported_turn_detection", "turn_detection")
+    finally:
+        await h.manager.shutdown()
+
+
 @pytest.mark.parametrize(
     "status, reason, details",
     [
@@ -204,6 +226,30 @@ async def test_interrupt_response_false_lets_the_response_play_on():
         kinds = [event.wire_type for event in parts.take_events()]
         assert "input_audio_buffer.speech_started" in kinds and "response.done" not in kinds
         assert parts.session.active is response
+    finally:
+        await close_parts(parts)
+
+
+async def test_a_turn_ended_under_a_response_that_plays_on_waits_for_response_create():
+    """interrupt_response false: the turn is committed, gets no response of its own, and
+    stays pending until an input-less response.create answers it (docs/wire-api.md)."""
+    td = {"type": "server_vad", "interrupt_response": False, "prefix_padding_ms": 0}
+    td |= {"min_speech_duration_ms": 64, "silence_duration_ms": 64}
+    parts = await make_parts(
+        {"duplex_surface": "openai", "turn_detection": td, "extra_body": {"pace": 0}}, vad=True
+    )
+    try:
+        response = await parts.start_response()
+        parts.take_events()
+        await feed(parts, np.concatenate([loud(200), quiet(300)]))
+        kinds = [event.wire_type for event in parts.take_events()]
+        assert "input_audio_buffer.committed" in kinds and "response.created" not in kinds
+        (turn,) = parts.session.pending_turns
+        await parts.apply(parts.output("done"))
+        assert parts.session.active is None and response.reason is None
+        await dispatch(parts.ctx, CreateResponse(options={}), in_order=True)
+        assert parts.session.active.fence.turn_id == turn.turn_id
+        assert list(parts.session.pending_turns) == []
     finally:
         await close_parts(parts)
 

@@ -13,7 +13,14 @@ from services.worker.session.checkpoint import export_checkpoint
 from services.worker.session.handlers import dispatch
 from services.worker.session.tool_calls import check_item
 from shared.contracts import DuplexSessionError, FunctionCall, ResponseCreateOptions
-from shared.contracts.tools import callable_tools, read_tool_choice, read_tools
+from shared.contracts.tools import (
+    MAX_DESCRIPTION_CHARS,
+    MAX_PARAMETERS_BYTES,
+    MAX_TOOLS,
+    callable_tools,
+    read_tool_choice,
+    read_tools,
+)
 from shared.protocol.duplex import (
     CreateItem,
     CreateResponse,
@@ -245,6 +252,7 @@ async def test_bad_tools_are_refused_with_invalid_tools(parts):
         {"tools": [{"type": "function", "name": "has space"}]},
         {"tools": [{"type": "function", "name": "x", "parameters": "object"}]},
         {"tools": [{"name": "x"}, {"name": "x"}]},
+        {"tools": [{"name": f"tool_{i}"} for i in range(MAX_TOOLS + 1)]},
         {"tool_choice": "sometimes"},
     ):
         assert await refused(dispatch(parts.ctx, UpdateSession(patch=session))) == "invalid_tools"
@@ -278,6 +286,30 @@ def test_tool_declarations_read_as_the_ga_shape():
     assert [t["name"] for t in callable_tools(tools, {"type": "function", "name": "b"})] == ["b"]
     assert callable_tools(tools, {"type": "function", "name": "c"}) == ()
     assert callable_tools(tools, "auto") == tools
+
+
+def limit_refused(tools) -> str | None:
+    with pytest.raises(DuplexSessionError) as info:
+        read_tools(tools)
+    assert info.value.code == "invalid_tools"
+    return info.value.param
+
+
+def test_tool_declarations_are_bounded():
+    many = [{"name": f"tool_{i}"} for i in range(MAX_TOOLS + 1)]
+    assert len(read_tools(many[:MAX_TOOLS])) == MAX_TOOLS  # 128 distinct tools are served
+    assert limit_refused(many) == "tools"
+    long = "x" * MAX_DESCRIPTION_CHARS
+    assert read_tools([{"name": "a", "description": long}])[0]["description"] == long
+    assert limit_refused([{"name": "a", "description": long + "x"}]) == "tools[0].description"
+    fits = {"type": "object", "description": "x" * (MAX_PARAMETERS_BYTES - 100)}
+    assert read_tools([{"name": "a", "parameters": fits}])[0]["parameters"] == fits
+    big = {"type": "object", "description": "x" * MAX_PARAMETERS_BYTES}
+    assert limit_refused([{"name": "a"}, {"name": "b", "parameters": big}]) == "tools[1].parameters"
+    deep: dict = {}
+    for _ in range(300):  # nested past what serializes: not a schema to offer a model
+        deep = {"items": deep}
+    assert limit_refused([{"name": "a", "parameters": deep}]) == "tools[0].parameters"
 
 
 async def test_pending_calls_survive_a_checkpoint(parts):

@@ -11,6 +11,7 @@ from harness.sessions import appends, make_harness, send_all, speech_wav, types
 from services.worker.session.handlers import dispatch
 from services.worker.session.transcription import (
     CADENCE_MS,
+    PartialPool,
     PartialTranscript,
     StableWords,
 )
@@ -85,7 +86,7 @@ async def test_a_manual_turn_streams_deltas_and_a_stale_partial_is_dropped(parts
     plugin = Recogniser(["one", "one two", "one two three"])
     parts = await parts_for({"input_audio_transcription": TRANSCRIBED}, plugin)
     # the decode the test holds must not hold the commit's resampler flush behind it
-    parts.input.partials.executor = ThreadPoolExecutor(1, thread_name_prefix="partials")
+    parts.input.partials.pool = PartialPool(ThreadPoolExecutor(1, thread_name_prefix="partials"))
     await feed(parts, loud(1000))
     assert [d.delta for d in of(parts.take_events(), DELTA)] == ["one"]
 
@@ -114,7 +115,7 @@ async def test_a_manual_turn_streams_deltas_and_a_stale_partial_is_dropped(parts
         "input_audio_buffer.speech_started",
         "input_audio_buffer.cleared",
     ]
-    parts.input.partials.executor.shutdown(wait=True)
+    parts.input.partials.pool.executor.shutdown(wait=True)
 
 
 def test_stable_words_never_retract_what_was_sent():

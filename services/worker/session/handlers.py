@@ -166,7 +166,9 @@ async def _create_response(ctx: SessionContext, command: CreateResponse, reserve
     session = ctx.session
     openai = session.config.openai_surface
     options = ResponseCreateOptions.from_realtime(
-        command.options, private_keys=ctx.plugin.private_runtime_config_keys
+        command.options,
+        private_keys=ctx.plugin.private_runtime_config_keys,
+        openai_surface=openai,
     )
     if session.model_native:
         options.check_native()

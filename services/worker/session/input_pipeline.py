@@ -5,6 +5,12 @@ append order, on the event loop or the manager's executor. A lock guards the
 resampler and VAD state all the same: the runner's task resets and reconfigures
 them (input clear and cancel, session.update) while a conversion may be running
 on the executor, and a stopped input task leaves its executor call running.
+
+`set_turn_hint` alone takes no lock: it comes from the runner's task for every partial
+transcript, and waiting there for a long conversion (thousands of VAD frames) would stall
+the worker's event loop. It is one attribute write, atomic under the GIL, and the
+detector reads the hint once per frame (`ServerVadDetector.silence_limit_ms`), so a hint
+arriving mid-append counts from the next frame.
 """
 
 from __future__ import annotations
@@ -86,10 +92,11 @@ class InputPipeline:
                 self._detector.settings = settings
 
     def set_turn_hint(self, hint: TurnHint) -> None:
-        """semantic_vad: the verdict of the latest partial transcript (`semantic_turn`)."""
-        with self._lock:
-            if self._detector is not None:
-                self._detector.set_hint(hint)
+        """semantic_vad: the verdict of the latest partial transcript (`semantic_turn`).
+        Without the lock, on the event loop (module docstring)."""
+        detector = self._detector  # read once: a reset may replace it meanwhile
+        if detector is not None:
+            detector.set_hint(hint)
 
     def reset(self, stream_ms: int) -> None:
         """Input clear: forget the resampler's history and restart VAD at `stream_ms`."""

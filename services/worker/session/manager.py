@@ -22,6 +22,7 @@ from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.moves import SessionMoves
 from services.worker.session.runner import Dispatched, SessionRunner
+from services.worker.session.transcription import PartialPool
 from services.worker.session.vad import SileroOnnxBackend, VadBackend, VadUnavailable
 from shared.contracts import (
     DuplexModelPlugin,
@@ -85,6 +86,12 @@ class SessionManager(SessionMoves, SessionHost):
         self.clock = clock
         self.executor = ThreadPoolExecutor(
             runtime.executor_threads, thread_name_prefix="duplex-session"
+        )
+        # partial transcripts are previews: one at a time, on a thread of their own, so
+        # they never hold up a session's VAD or a committed turn's transcript
+        # (transcription.py); one asked for while it is busy is skipped
+        self.partial_pool = PartialPool(
+            ThreadPoolExecutor(1, thread_name_prefix="duplex-partial"), limit=1
         )
         self._vad_backend = vad_backend or (
             lambda: SileroOnnxBackend.shared(runtime.server_vad_model_path)
@@ -189,11 +196,12 @@ class SessionManager(SessionMoves, SessionHost):
             pipeline,
             on_close=self._close_later,
             marks=marks,
+            partial_pool=self.partial_pool,
         )
 
     def _read_config(self, session: Mapping[str, Any]) -> DuplexSessionConfig:
         try:
-            return DuplexSessionConfig.from_realtime(session)
+            return DuplexSessionConfig.from_realtime(session, client=True)
         except RealtimeProtocolError as exc:
             raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
 
@@ -352,6 +360,7 @@ class SessionManager(SessionMoves, SessionHost):
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.port.shutdown()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.partial_pool.executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ chat
 

@@ -20,9 +20,10 @@ announced, with response.done -> rate_limits.updated alone).
 A text response (its modalities without "audio": `output_modalities: ["text"]`) carries
 one `output_text` part instead of audio; its words are `transcript` all the same.
 
-`max_output_tokens`: a response's words are counted in tokens (`count_tokens`: a word,
-a run of non-space characters, is one token per 4 characters or part of them), and
-`fit_to_limit` cuts the words that would go past the limit (docs/wire-api.md).
+`max_output_tokens` (the openai surface; a duplex response has no limit here): a
+response's words are counted in tokens (`count_tokens`: a word, a run of non-space
+characters, is one token per 4 characters or part of them), and `fit_to_limit` cuts the
+words that would go past the limit (docs/wire-api.md).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class ActiveResponse:
     #: surface announces it at the start, the openai surface at the first output, so a
     #: response that only calls a tool has no empty message item (GA)
     announced: bool = False
-    #: the limit on the response's words in tokens (None: none)
+    #: the limit on the response's words in tokens (None: none; always on the duplex
+    #: surface, whose limit only reaches the plugin)
     max_output_tokens: int | None = None
     #: under a limit, the spaces that end the words so far, sent with the next words:
     #: a response cut at its limit ends at a word, not at a space (`take_words`)

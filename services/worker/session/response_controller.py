@@ -5,15 +5,16 @@ task has ended), so it may write the `EngineSession` without a lock.
 
 The response epoch fences the output stream: response.cancel, output_audio_buffer.clear,
 barge_in, input.cancel, a new response over an active one and a response cut at its
-max_output_tokens advance it, which emits the terminal chain first and then aborts the
-stage request, so nothing of the old epoch is emitted after its terminal event: a stage
-output of an older fence or request still arriving is consumed and dropped
-(`dropped_stale_outputs`).
+max_output_tokens (the openai surface) advance it, which emits the terminal chain first
+and then aborts the stage request, so nothing of the old epoch is emitted after its
+terminal event: a stage output of an older fence or request still arriving is consumed
+and dropped (`dropped_stale_outputs`).
 
 What a stage output becomes: audio (and its transcript) in an audio response; the words
 alone in a text response (`output_modalities: ["text"]`; any audio is dropped, and the
-plugin was told not to make any: `ResponsePlanRequest.audio_output`); words past the
-response's max_output_tokens are cut and end it `incomplete` (response.py).
+plugin was told not to make any: `ResponsePlanRequest.audio_output`); on the openai
+surface, words past the response's max_output_tokens are cut and end it `incomplete`
+(response.py); on the duplex surface the limit only reaches the plugin.
 
 History follows the playback ledger (`ResponseHistory`, response_history.py).
 """
@@ -56,6 +57,7 @@ from shared.contracts import (
     StageOutput,
     StagePort,
 )
+from shared.errors import CodedError
 from shared.protocol.duplex import (
     ACK_ONLY,
     DuplexErrorEvent,
@@ -71,6 +73,8 @@ Emit = Callable[[DuplexEvent], None]
 
 #: the error code of a stage that failed without naming why
 STAGE_FAILED = "runtime_data_plane_stream_failed"
+#: the error code of a plugin's plan_response that failed without a code of its own
+PLAN_FAILED = "internal_error"
 
 
 class ResponseController(ResponseHistory):
@@ -89,7 +93,8 @@ class ResponseController(ResponseHistory):
         self, turn: CommittedTurn, options: ResponseCreateOptions, event_id: str | None
     ) -> None:
         session = self.session
-        metadata = surface.response_metadata(options) if session.config.openai_surface else None
+        openai = session.config.openai_surface
+        metadata = surface.response_metadata(options) if openai else None
         if session.active is not None:
             if not _interrupts(session):
                 return  # GA: with interrupt_response false a turn does not cut the response
@@ -107,29 +112,38 @@ class ResponseController(ResponseHistory):
             encoder=OutputAudioEncoder(output_format, self.plugin.output_sample_rate_hz),
             modalities=options.output_modalities(session.config),
             metadata=metadata,
-            max_output_tokens=options.output_token_limit(session.config),
+            # the cut at max_output_tokens is GA's (the openai surface); on the duplex
+            # surface the limit only reaches the plugin (an LLM's own), as before
+            max_output_tokens=options.output_token_limit(session.config) if openai else None,
         )
         session.active = response
         session.remember(response)
         session.turn_state = "assistant_generating"
         self.emit(created_event(response))
-        if not session.config.openai_surface:
+        if not openai:
             self.announce(response)  # contract 1.2: the item opens with the response
         tools, tool_choice = plan_tools(session.config, options)
-        plan = self.plugin.plan_response(
-            ResponsePlanRequest(
-                fence=fence,
-                request_id=request_id,
-                response_id=response.response_id,
-                turn=turn,
-                config=session.config,
-                runtime_config=session.runtime_config,
-                options=options,
-                history=session.conversation.items,
-                tools=tools,
-                tool_choice=tool_choice,
-            )
+        request = ResponsePlanRequest(
+            fence=fence,
+            request_id=request_id,
+            response_id=response.response_id,
+            turn=turn,
+            config=session.config,
+            runtime_config=session.runtime_config,
+            options=options,
+            history=session.conversation.items,
+            tools=tools,
+            tool_choice=tool_choice,
         )
+        try:  # the plugin reads client text (history, tools): its failure fails this response
+            plan = self.plugin.plan_response(request)
+        except Exception as exc:
+            log.exception("session %s: response planning failed", session.session_id)
+            if isinstance(exc, CodedError):
+                self.fail(response, exc.code, exc.message, event_id)
+            else:
+                self.fail(response, PLAN_FAILED, f"response planning failed: {exc}", event_id)
+            return
         try:
             await self.port.submit_initial(plan)
         except Exception as exc:  # the engine's failure fails this response, not the session
@@ -180,8 +194,8 @@ class ResponseController(ResponseHistory):
         self, response: ActiveResponse, code: str, message: str, event_id: str | None = None
     ) -> None:
         """The failure chain: response.done `failed` (its partial item leaves history),
-        then the error event with `code`. A stage error, a failed submit, and a response
-        in flight on a worker that was lost (a restore) all end here."""
+        then the error event with `code`. A stage error, a failed plan or submit, and a
+        response in flight on a worker that was lost (a restore) all end here."""
         self.finish(response, FAILED, code)
         self._error(code, message, event_id)
 

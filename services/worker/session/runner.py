@@ -36,7 +36,7 @@ from services.worker.session.input_queue import (
     start_task,
 )
 from services.worker.session.response_controller import ResponseController
-from services.worker.session.transcription import PartialTranscript
+from services.worker.session.transcription import PartialPool, PartialTranscript
 from shared.contracts import (
     DuplexModelPlugin,
     StageOutput,
@@ -86,7 +86,10 @@ class SessionRunner:
         pipeline: InputPipeline,
         on_close: Callable[[str, str], None] | None = None,
         marks: CommandMarks | None = None,
+        partial_pool: PartialPool | None = None,
     ) -> None:
+        """`partial_pool`: the worker's, shared by its sessions (`transcription.py`);
+        without it the session's partial decodes run on `executor`."""
         self.session = session
         self.port = port
         self._emit_event = emit
@@ -99,6 +102,8 @@ class SessionRunner:
         self.input = InputController(
             session, plugin, pipeline, executor, self.responses, self.emit, self.submit
         )
+        if partial_pool is not None:
+            self.input.partials.pool = partial_pool
         self._context = SessionContext(
             session, plugin, self.input, self.responses, self.emit, on_close
         )

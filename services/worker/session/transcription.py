@@ -15,18 +15,29 @@ session object set `audio.input.transcription` (GA) or `input_audio_transcriptio
 Partial decodes (`PartialTranscriber`): while the user speaks (between speech_started and
 the commit; in a session without turn detection, from the first speech of the turn to its
 commit), each time the turn has `CADENCE_MS` more audio than at the previous decode, the
-plugin's `transcribe_partial` runs on the executor with the whole turn so far; never two
-at once per session (a decode that outlasts the cadence delays the next). semantic_vad
-asks for one more at each pause (`on_pause`), for its end-of-turn verdict, whether or
-not deltas are configured. The result comes back through the runner's mailbox and is
-applied on its task; one whose turn has ended (commit, clear, cancel, a new speech start)
-is dropped there, so a stale partial is never emitted.
+plugin's `transcribe_partial` runs with the turn so far; never two at once per session (a
+decode that outlasts the cadence delays the next). semantic_vad asks for one more at each
+pause (`on_pause`), for its end-of-turn verdict, whether or not deltas are configured. The
+result comes back through the runner's mailbox and is applied on its task; one whose turn
+has ended (commit, clear, cancel, a new speech start) is dropped there, so a stale
+partial is never emitted.
+
+Partials are previews, so they never crowd out the work that cannot wait (`PartialPool`):
+the worker runs them on its own thread, one at a time across all its sessions, never on
+the executor that converts appends (VAD) and transcribes committed turns. A decode asked
+for while that thread is busy is skipped, not queued: the session asks again at its next
+append (a pause's decode too, while the pause lasts); semantic_vad without a fresh
+transcript waits the eagerness-scaled silence. A decode covers at most the turn's last
+`MAX_PARTIAL_MS`: deltas stop once a turn is longer (they must start at its first word),
+pauses are still decoded for semantic_vad; `.completed` transcribes the whole turn.
 
 Deltas are incremental and never retracted (`StableWords`): a word is sent once two
 consecutive partials agree on it and on every word before it (a partial cut mid-word
-guesses its last word). If a later partial revises a word already sent, nothing more is
-sent for the item; `.completed` carries the final transcript, which may differ from the
-deltas joined.
+guesses its last word). A partial that revises a word already sent sends nothing; deltas
+resume once two consecutive partials again begin with the words sent and agree past them.
+`.completed` carries the final transcript, which may differ from the deltas joined. A
+turn already under way when the session was built (restored from a drain's checkpoint)
+sends no deltas: the words the old worker sent are not known here.
 """
 
 from __future__ import annotations
@@ -35,8 +46,9 @@ import asyncio
 import dataclasses
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from services.worker.session.engine_session import EngineSession
@@ -54,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: new audio in the turn between two partial decodes
 CADENCE_MS = 500
+#: the most audio one partial decode takes: the turn's last 30 s (one Whisper window)
+MAX_PARTIAL_MS = 30_000
 #: `.failed`'s error code
 TRANSCRIPTION_FAILED = "transcription_failed"
 
@@ -127,12 +141,15 @@ _NORMAL = re.compile(r"[^\w']+")
 class StableWords:
     """The words of one item already sent as deltas (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, closed: bool = False) -> None:
         self.sent: list[str] = []  # normalised: lower case, punctuation stripped
         self.previous: list[tuple[str, str]] | None = None  # (normalised, as written)
+        self.closed = closed  # no more deltas for the item
 
     def update(self, text: str) -> str | None:
         """The delta a new partial makes stable, or None."""
+        if self.closed:
+            return None
         words = [(norm, raw) for raw in text.split() if (norm := _NORMAL.sub("", raw.lower()))]
         previous, self.previous = self.previous, words
         if previous is None:
@@ -151,20 +168,54 @@ class StableWords:
 # ---------------------------------------------------------------- partial decodes
 
 
+class PartialPool:
+    """Where partial decodes run: `executor`, at most `limit` at a time across every
+    transcriber that shares the pool (the worker's: `SessionManager`). A decode that finds
+    every slot busy is skipped, not queued; a slot is given back when the decode's thread
+    is done with it, not when the task awaiting it is cancelled."""
+
+    def __init__(self, executor: Executor, limit: int = 1) -> None:
+        self.executor = executor
+        self.limit = limit
+        self.skipped = 0  # decodes refused while the pool was busy, for tests and metrics
+        self._free = threading.Semaphore(limit)
+
+    def reserve(self) -> bool:
+        """Take a slot for a decode (then `submit` it), or False: skipped, all are busy."""
+        if self._free.acquire(blocking=False):
+            return True
+        self.skipped += 1
+        return False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any] | None:
+        """Run `fn(*args)` in the slot `reserve` took; None when the executor is shut
+        down (the worker is stopping)."""
+        try:
+            future = self.executor.submit(fn, *args)
+        except RuntimeError:
+            self._free.release()
+            return None
+        future.add_done_callback(lambda _: self._free.release())
+        return future
+
+
 @dataclasses.dataclass
 class PartialTranscript:
     """A partial decode's result, for the runner's mailbox. `covers_ms`: the stream time
-    the decoded audio reached; `text` None when the decode failed (logged)."""
+    the decoded audio reached; `text` None when the decode failed (logged); `whole`: the
+    decode started at the turn's first sample (not cut to `MAX_PARTIAL_MS`)."""
 
     token: int
     item_id: str
     text: str | None
     covers_ms: int
+    whole: bool = True
 
 
 class PartialTranscriber:
     """One session's partial decodes. Every method but the decode itself runs on the
-    runner's task (the single-writer invariant of `runner.py`)."""
+    runner's task (the single-writer invariant of `runner.py`). `executor`: where decodes
+    run, one at a time, unless a shared `pool` is set (the runner sets the worker's)."""
 
     def __init__(
         self,
@@ -176,17 +227,20 @@ class PartialTranscriber:
     ) -> None:
         self.session = session
         self.plugin = plugin
-        self.executor = executor
+        self.pool = PartialPool(executor)
         self.deliver = deliver
         self.emit = emit
         self.token = 0  # bumped when the turn ends: a result of an older token is stale
         self.in_flight = False
         self.decodes = 0  # started, for tests and metrics
         self._task: asyncio.Task[None] | None = None
-        self._urgent = False  # a pause asked for a decode while one was running
+        #: a pause asked for a decode while one was running, or the busy pool skipped it
+        self._urgent = False
         self._decoded_samples = 0  # the turn's length at the last decode
-        self._words = StableWords()
-        self._item_id: str | None = None  # the turn the state above belongs to
+        # the turn the state here belongs to; one already under way (a drain's checkpoint
+        # restored) sends no deltas: the old worker's are not known (module docstring)
+        self._item_id: str | None = session.input.item_id
+        self._words = StableWords(closed=self._item_id is not None)
 
     # ------------------------------------------------------------ turn boundaries
 
@@ -208,8 +262,16 @@ class PartialTranscriber:
     # ------------------------------------------------------------ triggers
 
     def on_audio(self) -> None:
-        """Audio was added to the turn: decode if the cadence is due."""
-        if self.plugin.transcribes_partials and streams_transcripts(self.session.config):
+        """Audio was added to the turn: decode if the cadence is due (deltas stop past
+        `MAX_PARTIAL_MS`), or a pause's decode that the busy pool skipped."""
+        config, ledger = self.session.config, self.session.input
+        if self._urgent and not self.in_flight and is_semantic(config):
+            self.on_pause()
+        elif (
+            self.plugin.transcribes_partials
+            and streams_transcripts(config)
+            and ledger.samples * 1000 <= MAX_PARTIAL_MS * ledger.sample_rate_hz
+        ):
             self._start(urgent=False)
 
     def on_pause(self) -> None:
@@ -220,6 +282,7 @@ class PartialTranscriber:
     def _start(self, *, urgent: bool) -> None:
         ledger = self.session.input
         if ledger.speech_started_ms is None or ledger.speech_stopped or ledger.item_id is None:
+            self._urgent = False
             return  # nobody is speaking: no turn to transcribe
         if ledger.item_id != self._item_id:  # a new turn (after a commit, clear or cancel)
             self.reset()
@@ -227,24 +290,33 @@ class PartialTranscriber:
         if self.in_flight:
             self._urgent = self._urgent or urgent
             return
+        urgent, self._urgent = urgent or self._urgent, False
+        if not urgent and self._words.closed:
+            return  # no more deltas for this item: only semantic_vad's pauses need words
         new = ledger.samples - self._decoded_samples
         if new <= 0 or (not urgent and new * 1000 < CADENCE_MS * ledger.sample_rate_hz):
+            return
+        if not self.pool.reserve():  # the pool is busy: asked again at the next append
+            self._urgent = urgent
+            return
+        cap = MAX_PARTIAL_MS * ledger.sample_rate_hz // 1000
+        audio = ledger.peek()[-cap:]  # never written in place: safe to read from a thread
+        future = self.pool.submit(self.plugin.transcribe_partial, audio, ledger.sample_rate_hz)
+        if future is None:
             return
         self.in_flight = True
         self.decodes += 1
         self._decoded_samples = ledger.samples
-        audio = ledger.peek()  # never written in place: safe to read from the executor
-        result = PartialTranscript(self.token, ledger.item_id, None, ledger.stream_ms)
+        result = PartialTranscript(
+            self.token, ledger.item_id, None, ledger.stream_ms, whole=ledger.samples <= cap
+        )
         self._task = start_task(
-            self._decode(result, audio, ledger.sample_rate_hz),
-            f"session-partial:{self.session.session_id}",
+            self._decode(result, future), f"session-partial:{self.session.session_id}"
         )
 
-    async def _decode(self, result: PartialTranscript, audio: Any, rate: int) -> None:
+    async def _decode(self, result: PartialTranscript, future: Future[Any]) -> None:
         try:
-            result.text = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.plugin.transcribe_partial, audio, rate
-            )
+            result.text = await asyncio.wrap_future(future)
         except Exception:  # a partial is a preview: the commit's transcript still comes
             log.warning(
                 "session %s: partial transcription failed", self.session.session_id, exc_info=True
@@ -265,7 +337,7 @@ class PartialTranscriber:
             and not ledger.speech_stopped
         )
         text = result.text if fresh else None
-        if text is not None and streams_transcripts(self.session.config):
+        if text is not None and result.whole and streams_transcripts(self.session.config):
             delta = self._words.update(text)
             if delta:
                 self.emit(
@@ -283,7 +355,9 @@ class PartialTranscriber:
 
 __all__ = [
     "CADENCE_MS",
+    "MAX_PARTIAL_MS",
     "TRANSCRIPTION_FAILED",
+    "PartialPool",
     "PartialTranscriber",
     "PartialTranscript",
     "StableWords",

@@ -7,7 +7,8 @@ The detector runs on the manager's executor, called by the session's input task
 
 `semantic_vad` is the same detector with another rule for how much silence ends a turn:
 the verdict of the latest partial transcript (`semantic_turn.py`), handed in with
-`set_hint` by the session's runner (through `InputPipeline`, under its lock).
+`set_hint` by the session's runner (through `InputPipeline`, without its lock: one
+attribute write, read once per frame by `silence_limit_ms`).
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ NATIVE_UNSUPPORTED_RESPONSE_OPTIONS = (
     "tool_choice",
 )
 
-#: GA's bound on `max_output_tokens` (an integer 1-4096, or "inf"), held on both surfaces
+#: GA's bound on `max_output_tokens` (an integer 1-4096, or "inf"): held on the openai
+#: surface, on what a client sends; the duplex surface takes any positive integer
 GA_MAX_OUTPUT_TOKENS = 4096
 
 SURFACE_DUPLEX = "duplex"
@@ -100,10 +101,11 @@ def _pick(session: Mapping[str, Any], extra: Mapping[str, Any], key: str) -> Any
     return session[key] if key in session else extra.get(key)
 
 
-def check_max_output_tokens(limit: int | None, param: str) -> None:
-    """GA's bound on max_output_tokens, on both surfaces: 1-4096 (or "inf", read as None;
-    `read_max_tokens` refused anything below 1)."""
-    if limit is not None and limit > GA_MAX_OUTPUT_TOKENS:
+def check_max_output_tokens(limit: int | None, param: str, *, openai_surface: bool) -> None:
+    """GA's bound on max_output_tokens, on the openai surface only: 1-4096 (or "inf", read
+    as None; `read_max_tokens` refused anything below 1). The duplex surface keeps the
+    contract's: any positive integer."""
+    if openai_surface and limit is not None and limit > GA_MAX_OUTPUT_TOKENS:
         raise _config_error(
             f"max_output_tokens must be an integer from 1 to {GA_MAX_OUTPUT_TOKENS} or 'inf'",
             param,
@@ -198,14 +200,21 @@ class DuplexSessionConfig:
 
     @classmethod
     def from_realtime(
-        cls, session: Mapping[str, Any], base: DuplexSessionConfig | None = None
+        cls,
+        session: Mapping[str, Any],
+        base: DuplexSessionConfig | None = None,
+        *,
+        client: bool = False,
     ) -> DuplexSessionConfig:
         """`base` (the defaults of the object's `duplex_surface` when None) with a
         session object applied.
 
         Ids inside the object are ignored (the server allocates them), and so is
         `duplex_surface` when there is a base (an update keeps the surface). Formats
-        are checked before turn detection, as the contract orders it.
+        are checked before turn detection, as the contract orders it. `client`: the
+        object is a client's (an open, an update), so GA's bound on max_output_tokens
+        holds on the openai surface; a stored object (a checkpoint, perhaps of an older
+        version) is never refused on it.
         """
         if not isinstance(session, Mapping):
             raise _config_error("session must be an object", "session")
@@ -272,7 +281,10 @@ class DuplexSessionConfig:
             changes["temperature"] = float(_number(session["temperature"], "temperature"))
         declared, max_tokens = read_max_tokens(session)
         if declared:
-            check_max_output_tokens(max_tokens, "max_output_tokens")
+            if client:
+                check_max_output_tokens(
+                    max_tokens, "max_output_tokens", openai_surface=base.openai_surface
+                )
             changes["max_tokens"] = max_tokens
         speed = read_speed(session)
         if speed is not None:
@@ -315,7 +327,7 @@ class DuplexSessionConfig:
                     "ref_audio",
                     "ref_audio_update_unsupported",
                 )
-        return DuplexSessionConfig.from_realtime(patch, base=self)
+        return DuplexSessionConfig.from_realtime(patch, base=self, client=True)
 
     # -- derived
 
@@ -409,9 +421,14 @@ class ResponseCreateOptions:
 
     @classmethod
     def from_realtime(
-        cls, options: Mapping[str, Any], *, private_keys: frozenset[str] = frozenset()
+        cls,
+        options: Mapping[str, Any],
+        *,
+        private_keys: frozenset[str] = frozenset(),
+        openai_surface: bool = False,
     ) -> ResponseCreateOptions:
-        """Read a `response` object; plugin-private keys in `extra_body` are stripped."""
+        """Read a `response` object; plugin-private keys in `extra_body` are stripped.
+        On the openai surface max_output_tokens keeps GA's bound (1-4096 or "inf")."""
         if not isinstance(options, Mapping):
             raise _config_error("response must be an object", "response")
         declared: set[str] = set()
@@ -428,7 +445,9 @@ class ResponseCreateOptions:
             declared.add("temperature")
         has_max, max_tokens = read_max_tokens(options)
         if has_max:
-            check_max_output_tokens(max_tokens, "response.max_output_tokens")
+            check_max_output_tokens(
+                max_tokens, "response.max_output_tokens", openai_surface=openai_surface
+            )
             kwargs["max_tokens"] = max_tokens
             declared.add("max_tokens")
         speed = read_speed(options)
@@ -462,7 +481,8 @@ class ResponseCreateOptions:
 
     def output_token_limit(self, config: DuplexSessionConfig) -> int | None:
         """The max_output_tokens of this response: its own when it set one ("inf": none),
-        else the session's."""
+        else the session's. The model plugin gets it on both surfaces (an LLM's own
+        limit); the runner cuts a response at it on the openai surface only."""
         return self.max_tokens if "max_tokens" in self.declared else config.max_tokens
 
     def check_native(self) -> None:

@@ -104,7 +104,8 @@ class TurnDetection:
         silence = ms("silence_duration_ms", positive=True)
         if kind == SEMANTIC_VAD:
             eagerness = value.get("eagerness", "auto")
-            if eagerness not in SEMANTIC_VAD_SILENCE_MS:
+            # a dict lookup: a list or an object would raise TypeError (unhashable)
+            if not isinstance(eagerness, str) or eagerness not in SEMANTIC_VAD_SILENCE_MS:
                 raise _td_error("eagerness must be one of low, medium, high, auto")
             silence = SEMANTIC_VAD_SILENCE_MS[eagerness]
         return cls(

@@ -1,5 +1,7 @@
 """Session object readers: defaults (4.1), turn detection (4.2), response options (4.3)."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,51 @@ def test_unknown_policy_values_normalise():
     assert (
         DuplexSessionConfig.from_realtime({"overlap_policy": "shout"}).overlap_policy
         == "listen_only"
+    )
+
+
+UNHASHABLE = ([], ["low"], {}, {"type": "server_vad"})
+
+
+@pytest.mark.parametrize("bad", UNHASHABLE)
+@pytest.mark.parametrize("surface", [{}, {"duplex_surface": "openai"}])
+@pytest.mark.parametrize("key", ["eagerness", "type", "create_response", "interrupt_response"])
+def test_a_list_or_object_in_a_turn_detection_enum_is_refused(bad, surface, key):
+    td = {"type": "semantic_vad", key: bad}
+    error = refused(DuplexSessionConfig.from_realtime, {**surface, "turn_detection": td})
+    assert (error.code, error.param) == ("unsupported_turn_detection", "turn_detection")
+
+
+@pytest.mark.parametrize("bad", [*UNHASHABLE, [[]], [{}]])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "modalities",
+        "output_modalities",
+        "input_audio_format",
+        "output_audio_format",
+        "response_format",
+        "voice",
+        "max_output_tokens",
+        "tool_choice",
+        "duplex_surface",
+    ],
+)
+def test_a_list_or_object_in_an_enum_field_is_refused_or_ignored(bad, key):
+    """Never a TypeError of a dict lookup: a coded refusal, or a value read as none."""
+    for read in (DuplexSessionConfig.from_realtime, ResponseCreateOptions.from_realtime):
+        with contextlib.suppress(RealtimeProtocolError):
+            read({key: bad})
+
+
+@pytest.mark.parametrize("bad", UNHASHABLE)
+def test_a_list_or_object_policy_normalises(bad):
+    config = DuplexSessionConfig.from_realtime(
+        {"overlap_policy": bad, "playback_commit_policy": bad}
+    )
+    assert (config.overlap_policy, config.playback_commit_policy) == (
+        "listen_only",
+        "commit_all_on_done",
     )
 
 
