@@ -255,9 +255,13 @@ async def test_a_stalled_worker_that_comes_back_is_fenced_out(fleet_of):
         assert done["response"]["status"] == "failed"
     finally:
         os.kill(zombie.process.pid, signal.SIGCONT)
-    # the zombie runs again with the response it had in flight: its writes are refused
+    # the zombie runs again with the response it had in flight and drops the session: its
+    # publisher's write is refused (fenced), or its heartbeat finds it was swept first and
+    # checks its owners; either way it logs the drop and writes nothing for the session
     await until(
-        lambda: asyncio.to_thread(zombie.logs), lambda logs: "fenced" in logs.lower(), timeout=30
+        lambda: asyncio.to_thread(zombie.logs),
+        lambda logs: f"session {sid} dropped" in logs,
+        timeout=30,
     )
     await answered_turn(conversation, 320)
     after_done = client.delivered[client.delivered.index(done) + 1 :]
