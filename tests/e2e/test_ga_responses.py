@@ -4,15 +4,13 @@
 item is answered, a text-only response, a response cut at max_output_tokens, and GA's
 error codes for a cancel with nothing active and a second create."""
 
-import asyncio
 
-import orjson
 import pytest
 from openai import AsyncOpenAI
 
 from harness.processes import start_serve
 from plugins.assistant.responder import GREETING, NAME
-from tests.protocol.ga_events import check_ga_event
+from tests.protocol.ga_events import receive_until
 
 #: a bound on each wait, so a missing event fails the test instead of hanging it
 WAIT_S = 30
@@ -34,14 +32,7 @@ def sdk(assistant):
 
 
 async def until(connection, wire_type: str, seen: list[dict]) -> dict:
-    """Receive up to the first `wire_type`; every event is checked against GA's types."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            event = orjson.loads(await connection.recv_bytes())
-            check_ga_event(event)
-            seen.append(event)
-            if event["type"] == wire_type:
-                return event
+    return await receive_until(connection, wire_type, seen, WAIT_S)
 
 
 async def manual(connection, seen: list[dict], pace: float = 0, **session) -> None:

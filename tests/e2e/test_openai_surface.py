@@ -3,17 +3,15 @@
 validates strictly against the SDK's own types (tests/protocol/ga_events.py), with no key
 GA does not declare."""
 
-import asyncio
 import base64
 
 import numpy as np
-import orjson
 import pytest
 from openai import AsyncOpenAI
 
 from harness.sessions import speech_wav
 from shared.protocol.duplex import StreamingResampler, float_to_pcm16
-from tests.protocol.ga_events import check_ga_event
+from tests.protocol.ga_events import receive_until
 
 #: a bound on each wait, so a missing event fails the test instead of hanging it
 WAIT_S = 30
@@ -42,14 +40,7 @@ async def say(connection, pcm: bytes) -> None:
 
 
 async def until(connection, wire_type: str, seen: list[dict]) -> dict:
-    """Receive up to the first `wire_type`; every event is checked against GA's types."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            event = orjson.loads(await connection.recv_bytes())
-            check_ga_event(event)
-            seen.append(event)
-            if event["type"] == wire_type:
-                return event
+    return await receive_until(connection, wire_type, seen, WAIT_S)
 
 
 def types(events: list[dict]) -> list[str]:

@@ -9,10 +9,12 @@ request object, which has no `id`, `object` or `expires_at`)."""
 
 from __future__ import annotations
 
+import asyncio
 import typing
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pydantic
 from openai.types.realtime import RealtimeServerEvent, RealtimeSessionCreateResponse
 
@@ -55,3 +57,15 @@ def check_ga_event(event: dict[str, Any]) -> pydantic.BaseModel:
         extras += [f"session.{p}" for p in extra_keys(session)]
     assert not extras, f"{event['type']}: keys GA does not have: {extras}"
     return model
+
+
+async def receive_until(connection: Any, wire_type: str, seen: list[dict], timeout: float = 30):
+    """Receive from an openai SDK realtime connection up to the first `wire_type`; every
+    event is checked with `check_ga_event` and appended to `seen`."""
+    async with asyncio.timeout(timeout):
+        while True:
+            event = orjson.loads(await connection.recv_bytes())
+            check_ga_event(event)
+            seen.append(event)
+            if event["type"] == wire_type:
+                return event
