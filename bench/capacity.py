@@ -1,6 +1,9 @@
-"""How many real-time echo sessions one API process + one worker process carry.
+"""How many real-time echo sessions one API process + one worker process carry, and what
+each costs over the bare WebSocket floor.
 
     .venv/bin/python -m bench.capacity [--levels 10,20,40,60,80,100,120,160] [--step-seconds 8]
+                                       [--floor-frames deltas|wire] [--section capacity]
+                                       [--label TEXT] [--docs DIR]
 
 Every session is a full-duplex conversation in real time: its microphone never stops
 (20 ms pcm16 16 kHz appends, paced by the clock), it speaks for 2 s and commits
@@ -12,10 +15,16 @@ kept; at each level, over `step-seconds`:
              its response plus 100 ms per delta before it); p50/p99
   first      input.commit -> first audio delta
   CPU        cores busy in the API, the worker, Redis and this load generator
-  Redis ops  commands Redis processed per second of session audio
+  Redis ops  commands Redis processed per second of session audio, and the most called
+             ones (INFO commandstats, reset with CONFIG RESETSTAT before each window)
 The ramp stops at the first level where lateness p99 exceeds 20 ms or a process uses more
-than 90% of a core; the sustained count is the last level before it. Writes
-docs/benchmarks.md (section capacity) and docs/img/capacity.png.
+than 90% of a core; the sustained count is the last level before it. Then, in the same run
+and with the stack stopped, the same conversations (same frames, same windows) run against
+the bare floor (`bench/bare_floor.py`: the API's WebSocket server stack answering with the
+same deltas, nothing else) at every level the stack reached; the headline is API/floor and
+worker/floor, CPU per session over the floor's. Writes docs/benchmarks.md (section
+`capacity`, or `--section`) and docs/img/<section>.png; `--docs` writes into another docs/
+(a clone of an older commit records its "before" figures into this checkout's docs).
 """
 
 from __future__ import annotations
@@ -26,12 +35,25 @@ import base64
 import os
 import random
 import time
+from pathlib import Path
 
 import orjson
 import redis.asyncio as redis_async
 import websockets
 
-from bench.common import IMAGES, CpuMeter, Stack, machine, now_utc, percentile, write_section
+from bench.bare_floor import FRAMES, BareFloorProcess
+from bench.common import (
+    DOCS,
+    CpuMeter,
+    Stack,
+    add_output_arguments,
+    commit,
+    machine,
+    now_utc,
+    percentile,
+    write_section,
+)
+from bench.floor_costs import cost_table, headline, redis_commands, top_commands, top_rates
 from harness.sessions import sine
 from shared.protocol.duplex import float_to_pcm16
 
@@ -122,6 +144,27 @@ def window(pairs: list[tuple[float, float]], since: float) -> list[float]:
     return sorted(value for at, value in pairs if at >= since)
 
 
+async def open_conversations(
+    conversations: list[Conversation], base: str, level: int, speech: list[str], silence: str
+) -> None:
+    while len(conversations) < level:
+        conversations.append(await start_conversation(base, speech, silence))
+    await asyncio.sleep(3.0)  # every new session has started a turn
+
+
+def answers(conversations: list[Conversation], since: float) -> dict:
+    """Lateness and first-delta figures of the deltas that arrived since `since`."""
+    late = sorted(v for c in conversations for v in window(c.lateness, since))
+    first = sorted(v for c in conversations for v in window(c.first_delta, since))
+    return {
+        "deltas": len(late),
+        "late_p50_ms": percentile(late, 0.5) * 1000 if late else float("nan"),
+        "late_p99_ms": percentile(late, 0.99) * 1000 if late else float("nan"),
+        "first_p50_ms": percentile(first, 0.5) * 1000 if first else float("nan"),
+        "errors": sum(len(c.errors) for c in conversations),
+    }
+
+
 async def ramp(stack: Stack, levels: list[int], step_s: float) -> list[dict]:
     base = stack.ws_bases()[0]
     speech, silence = append_frames()
@@ -138,34 +181,28 @@ async def ramp(stack: Stack, levels: list[int], step_s: float) -> list[dict]:
     results = []
     try:
         for level in levels:
-            while len(conversations) < level:
-                conversations.append(await start_conversation(base, speech, silence))
-            await asyncio.sleep(3.0)  # every new session has started a turn
+            await open_conversations(conversations, base, level, speech, silence)
             since = time.monotonic()
-            ops_before = int((await redis.info("stats"))["total_commands_processed"])
+            await redis.config_resetstat()
             meter.start()
             await asyncio.sleep(step_s)
             cpu = meter.read()
-            ops = int((await redis.info("stats"))["total_commands_processed"]) - ops_before
-            late = sorted(v for c in conversations for v in window(c.lateness, since))
-            first = sorted(v for c in conversations for v in window(c.first_delta, since))
+            calls = await redis_commands(redis)
+            audio_s = level * step_s
             row = {
                 "sessions": level,
-                "deltas": len(late),
-                "late_p50_ms": percentile(late, 0.5) * 1000 if late else float("nan"),
-                "late_p99_ms": percentile(late, 0.99) * 1000 if late else float("nan"),
-                "first_p50_ms": percentile(first, 0.5) * 1000 if first else float("nan"),
+                **answers(conversations, since),
                 "cpu": cpu,
-                "redis_ops_per_audio_s": ops / (level * step_s),
-                "errors": sum(len(c.errors) for c in conversations),
+                "redis_ops_per_audio_s": sum(calls.values()) / audio_s,
+                "redis_top": top_rates(calls, audio_s),
             }
             results.append(row)
             print(
                 f"{level:4d} sessions: lateness p50 {row['late_p50_ms']:.1f} ms "
                 f"p99 {row['late_p99_ms']:.1f} ms, first delta {row['first_p50_ms']:.1f} ms, "
                 + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
-                + f", {row['redis_ops_per_audio_s']:.0f} Redis ops/audio s, "
-                f"{row['errors']} errors",
+                + f", {row['redis_ops_per_audio_s']:.0f} Redis ops/audio s "
+                f"({top_commands(row)}), {row['errors']} errors",
                 flush=True,
             )
             saturated = [k for k, v in cpu.items() if v > SATURATED]
@@ -184,13 +221,38 @@ async def ramp(stack: Stack, levels: list[int], step_s: float) -> list[dict]:
     return results
 
 
-def plot(results: list[dict]) -> None:
+async def floor_ramp(floor: BareFloorProcess, levels: list[int], step_s: float) -> list[dict]:
+    """The same ramp against the bare WebSocket floor: same conversations, same frames, same
+    windows, no stop rule (it runs the levels the stack reached)."""
+    speech, silence = append_frames()
+    meter = CpuMeter({"floor": floor.process.pid, "load generator": os.getpid()})
+    conversations: list[Conversation] = []
+    results = []
+    try:
+        for level in levels:
+            await open_conversations(conversations, floor.ws_base, level, speech, silence)
+            since = time.monotonic()
+            meter.start()
+            await asyncio.sleep(step_s)
+            row = {"sessions": level, "cpu": meter.read(), **answers(conversations, since)}
+            results.append(row)
+            print(
+                f"{level:4d} sessions, bare floor: lateness p99 {row['late_p99_ms']:.1f} ms, "
+                + ", ".join(f"{k} {v:.2f}" for k, v in row["cpu"].items()),
+                flush=True,
+            )
+    finally:
+        await asyncio.gather(*(c.close() for c in conversations))
+    return results
+
+
+def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     sessions = [r["sessions"] for r in results]
     fig, late_ax = plt.subplots(figsize=(7, 4))
     late_ax.plot(sessions, [r["late_p99_ms"] for r in results], "o-", c="tab:red", label="p99")
@@ -201,31 +263,34 @@ def plot(results: list[dict]) -> None:
     cpu_ax = late_ax.twinx()
     for name, color in (("api", "tab:blue"), ("worker", "tab:green"), ("redis", "tab:gray")):
         cpu_ax.plot(sessions, [r["cpu"][name] for r in results], "s-", c=color, label=name)
+    floor = [r["floor"]["cpu"]["floor"] for r in results]
+    cpu_ax.plot(sessions, floor, "s:", c="black", label="bare floor")
     cpu_ax.set_ylabel("CPU (cores busy)")
     cpu_ax.set_ylim(0, 1.05)
     lines = late_ax.get_legend_handles_labels()
     more = cpu_ax.get_legend_handles_labels()
     late_ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize=8)
     late_ax.grid(alpha=0.3)
-    fig.suptitle("capacity: one API process + one worker process + Redis")
+    fig.suptitle("capacity: one API process + one worker process + Redis, and the bare floor")
     fig.tight_layout()
-    fig.savefig(IMAGES / "capacity.png", dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def render(results: list[dict], args: argparse.Namespace) -> str:
-    rows = [
+    cost = cost_table(results)
+    timing = [
         "| sessions | deltas | lateness p50 ms | lateness p99 ms | commit -> 1st delta p50 ms "
-        "| API CPU | worker CPU | Redis CPU | load gen. CPU | all CPU | Redis ops / audio s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| floor lateness p99 ms | load gen. CPU (stack / floor) | all CPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        cpu = r["cpu"]
-        rows.append(
-            f"| {r['sessions']} | {r['deltas']} | {r['late_p50_ms']:.1f} | {r['late_p99_ms']:.1f} "
-            f"| {r['first_p50_ms']:.1f} | {cpu['api']:.2f} | {cpu['worker']:.2f} "
-            f"| {cpu['redis']:.2f} | {cpu['load generator']:.2f} | {sum(cpu.values()):.2f} "
-            f"| {r['redis_ops_per_audio_s']:.0f} |"
+        cpu, floor = r["cpu"], r["floor"]
+        timing.append(
+            f"| {r['sessions']} | {r['deltas']} | {r['late_p50_ms']:.1f} "
+            f"| {r['late_p99_ms']:.1f} | {r['first_p50_ms']:.1f} | {floor['late_p99_ms']:.1f} "
+            f"| {cpu['load generator']:.2f} / {floor['cpu']['load generator']:.2f} "
+            f"| {sum(cpu.values()):.2f} |"
         )
     last = results[-1]
     sustained = [r for r in results if "stopped_by" not in r]
@@ -241,6 +306,7 @@ def render(results: list[dict], args: argparse.Namespace) -> str:
         f"{name} {1000 * top['cpu'][name] / top['sessions']:.1f} ms"
         for name in ("api", "worker", "redis")
     )
+    per_session += f", bare floor {1000 * top['floor']['cpu']['floor'] / top['sessions']:.1f} ms"
     busiest = max(("api", "worker", "redis"), key=lambda name: last["cpu"][name])
     cores = os.cpu_count() or 1
     used = sum(last["cpu"].values())
@@ -255,19 +321,32 @@ def render(results: list[dict], args: argparse.Namespace) -> str:
         + f"the busiest process is the {busiest} ({last['cpu'][busiest]:.2f} cores), the "
         "first to saturate a core of its own on a bigger machine."
     )
+    command = f"python -m bench.capacity --levels {args.levels} --step-seconds {args.step_seconds}"
+    if args.floor_frames != "deltas":
+        command += f" --floor-frames {args.floor_frames}"
+    if args.section != "capacity":
+        command += f" --section {args.section}"
+    if args.label:
+        command += f' --label "{args.label}"'
     return "\n".join(
         [
-            f"Measured {now_utc()} on {machine()}:",
-            f"`python -m bench.capacity --levels {args.levels} --step-seconds {args.step_seconds}`",
+            f"Measured {now_utc()} on {machine()}, code at commit {commit()}"
+            + (f" ({args.label})" if args.label else "")
+            + ":",
+            f"`{command}`",
             "",
-            *rows,
+            headline(top) + ("" if sustained else " (No level was sustained: a lower bound.)"),
+            "",
+            *cost,
+            "",
+            *timing,
             "",
             verdict,
             bottleneck,
             f"CPU per session (CPU-ms per wall second) at {top['sessions']} sessions: "
             f"{per_session}.",
             "",
-            "![capacity curve](img/capacity.png)",
+            f"![capacity curve](img/{args.section}.png)",
         ]
     )
 
@@ -277,16 +356,31 @@ async def main(args: argparse.Namespace) -> None:
     env = {"DUPLEX_MAX_SESSIONS": str(max(levels) + 8)}
     with Stack(worker_env=env) as stack:
         results = await ramp(stack, levels, args.step_seconds)
-    plot(results)
+    # the floor after the stack is gone: each measured with only its own load generator
+    with BareFloorProcess(frames=args.floor_frames) as floor:
+        floors = await floor_ramp(floor, [r["sessions"] for r in results], args.step_seconds)
+    for row, floor_row in zip(results, floors, strict=True):
+        row["floor"] = floor_row
+    docs = args.docs or DOCS
+    plot(results, docs / "img" / f"{args.section}.png")
     table = render(results, args)
     print(table)
-    write_section(
-        "benchmarks.md", "capacity", table, "Capacity of one API + one worker (`bench/capacity.py`)"
-    )
+    heading = "Capacity of one API + one worker (`bench/capacity.py`)"
+    if args.label:
+        heading += f", {args.label}"
+    write_section("benchmarks.md", args.section, table, heading, docs)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="10,20,40,60,80,100,120,160")
     parser.add_argument("--step-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--floor-frames",
+        choices=FRAMES,
+        default="deltas",
+        help="what the bare floor sends a turn: the deltas and the done (default), or every "
+        "event the real path sends (bench/bare_floor.py --frames)",
+    )
+    add_output_arguments(parser, "capacity")
     asyncio.run(main(parser.parse_args()))

@@ -7,11 +7,13 @@ a real redis-server and real `duplex worker` / `duplex api` processes.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -21,10 +23,10 @@ from pathlib import Path
 from harness.processes import HttpProcess, Process, start_api, start_worker
 from harness.redis_server import RedisServer
 
+ROOT = Path(__file__).resolve().parents[1]
 # where the programs write their sections and plots: the repository's docs/, or elsewhere
 # (the suite's smoke runs of every program write to a temporary folder)
-DOCS = Path(os.environ.get("DUPLEX_BENCH_DOCS") or Path(__file__).resolve().parents[1] / "docs")
-IMAGES = DOCS / "img"
+DOCS = Path(os.environ.get("DUPLEX_BENCH_DOCS") or ROOT / "docs")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -58,6 +60,41 @@ def machine() -> str:
 
 def now_utc() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def commit() -> str:
+    """The commit of the checkout being measured (bench runs from a checkout), short."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, section: str) -> None:
+    """--section/--label/--docs: the same program records another state of the code (say
+    the commit before a change, run from a clone of it) under its own name, in any docs/."""
+    parser.add_argument(
+        "--section",
+        default=section,
+        help=f"the section (markers) to write, and the plot's name (default {section})",
+    )
+    parser.add_argument(
+        "--label",
+        default="",
+        help='appended to a new section\'s heading, e.g. "before issue 18 (commit 2fd6518)"',
+    )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=None,
+        help=f"the docs directory to write into (default {DOCS})",
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -148,10 +185,13 @@ class Stack:
         self.close()
 
 
-def write_section(document: str, name: str, body: str, heading: str) -> None:
+def write_section(
+    document: str, name: str, body: str, heading: str, docs: Path | None = None
+) -> None:
     """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->` in
-    docs/<document>; append a section with `heading` when the markers are missing."""
-    path = DOCS / document
+    docs/<document> (or `docs`/<document>); append a section with `heading` when the
+    markers are missing."""
+    path = (docs or DOCS) / document
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     text = path.read_text() if path.exists() else ""
     if begin not in text:

@@ -1,17 +1,26 @@
 """Command latency through the whole distributed path at 1, 10, 50 and 200 sessions,
-next to the raw Redis floor and the in-process inline client, all in one run.
+next to the raw Redis floor, the bare WebSocket floor and the in-process inline client, all
+in one run.
 
     .venv/bin/python -m bench.latency [--levels 1,10,50,200] [--seconds 5]
+                                      [--section latency] [--label TEXT] [--docs DIR]
 
 For each level L (L sessions at once, each sending a command every 20 ms, the cadence of a
 client's audio appends):
   floor      L pairs of connections: XADD waking a blocked XREAD (the physical floor)
+  ws floor   session.heartbeat -> heartbeat_ack on the bare WebSocket process
+             (`bench/bare_floor.py`: the API's server stack, no Redis), L sessions, same pacing
+  composed   ws floor median + 2 x floor median: a command's unavoidable path (client ->
+             API -> Redis -> worker, then worker -> Redis -> API -> client) with no work in
+             the API or the worker; the heartbeat's median over it is the headline ratio
   inline     session.heartbeat -> heartbeat_ack on the in-process session host (no Redis,
              no WebSocket: the engine's own cost)
   heartbeat  the same through client -> API -> Redis -> worker runner -> Redis -> API -> client
   speech     append -> input_audio_buffer.speech_started (server VAD), measured from the
              append holding the onset the server reports, distributed and inline
-Writes a table to docs/benchmarks.md and a plot to docs/img/latency.png.
+Writes a table to docs/benchmarks.md (section `latency`, or `--section`) and a plot to
+docs/img/<section>.png; `--docs` writes into another docs/ (a clone of an older commit
+records its "before" figures into this checkout's docs).
 """
 
 from __future__ import annotations
@@ -23,13 +32,24 @@ import math
 import random
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import orjson
 import redis.asyncio as redis_async
 import websockets
 
-from bench.common import IMAGES, Stack, machine, now_utc, summary, write_section
+from bench.bare_floor import BareFloorProcess
+from bench.common import (
+    DOCS,
+    Stack,
+    add_output_arguments,
+    commit,
+    machine,
+    now_utc,
+    summary,
+    write_section,
+)
 from harness.sessions import speech_wav
 from plugins.echo import EchoPlugin
 from services.worker.session.manager import SessionManager
@@ -218,57 +238,84 @@ async def inline_speech(sessions: int) -> list[float]:
         await manager.shutdown()
 
 
+def composed_floor_ms(measures: dict[str, dict]) -> float:
+    """One WebSocket round trip plus two Redis wakes (medians): the path with no work in it."""
+    return measures["ws_floor"]["median_ms"] + 2 * measures["floor"]["median_ms"]
+
+
 def render(results: dict[int, dict[str, dict]], args: argparse.Namespace) -> str:
     single_floor = results[min(results)]["floor"]["median_ms"]
     rows = [
         "| sessions | measure | n | median ms | p99 ms | max ms | median / floor at L "
-        "| median / floor at 1 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| median / floor at 1 | median / composed floor at L |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     labels = {
         "floor": "Redis floor (XADD wakes XREAD)",
+        "ws_floor": "bare WebSocket floor: heartbeat -> ack",
         "inline": "inline: heartbeat -> ack",
         "heartbeat": "distributed: heartbeat -> ack",
         "speech_inline": "inline: append -> speech_started",
         "speech": "distributed: append -> speech_started",
     }
+    headline = []
     for level, measures in results.items():
         floor = measures["floor"]["median_ms"]
+        composed = composed_floor_ms(measures)
         for key, label in labels.items():
             r = measures[key]
             rows.append(
                 f"| {level} | {label} | {r['n']} | {r['median_ms']:.3f} | {r['p99_ms']:.3f} "
                 f"| {r['max_ms']:.3f} | {r['median_ms'] / floor:.1f}x "
-                f"| {r['median_ms'] / single_floor:.1f}x |"
+                f"| {r['median_ms'] / single_floor:.1f}x | {r['median_ms'] / composed:.1f}x |"
             )
+            if key == "ws_floor":
+                rows.append(
+                    f"| {level} | composed floor: WebSocket + 2 Redis wakes | - "
+                    f"| {composed:.3f} | - | - | {composed / floor:.1f}x "
+                    f"| {composed / single_floor:.1f}x | 1.0x |"
+                )
+        ratio = measures["heartbeat"]["median_ms"] / composed
+        headline.append(f"{ratio:.1f}x at {level}")
+    command = f"python -m bench.latency --levels {args.levels} --seconds {args.seconds}"
+    if args.section != "latency":
+        command += f" --section {args.section}"
+    if args.label:
+        command += f' --label "{args.label}"'
     return "\n".join(
         [
-            f"Measured {now_utc()} on {machine()}:",
-            f"`python -m bench.latency --levels {args.levels} --seconds {args.seconds}`",
-            "(one redis-server, one `duplex worker --plugin echo`, one `duplex api`; the load",
-            "generator is a third Python process on the same cores). Each session sends one",
-            "command every 20 ms (jittered); the speech rows stream 0.3 s of silence then speech",
-            "in real time, once per session.",
+            f"Measured {now_utc()} on {machine()}, code at commit {commit()}"
+            + (f" ({args.label})" if args.label else "")
+            + ":",
+            f"`{command}`",
+            "(one redis-server, one `duplex worker --plugin echo`, one `duplex api`, and the",
+            "bare WebSocket floor process; the load generator is another Python process on",
+            "the same cores). Each session sends one command every 20 ms (jittered); the",
+            "speech rows stream 0.3 s of silence then speech in real time, once per session.",
+            "",
+            "**Heartbeat round trip median over the composed floor (one bare WebSocket round",
+            f"trip + two XADD-wakes-XREAD hops, same run): {', '.join(headline)} sessions.**",
             "",
             *rows,
             "",
-            "![latency distribution](img/latency.png)",
+            f"![latency distribution](img/{args.section}.png)",
         ]
     )
 
 
-def plot(raw: dict[int, dict[str, list[float]]]) -> None:
+def plot(raw: dict[int, dict[str, list[float]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     levels = sorted(raw)
     fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels), 3.6), sharey=True)
     for ax, level in zip(np.atleast_1d(axes), levels, strict=True):
         for key, label, color in (
             ("floor", "Redis floor", "tab:gray"),
+            ("ws_floor", "WebSocket floor", "black"),
             ("inline", "inline", "tab:green"),
             ("heartbeat", "distributed", "tab:blue"),
         ):
@@ -281,9 +328,9 @@ def plot(raw: dict[int, dict[str, list[float]]]) -> None:
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("fraction of commands")
     np.atleast_1d(axes)[0].legend(loc="lower right")
-    fig.suptitle("heartbeat -> ack round trip vs the raw Redis floor (CDF)")
+    fig.suptitle("heartbeat -> ack round trip vs the Redis and WebSocket floors (CDF)")
     fig.tight_layout()
-    fig.savefig(IMAGES / "latency.png", dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -293,12 +340,14 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[int, dict[str, dict]] = {}
     raw: dict[int, dict[str, list[float]]] = {}
     env = {"DUPLEX_MAX_SESSIONS": str(top + 8)}
-    with Stack(worker_env=env) as stack:
+    with Stack(worker_env=env) as stack, BareFloorProcess() as bare:
         bases = stack.ws_bases()
         await distributed_heartbeats(bases, 4, 1.0)  # warm-up: connections, VAD model, caches
+        await distributed_heartbeats([bare.ws_base], 4, 1.0)
         for level in levels:
             samples = {
                 "floor": await floor_level(stack.url, level, args.seconds),
+                "ws_floor": await distributed_heartbeats([bare.ws_base], level, args.seconds),
                 "inline": await inline_heartbeats(level, args.seconds),
                 "heartbeat": await distributed_heartbeats(bases, level, args.seconds),
                 "speech_inline": await inline_speech(level),
@@ -310,12 +359,17 @@ async def main(args: argparse.Namespace) -> None:
             await asyncio.sleep(1.0)  # let closed sessions drain before the next level
     table = render(results, args)
     print(table)
-    plot(raw)
-    write_section("benchmarks.md", "latency", table, "Latency under load (`bench/latency.py`)")
+    docs = args.docs or DOCS
+    plot(raw, docs / "img" / f"{args.section}.png")
+    heading = "Latency under load (`bench/latency.py`)"
+    if args.label:
+        heading += f", {args.label}"
+    write_section("benchmarks.md", args.section, table, heading, docs)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,10,50,200")
     parser.add_argument("--seconds", type=float, default=5.0)
+    add_output_arguments(parser, "latency")
     asyncio.run(main(parser.parse_args()))

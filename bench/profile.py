@@ -1,14 +1,16 @@
 """Where the time goes: sample the API and worker processes with py-spy under load.
 
     .venv/bin/python -m bench.profile [--load heartbeat|realtime] [--sessions 50]
-                                      [--seconds 8] [--top 25]
+                                      [--seconds 8] [--top 25] [--floor]
 
 Runs the heartbeat load of `bench.latency` (each session one command every 20 ms) or the
 real-time echo conversations of `bench.capacity` (`--load realtime`), and records both
 processes with `py-spy record --format raw` (needs ptrace: root, or CAP_SYS_PTRACE), then
 prints the CPU each process used and, per process, the functions holding the most samples,
 by own time and by total time (frames on the stack). The raw stacks stay in
-`$TMPDIR/duplex-profile-*.txt` for a flame graph.
+`$TMPDIR/duplex-profile-*.txt` for a flame graph. `--floor` runs the same load against the
+bare WebSocket floor (`bench/bare_floor.py`) and records it instead: what the server stack
+alone spends on these frames, the part of an API pod's profile no change of ours removes.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from bench.bare_floor import BareFloorProcess
 from bench.capacity import append_frames, start_conversation
 from bench.common import CpuMeter, Stack, summary
 from bench.latency import distributed_heartbeats
@@ -62,30 +66,39 @@ def top_frames(raw: Path, top: int) -> list[str]:
     return lines
 
 
+async def load(args: argparse.Namespace, bases: list[str]) -> str:
+    """Run the chosen load for the recorded seconds; say what it was."""
+    if args.load == "heartbeat":
+        samples = await distributed_heartbeats(bases, args.sessions, args.seconds + 1)
+        stats = summary(samples)
+        return f"heartbeat median {stats['median_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms"
+    speech, silence = append_frames()
+    talks = [await start_conversation(bases[0], speech, silence) for _ in range(args.sessions)]
+    await asyncio.sleep(args.seconds + 1)
+    await asyncio.gather(*(talk.close() for talk in talks))
+    return "real-time echo conversations"
+
+
 async def main(args: argparse.Namespace) -> None:
-    with Stack(worker_env={"DUPLEX_MAX_SESSIONS": str(args.sessions + 8)}) as stack:
-        bases = stack.ws_bases()
-        await distributed_heartbeats(bases, 4, 1.0)
-        pids = {
-            "api": stack.apis[0].process.pid,
-            "worker": stack.workers[0].process.pid,
-            "redis": stack.redis_pid(),
-        }
-        meter = CpuMeter(pids)
-        recorders = {name: record(pids[name], args.seconds, name) for name in ("api", "worker")}
-        meter.start()
-        if args.load == "heartbeat":
-            samples = await distributed_heartbeats(bases, args.sessions, args.seconds + 1)
-            stats = summary(samples)
-            figures = f"heartbeat median {stats['median_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms"
+    with contextlib.ExitStack() as processes:
+        if args.floor:
+            floor = processes.enter_context(BareFloorProcess())
+            bases, pids = [floor.ws_base], {"floor": floor.process.pid}
         else:
-            speech, silence = append_frames()
-            talks = [
-                await start_conversation(bases[0], speech, silence) for _ in range(args.sessions)
-            ]
-            await asyncio.sleep(args.seconds + 1)
-            await asyncio.gather(*(talk.close() for talk in talks))
-            figures = "real-time echo conversations"
+            env = {"DUPLEX_MAX_SESSIONS": str(args.sessions + 8)}
+            stack = processes.enter_context(Stack(worker_env=env))
+            bases = stack.ws_bases()
+            pids = {
+                "api": stack.apis[0].process.pid,
+                "worker": stack.workers[0].process.pid,
+                "redis": stack.redis_pid(),
+            }
+        await distributed_heartbeats(bases, 4, 1.0)
+        meter = CpuMeter(pids)
+        sampled = [name for name in pids if name != "redis"]
+        recorders = {name: record(pids[name], args.seconds, name) for name in sampled}
+        meter.start()
+        figures = await load(args, bases)
         cpu = meter.read()
         for process, _ in recorders.values():
             process.wait(60)
@@ -104,4 +117,7 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--floor", action="store_true", help="profile the bare WebSocket floor, not the stack"
+    )
     asyncio.run(main(parser.parse_args()))
