@@ -5,6 +5,7 @@ Imports nothing of ours (the admin CLI and the Redis store use it without the co
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 
@@ -22,3 +23,13 @@ def now_ms() -> int:
     """Wall-clock milliseconds: what the session hash, the lease index and the heartbeat
     registries store (every process compares them, so monotonic clocks would not do)."""
     return int(time.time() * 1000)
+
+
+def token_digest(token: str) -> str:
+    """Only the SHA-256 of a resume token is ever stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def key_digest(api_key: str) -> str:
+    """The SHA-256 of the API key that opened a session (the key itself is never stored)."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()

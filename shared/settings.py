@@ -193,6 +193,9 @@ class ApiSettings(RedisSettings):
     #: browser Origins allowed on the WebSockets besides the page's own host; "*": any.
     #: Empty: same-host only without API keys, any with them (the key is the credential).
     allowed_origins: frozenset[str] = frozenset()
+    #: how long an append may wait for other sessions' appends to share its inbox entry
+    #: (services/api/inbox_writer.py); 0: sent at once. DUPLEX_APPEND_LINGER_MS
+    append_linger_ms: float = 10.0
     #: the session policy, the same as the workers' (DUPLEX_DISCONNECT_GRACE_S and the rest)
     session: SessionPolicy = dataclasses.field(default_factory=SessionPolicy)
 
@@ -221,6 +224,8 @@ class ApiSettings(RedisSettings):
             values["header_timeout_s"] = float(header)
         if (keep_alive := _env("KEEP_ALIVE_S", env=env)) is not None:
             values["keep_alive_s"] = float(keep_alive)
+        if (linger := _env("APPEND_LINGER_MS", env=env)) is not None:
+            values["append_linger_ms"] = float(linger)
         if (concurrency := _env("LIMIT_CONCURRENCY", env=env)) is not None:
             values["limit_concurrency"] = int(concurrency)
         if (origins := _env("ALLOWED_ORIGINS", env=env)) is not None:

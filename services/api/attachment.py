@@ -29,7 +29,7 @@ from services.api.attachment_state import (
     AttachmentStateError,
     S,
 )
-from services.api.inbox_writer import InboxFull
+from services.api.command_sender import CommandSender
 from services.api.live import CATCH_UP, LiveFeed, LiveHub
 from services.api.liveness import PodLiveness
 from services.api.worker_client import WorkerClient
@@ -106,7 +106,7 @@ class Attachment:
         self.owner_generation = 0  # the placement `worker_id` belongs to (owner_move.lua)
         self.generation = 0
         self.resumable = False
-        self.command_seq = 0
+        self.commands = CommandSender(workers, feed)  # the seqs; appends not awaited
         self.openai = False  # plain /v1/realtime: OpenAI GA's surface (no resume, no keys of ours)
 
     def _move(self, to: AttachmentState) -> None:
@@ -331,23 +331,23 @@ class Attachment:
             raise AttachmentStateError(f"no session is held ({self.state})")
         return self.session_id, self.worker_id
 
+    @property
+    def command_seq(self) -> int:  # the last handed out (a refused entry gives its seqs back)
+        return self.commands.seqs.last
+
     async def command(self, command: Any) -> None:
-        """A client command to the worker, with the next command seq. Raises `InboxFull`
-        when the inbox's budget refused it: the seq is not consumed then (seqs stay contiguous:
-        the socket sends one command at a time). Any other failure is ambiguous: it stays used."""
+        """A client command to the worker. An append returns once queued (`CommandSender`);
+        any other raises `InboxFull` when the inbox's budget refused it, or Redis' error."""
         sid, worker_id = self._held()
-        self.command_seq += 1
-        send = self._workers.command(worker_id, sid, self.generation, self.command_seq, command)
-        try:
-            if isinstance(command, Heartbeat):
-                # the lease refresh and the command travel at once: awaiting the touch first
-                # put a whole Redis round trip in front of every heartbeat_ack
-                await asyncio.gather(self._store.touch(sid, self.generation, self._pod_id), send)
-            else:
-                await send
-        except InboxFull:
-            self.command_seq -= 1
-            raise
+        written = await self.commands.send(worker_id, sid, self.generation, command)
+        if written is None:
+            return
+        if isinstance(command, Heartbeat):
+            # the lease refresh and the command travel at once: awaiting the touch first
+            # put a whole Redis round trip in front of every heartbeat_ack
+            await asyncio.gather(self._store.touch(sid, self.generation, self._pod_id), written)
+        else:
+            await written
 
     async def acknowledge(self, seq: int) -> bool:
         """The client has the events up to `seq`; False when `seq` is past the newest."""

@@ -14,8 +14,8 @@ a draining worker takes nothing), B:
 4. D's entries of the session that D never handled (command, touch, close), in stream
    order and with their fields unchanged: their (attachment, seq) marks let B drop what
    the checkpoint already applied and tell the client what is missing (`input_lost`);
-5. `!moved <owner generation> <B>` on the session's live channel: API pods send its
-   commands to B from now on.
+5. `!moved <owner generation> <B>` on the session's live channel (SPUBLISH on a cluster,
+   where the API pods listen with SSUBSCRIBE): API pods send its commands to B from now on.
 
 A detached session keeps its lease (it is still in its disconnect grace). A session in
 state opening is not moved (its opener hears worker_lost); one without a checkpoint, or
@@ -35,7 +35,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, RestoreRequest
+from shared.redis.boundary import (
+    FORWARDED_KINDS,
+    PACK_KIND,
+    ControlNotice,
+    RestoreRequest,
+    message_fields,
+    unpack_entry,
+)
 from shared.redis.keys import KeySchema
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore
@@ -47,7 +54,7 @@ MOVABLE_STATES = frozenset({"active", "detached"})
 WHY = "worker_lost"
 
 Fields = dict[bytes, bytes]
-#: PUBLISH on a live channel (the pod's LiveHub: a cluster client has no PUBLISH)
+#: a notice on a live channel (the pod's `LiveHub.publish`: SPUBLISH on a cluster)
 Publish = Callable[[str, bytes], Awaitable[None]]
 
 
@@ -72,8 +79,21 @@ class WorkerLoss:
     def take(self, entries: list[tuple[Any, Fields]]) -> None:
         for entry_id, fields in entries:
             self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            if fields.get(b"k") in FORWARDED_KINDS and b"s" in fields:
-                self.entries[fields[b"s"].decode()].append(fields)
+            for message in _messages(entry_id, fields):
+                if message.get(b"k") in FORWARDED_KINDS and b"s" in message:
+                    self.entries[message[b"s"].decode()].append(message)
+
+
+def _messages(entry_id: Any, fields: Fields) -> list[Fields]:
+    """An entry's messages, each as the fields of an entry of its own: an API pod's pack
+    (many sessions' commands) is split, so each session's go to its new worker."""
+    if fields.get(b"k") != PACK_KIND:
+        return [fields]
+    try:
+        return [message_fields(message) for message in unpack_entry(fields)]
+    except Exception:  # no API pod wrote it: nothing of it is forwarded
+        log.warning("inbox entry %r of a dead worker does not decode: dropped", entry_id)
+        return []
 
 
 class Failover:

@@ -1,42 +1,56 @@
-"""Every connection's commands to the workers' inboxes, written in shared pipelines.
+"""Every connection's commands to the workers' inboxes, in rounds: one entry per worker.
 
-An audio append is a small inbox entry, and a pod carries many sessions each sending 50
-appends a second. One round trip per append meant one socket write and one Redis read per
-append, the largest cost of the API pod in `bench/profile --load realtime`. Here the
-appends queued by every connection while the writer's previous pipeline was in flight go
-out together in one non-transactional pipeline: under load the round trips are shared, and
-when idle a lone command leaves at once (no timer, no added wait).
+A pod carries many sessions each sending 50 appends a second. One inbox entry (one
+`inbox_append.lua` call, a GET, an XADD and an INCRBY in Redis) and one worker read per
+append were most of the Redis commands of a session. Here each round of the writer takes
+what every connection queued and gives each worker **one** entry: the round's messages
+for it, packed in queue order (`services/api/inbox_round.py`), one EVALSHA (one INCRBY, one
+XADD) each, all in one non-transactional pipeline.
+
+When a round leaves:
+- a message that is not an append (a commit, a heartbeat, an update, a close, an open, a
+  chat...) sends the round at once, with every append queued ahead of it;
+- appends alone wait at most `linger_s` (`DUPLEX_APPEND_LINGER_MS`, 10 ms by default), so
+  that many sessions' appends share an entry; 0 sends them at once (the next round leaves
+  as soon as the previous one is back, as before packs existed);
+- a round does not leave while the previous one is in flight: what is queued meanwhile
+  goes in the next.
 
 Each entry goes through `inbox_append.lua`, which keeps the worker's inbox inside a byte
 budget: the worker deletes what it handled, so the budget bounds the backlog a client can
 leave in Redis when it writes faster than the worker reads. A refused entry raises
-`InboxFull` in its caller; control messages (close) are never refused.
+`InboxFull` in each of its budgeted callers; its unbudgeted messages (closes, heartbeats,
+cancels: never refused) are sent again at once in an entry of their own, their seqs handed
+out again (`CommandSeq`).
 
-Order is kept: a connection awaits each of its commands before sending the next, and a
-pipeline's commands run in the order they were queued.
+Order is kept: rounds leave one after another, a round's entries hold its items in queue
+order, and one attachment's commands of a round are all in one entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
-from shared.redis.boundary import entry_bytes
+from services.api.inbox_round import CommandSeq, Entry, Queued, items_of, take_round
+from shared.redis.boundary import InboxMessage
 from shared.redis.keys import KeySchema
 from shared.redis.scripts import Scripts
 from shared.supervised import SupervisedLoop
 
-MAX_BATCH = 512
+__all__ = ["INBOX_MAX_BYTES", "CommandSeq", "InboxFull", "InboxWriter"]
+
 #: bytes of unhandled commands a worker's inbox may hold (a worker reads far faster than
 #: real-time clients write: a backlog this large means it is stalled or flooded)
 INBOX_MAX_BYTES = 64 * 1024 * 1024
 REFUSED = -1  # inbox_append.lua: over the budget, nothing written
-
-_Pending = tuple[list[str], list[Any], asyncio.Future[None]]
+#: how long an append may wait for others to share its entry (ApiSettings.append_linger_ms)
+DEFAULT_LINGER_S = 0.010
 
 
 def _lost(result: Any) -> bool:
@@ -55,97 +69,150 @@ class InboxWriter:
         scripts: Scripts | None = None,
         *,
         max_bytes: int = INBOX_MAX_BYTES,
+        linger_s: float = DEFAULT_LINGER_S,
     ) -> None:
         self.client = client
         self.keys = keys or KeySchema()
         self.script = (scripts or Scripts()).inbox_append
         self.max_bytes = max_bytes
-        self._queue: list[_Pending] = []
-        self._wake = asyncio.Event()
-        # started by the first append; a batch that fails fails its callers, not the loop
+        self.linger_s = linger_s
+        self._queue: list[Queued] = []
+        self._wake = asyncio.Event()  # something is queued
+        self._urgent = asyncio.Event()  # something that must not linger is queued
+        self._oldest = 0.0  # when the oldest lingering item was queued (monotonic)
+        # started by the first item; a round that fails fails its callers, not the loop
         self._loop = SupervisedLoop("inbox-writer", self._run)
-        self.pipelines = 0  # diagnostics: how many pipelines carried the commands
-        self.commands = 0
+        self.pipelines = 0  # diagnostics: how many pipelines carried the entries
+        self.entries = 0  # how many entries they wrote
+        self.commands = 0  # how many queued items those entries carried
 
-    async def append(
-        self, worker_id: str, fields: dict[str, Any], *, budgeted: bool = True
-    ) -> None:
-        """Write one entry to the worker's inbox through the next pipeline. Raises
-        `InboxFull` when the budget refused it, or what Redis raised for this command."""
-        self._loop.start()
-        keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
-        args: list[Any] = [self.max_bytes if budgeted else 0, entry_bytes(fields)]
-        for name, value in fields.items():
-            args += [name, value]
+    # ------------------------------------------------------------ the callers' side
+
+    def send(
+        self,
+        worker_id: str,
+        message: InboxMessage,
+        *,
+        budgeted: bool = True,
+        seqs: CommandSeq | None = None,
+        lingers: bool = False,
+    ) -> asyncio.Future[None]:
+        """Queue a message for the worker's next entry; the future settles once it is
+        written (`InboxFull` when the budget refused it, or what Redis raised). With
+        `seqs`, the message's seq is handed out when its entry is built. `lingers`: it may
+        wait up to the linger for other messages to share its entry (appends)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((keys, args, future))
+        self._enqueue(Queued(worker_id, budgeted, future, message, seqs, lingers=lingers))
+        return future
+
+    def _enqueue(self, item: Queued) -> None:
+        self._loop.start()
+        if not self._queue:
+            self._oldest = time.monotonic()
+        self._queue.append(item)
+        if not item.lingers or self.linger_s <= 0:
+            self._urgent.set()
         self._wake.set()
-        await future
 
     async def stop(self) -> None:
         await self._loop.stop()
         self._fail(self._queue, RedisConnectionError("the inbox writer stopped"))
         self._queue = []
 
+    # ------------------------------------------------------------ rounds
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
-            self._wake.clear()
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            if self._queue:
-                self._wake.set()
-            if not batch:
+            if not self._queue:
+                self._wake.clear()
                 continue
+            if not self._urgent.is_set():
+                # appends only: they wait for company until the oldest has lingered enough
+                wait = self._oldest + self.linger_s - time.monotonic()
+                if wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            await self._urgent.wait()
+            entries, self._queue = take_round(self._queue)
+            # what a cut round left (its item cap, one attachment's commands kept together)
+            # has lingered since it was queued: it goes in the next round without a new wait
+            self._oldest = self._queue[0].queued_at if self._queue else time.monotonic()
+            if not self._queue:
+                self._wake.clear()
+                self._urgent.clear()
+            elif not any(not item.lingers for item in self._queue):
+                self._urgent.clear()
             try:
-                await self._send(batch)
+                await self._send(entries)
             except asyncio.CancelledError:
-                self._fail(batch, RedisConnectionError("the inbox writer stopped"))
+                self._fail(items_of(entries), RedisConnectionError("the inbox writer stopped"))
                 raise
             except Exception as exc:  # Redis unreachable: every caller hears it
-                self._fail(batch, exc)
+                self._fail(items_of(entries), exc)
 
-    async def _execute(self, batch: list[_Pending]) -> list[Any]:
+    async def _execute(self, entries: list[Entry]) -> list[Any]:
         pipeline = self.client.pipeline(transaction=False)
-        for keys, args, _ in batch:
+        for entry in entries:
+            keys = [self.keys.inbox(entry.worker_id), self.keys.inbox_bytes(entry.worker_id)]
             # execute_command, not evalsha(): redis-py's cluster pipeline blocks the
             # evalsha method, yet routes EVALSHA by its keys (both in the worker's slot)
+            args = entry.args(self.max_bytes)
             pipeline.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
+        self.pipelines += 1
         return await pipeline.execute(raise_on_error=False)
 
-    async def _send(self, batch: list[_Pending]) -> None:
-        results = await self._execute(batch)
-        self.pipelines += 1
-        self.commands += len(batch)
-        missing = [item for item, result in zip(batch, results, strict=True) if _lost(result)]
-        self._settle([(item, r) for item, r in zip(batch, results, strict=True) if not _lost(r)])
+    async def _send(self, entries: list[Entry]) -> None:
+        results = await self._run_entries(entries)
+        refused = [entry for entry, result in results if _refused(result)]
+        again: list[Entry] = []
+        for entry in refused:
+            entry.give_back_seqs()  # nothing was written: the seqs are handed out again
+            self._fail([i for i in entry.items if i.budgeted], InboxFull(_FULL))
+            if (passing := entry.unbudgeted()) is not None:
+                again.append(passing)
+        self._settle([(entry, result) for entry, result in results if not _refused(result)])
+        if again:  # what never waits for a full inbox goes now, in an entry of its own
+            self._settle(await self._run_entries(again))
+
+    async def _run_entries(self, entries: list[Entry]) -> list[tuple[Entry, Any]]:
+        results = await self._execute(entries)
+        done = list(zip(entries, results, strict=True))
+        missing = [entry for entry, result in done if _lost(result)]
         if missing:
             # a Redis (or a cluster node) restarted and lost its scripts: those calls did
             # not run (and the other calls of the same inbox failed with them: one node),
-            # so only they are sent again, in their order; the others are settled already
+            # so only they are sent again, in their order
             try:
                 await self.script.ensure_loaded(self.client)
-                retried = await self._execute(missing)
+                retried = dict(zip(map(id, missing), await self._execute(missing), strict=True))
             except Exception as exc:
-                self._fail(missing, exc)
-                return
-            self._settle(list(zip(missing, retried, strict=True)))
+                retried = {id(entry): exc for entry in missing}
+            done = [(e, retried[id(e)] if _lost(r) else r) for e, r in done]
+        return done
 
-    @staticmethod
-    def _settle(done: list[tuple[_Pending, Any]]) -> None:
-        for (_, _, future), result in done:
-            if future.done():
-                continue  # its caller went away
+    def _settle(self, done: list[tuple[Entry, Any]]) -> None:
+        for entry, result in done:
             if isinstance(result, Exception):
-                future.set_exception(result)
-            elif int(result) == REFUSED:
-                future.set_exception(InboxFull("the worker's inbox is over its budget"))
-            else:
-                future.set_result(None)
+                self._fail(entry.items, result)
+                continue
+            self.entries += 1
+            self.commands += len(entry.items)
+            for item in entry.items:
+                if not item.future.done():  # else its caller went away
+                    item.future.set_result(None)
 
     @staticmethod
-    def _fail(batch: list[_Pending], exc: Exception) -> None:
-        for _, _, future in batch:
-            if not future.done():
-                future.set_exception(exc)
+    def _fail(items: list[Queued], exc: Exception) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(exc)
                 with contextlib.suppress(Exception):
-                    future.exception()  # retrieved: no "never retrieved" warning if unawaited
+                    item.future.exception()  # retrieved: no "never retrieved" warning
+
+
+_FULL = "the worker's inbox is over its budget"
+
+
+def _refused(result: Any) -> bool:
+    return not isinstance(result, Exception) and int(result) == REFUSED

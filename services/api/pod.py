@@ -33,11 +33,12 @@ from services.api.realtime import RealtimeEndpoint
 from services.api.security import KeyChecker
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
+from shared.ids import key_digest
 from shared.loop_lag import LoopLagMonitor
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
 from shared.redis.placement import WorkerDirectory
-from shared.redis.store import SessionStore, key_digest
+from shared.redis.store import SessionStore
 from shared.settings import ApiSettings
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,12 @@ class ApiPod:
             self.client, self.keys, settings.heartbeat_ttl_s, settings.placement_epsilon
         )
         self.hub = LiveHub(redis.pubsub_client(), self.keys.api(settings.pod_id))
-        self.inbox_writer = InboxWriter(self.client, self.keys, self.store.scripts)
+        self.inbox_writer = InboxWriter(
+            self.client,
+            self.keys,
+            self.store.scripts,
+            linger_s=settings.append_linger_ms / 1000,
+        )
         self.workers = WorkerClient(self.inbox_writer)
         self.liveness = PodLiveness(
             self.client,

@@ -1,7 +1,9 @@
 """The API side of the API-to-worker boundary: every entry the pod writes to a worker's inbox.
 
 `WorkerClient` builds the inbox messages (open, command, close, touch, chat) and hands them
-to the pod's one `InboxWriter`, which pipelines them. Which of them count against the
+to the pod's one `InboxWriter`, which packs each round's messages for a worker into one
+entry. Appends may linger there for company (`send_command`'s future settles once the entry
+is written); everything else sends its round at once. Which messages count against the
 inbox's byte budget is decided here, once:
 
 - client commands count, appends first: a client that writes faster than its worker reads
@@ -14,17 +16,22 @@ inbox's byte budget is decided here, once:
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from services.api.inbox_writer import InboxWriter
+from services.api.inbox_writer import CommandSeq, InboxWriter
 from shared.protocol.duplex import DuplexCommand
 from shared.redis.boundary import (
+    APPEND_TYPE,
+    COMMAND,
     ChatRequest,
     CloseRequest,
     CommandRecord,
+    InboxMessage,
     InboxRecord,
     OpenRequest,
     TouchRequest,
+    command_payload,
 )
 
 #: client commands that pass a worker's full inbox: small, and what keeps a session alive
@@ -55,10 +62,37 @@ class WorkerClient:
         await self._write(worker_id, OpenRequest(session_id, session))
 
     async def command(
-        self, worker_id: str, session_id: str, attachment: int, seq: int, command: DuplexCommand
+        self,
+        worker_id: str,
+        session_id: str,
+        attachment: int,
+        seq: int | CommandSeq,
+        command: DuplexCommand,
     ) -> None:
         """A client command, with the attachment's command seq (redeliveries are dropped by it)."""
-        await self._write(worker_id, CommandRecord(session_id, attachment, seq, command))
+        await self.send_command(worker_id, session_id, attachment, seq, command)
+
+    def send_command(
+        self,
+        worker_id: str,
+        session_id: str,
+        attachment: int,
+        seq: int | CommandSeq,
+        command: DuplexCommand,
+    ) -> asyncio.Future[None]:
+        """Queue a client command; the future settles once it is written (or refused).
+        `seq`: the command's seq, or the attachment's `CommandSeq`, which hands it out when
+        the command's entry is built (a refused entry gives it back). Appends linger."""
+        payload, audio = command_payload(command)
+        fixed = seq if isinstance(seq, int) else 0
+        message = InboxMessage(COMMAND, session_id, attachment, fixed, payload, audio)
+        return self._inbox.send(
+            worker_id,
+            message,
+            budgeted=command.TYPE not in UNBUDGETED,
+            seqs=None if isinstance(seq, int) else seq,
+            lingers=command.TYPE == APPEND_TYPE,
+        )
 
     async def close(self, worker_id: str, session_id: str, attachment: int, reason: str) -> None:
         await self._write(worker_id, CloseRequest(session_id, reason, attachment))
@@ -76,7 +110,7 @@ class WorkerClient:
         await self._inbox.stop()
 
     async def _write(self, worker_id: str, record: InboxRecord) -> None:
-        await self._inbox.append(worker_id, record.to_fields(), budgeted=budgeted(record))
+        await self._inbox.send(worker_id, record.to_message(), budgeted=budgeted(record))
 
 
 def budgeted(record: InboxRecord) -> bool:

@@ -1,10 +1,10 @@
 """The worker process: registry + heartbeat, the inbox consumer, the session manager.
 
-One consumer task reads the worker's inbox stream with XREADGROUP BLOCK and dispatches
-each entry in order; entries are acknowledged after dispatch. Commands carry (attachment
-generation, seq): a redelivered one is dropped, and a session moved here gets its commands
-in order (`command_order`). Entries and the registration hash are records of
-`shared.redis.boundary`; the long-lived loops run supervised (`shared.supervised`).
+The inbox consumer (`inbox_reader`) reads the worker's inbox stream, unpacks each entry and
+dispatches its messages in order; entries are acknowledged in batches after dispatch.
+Commands carry (attachment generation, seq): a redelivered one is dropped, and a session
+moved here gets its commands in order (`command_order`). Entries and the registration hash
+are records of `shared.redis.boundary`; the long-lived loops run supervised (`shared.supervised`).
 SIGTERM drains (`drain`); restores and the zombie check are in `ownership`.
 """
 
@@ -24,10 +24,10 @@ from services.worker.command_order import CommandOrder, Released
 from services.worker.drain import Drain
 from services.worker.health import HealthServer
 from services.worker.host import WorkerHost
+from services.worker.inbox_reader import InboxReader
 from services.worker.plugins import load_plugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
-from shared.backoff import Backoff
 from shared.contracts import DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
 from shared.redis.boundary import (
@@ -40,7 +40,6 @@ from shared.redis.boundary import (
     RestoreRequest,
     TouchRequest,
     WorkerRegistration,
-    entry_bytes,
 )
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.store import SessionStore
@@ -50,8 +49,6 @@ from shared.supervised import SupervisedLoop, stop_all
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-READ_BLOCK_MS = 1000
-READ_COUNT = 256
 REPLY_TTL_S = 60
 #: the errors a command gets when the session is not held here
 NOT_HELD = frozenset({"unknown_session", "session_closed"})
@@ -89,14 +86,16 @@ class WorkerProcess(WorkerHost):
         self._order_lock = asyncio.Lock()  # released commands reach the manager in order
         self._order_wake = asyncio.Event()
         self.drain: Drain | None = None  # set by `stop`: SIGTERM
-        self.read_block_ms = READ_BLOCK_MS
+        # dispatch and the drain looked up at each entry (a test may stand in for either)
+        self.reader = InboxReader(
+            redis,
+            self.store,
+            settings.worker_id,
+            self.inbox,
+            lambda message: self.dispatch(message),
+            lambda: self.drain,
+        )
         self._loops: list[SupervisedLoop] = []
-        # where the next XREADGROUP starts: first our own pending entries (a restart), then
-        # new ones; kept here so a restarted consume loop does not dispatch handled ones again
-        self._read_from = "0"
-        # inbox entries handled, not yet acked and deleted: (entry id, size in bytes)
-        self._unacked: list[tuple[bytes, int]] = []
-        self._ack_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._last_beat_ok = False
         self.health = (
@@ -128,8 +127,8 @@ class WorkerProcess(WorkerHost):
         # heartbeat TTL): restored before its unhandled inbox entries are read
         await ownership.adopt(self)
         self._loops += [
-            SupervisedLoop("worker-inbox", self._consume_loop).start(),
-            SupervisedLoop("worker-inbox-ack", self._ack_loop).start(),
+            SupervisedLoop("worker-inbox", self.reader.consume).start(),
+            SupervisedLoop("worker-inbox-ack", self.reader.ack_loop).start(),
             SupervisedLoop("worker-command-order", self._order_loop).start(),
         ]
         log.info(
@@ -162,7 +161,7 @@ class WorkerProcess(WorkerHost):
         if self.health is not None:
             await self.health.stop()
         with contextlib.suppress(Exception):
-            await self._ack_pending()
+            await self.reader.ack_pending(check_empty=True)
         await self.manager.shutdown("shutdown")
         await self.publisher.stop()
         with contextlib.suppress(Exception):
@@ -211,97 +210,15 @@ class WorkerProcess(WorkerHost):
             self._last_beat_ok = False
             log.exception("worker heartbeat failed")
 
-    # ------------------------------------------------------------ inbox
+    # ------------------------------------------------------------ inbox (inbox_reader)
 
-    async def _consume_loop(self) -> None:
-        """Read and dispatch for ever. Redis errors are retried here (NOGROUP: the group is
-        made again; others after a backoff); what escapes restarts it under its supervisor,
-        from `_read_from`, so entries already dispatched are not dispatched again."""
-        reader = self.redis.new_client()
-        backoff = Backoff()
-        while True:
-            try:
-                reply = await reader.xreadgroup(
-                    INBOX_GROUP,
-                    self.worker_id,
-                    {self.inbox: self._read_from},
-                    count=READ_COUNT,
-                    block=self.read_block_ms,
-                )
-            except asyncio.CancelledError:
-                raise
-            except redis_errors.ResponseError as exc:
-                if "NOGROUP" in str(exc):
-                    # the group is gone (Redis restarted empty): make it again and go on
-                    with contextlib.suppress(Exception):
-                        await self.redis.client.xgroup_create(
-                            self.inbox, INBOX_GROUP, id="0", mkstream=True
-                        )
-                else:
-                    log.exception("reading the inbox failed; retrying")
-                    await asyncio.sleep(backoff.next_delay())
-                continue
-            except Exception:
-                # connection lost: redis-py reconnects on the next call; back off meanwhile
-                log.warning("reading the inbox failed; retrying", exc_info=True)
-                await asyncio.sleep(backoff.next_delay())
-                continue
-            backoff.reset()
-            if self.drain is not None:
-                self.drain.read_round()
-            entries = reply[0][1] if reply else []
-            if not entries and self._read_from != ">":  # past our pending entries: new ones
-                self._read_from = ">"
-                continue
-            for entry_id, fields in entries:
-                if self._read_from != ">":
-                    # reading our own pending entries (a restart): go on past this one, or
-                    # the next read returns it again until the ack loop's XACK lands, and
-                    # an open, close or chat (not deduplicated by seq) would run twice
-                    self._read_from = entry_id
-                try:
-                    if self.drain is None or not await self.drain.take(fields):
-                        await self.dispatch(InboxMessage.from_fields(fields))
-                except Exception:
-                    log.exception("inbox entry %r failed", entry_id)
-            if entries:
-                self._unacked.extend(
-                    (entry_id, entry_bytes(fields)) for entry_id, fields in entries
-                )
-                self._ack_wake.set()
+    @property
+    def read_block_ms(self) -> int:
+        return self.reader.block_ms
 
-    async def _ack_loop(self) -> None:
-        """Acknowledge and delete handled entries off the read path: awaiting that before
-        the next XREADGROUP put a Redis round trip in front of every command
-        (bench/profile). Deleting them is what frees an append's audio in Redis (an XACK
-        alone leaves the entry in the stream until MAXLEN trims it). An ack that is late
-        or lost only leaves an entry pending, which a restarted worker skips (`_fresh`) or
-        whose session is gone with the old process."""
-        backoff = Backoff()
-        while True:
-            await self._ack_wake.wait()
-            self._ack_wake.clear()
-            try:
-                await self._ack_pending()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("acknowledging inbox entries failed; retrying", exc_info=True)
-                await asyncio.sleep(backoff.next_delay())
-                self._ack_wake.set()
-                continue
-            backoff.reset()
-
-    async def _ack_pending(self) -> None:
-        handled, self._unacked = self._unacked, []
-        if not handled:
-            return
-        try:
-            await self.store.inbox_ack(self.worker_id, handled)
-        except BaseException:
-            # all of them again: a batch that did go through deletes nothing twice
-            self._unacked = handled + self._unacked
-            raise
+    @read_block_ms.setter
+    def read_block_ms(self, value: int) -> None:  # the drain reads with a short block
+        self.reader.block_ms = value
 
     # ------------------------------------------------------------ command order
 

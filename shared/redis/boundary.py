@@ -6,44 +6,90 @@ turns what it means into what Redis holds, and back:
 - `OpenRequest`, `CommandRecord`, `CloseRequest`, `TouchRequest`, `ChatRequest`: entries of
   `duplex:worker:{WID}:inbox`, written by API pods (closes also by the janitor and the admin
   CLI), read by the worker. One flat envelope, `InboxMessage` (fields `k s a q p b`), carries
-  them all; `InboxRecord.from_fields` reads any of them back as its typed record.
+  them all; `InboxRecord.from_fields` reads any of them back as its typed record. The
+  envelope, packs of several messages in one entry and the command codec are in
+  `shared.redis.inbox_codec` (re-exported here).
 - `ChatReply`: the one element of `duplex:reply:{ID}`, worker to API pod.
 - `WorkerRegistration`: the hash `duplex:worker:{WID}`, written by its worker, read by
   placement and `duplex workers`.
 - `ControlNotice`: `!`-prefixed messages on a session's live channel (takeover, moved).
 - `RestoreRequest`: an inbox entry that hands a worker a session from its checkpoint.
 
-Commands cross validated once. The API pod parses and validates a client frame with
-`parse_client_event`; the entry carries the command as the codec renders it (its canonical wire
-JSON, what `redis-cli` shows), except that an append's audio travels raw in its own field and is
-never base64-encoded. The worker rebuilds the typed command from those fields with its class's
-own constructor (`rebuild_command`): no parsing, no validation, no base64 a second time.
-
-Only that rebuild needs the wire codec (and numpy with it): it imports the codec when a process
-decodes its first command, so the Redis readers (`duplex sessions`, `duplex workers`) never load
-it.
+Commands cross validated once: the API pod parses and validates a client frame with
+`parse_client_event`, and the worker rebuilds the typed command from the entry's fields with
+its class's own constructor (`rebuild_command`): no parsing, no validation, no base64 a second
+time.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
-import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import orjson
 
+from shared.redis.inbox_codec import (
+    APPEND_TYPE,
+    CHAT,
+    CLOSE,
+    COMMAND,
+    INBOX_KINDS,
+    MIN_ENTRY_BYTES,
+    OPEN,
+    PACK,
+    PACK_KIND,
+    RESTORE,
+    TOUCH,
+    InboxMessage,
+    command_payload,
+    entry_bytes,
+    message_fields,
+    pack_entry,
+    rebuild_command,
+    unpack_entry,
+)
+
 if TYPE_CHECKING:
     from shared.protocol.duplex import DuplexCommand
 
-#: what an inbox entry costs the budget at least (a stream entry's own overhead, about):
-#: with it the byte budget of inbox_append.lua also bounds the count of entries (64 MiB /
-#: 640 B is about 100 000), so one counter does both and Redis runs no XLEN per append
-MIN_ENTRY_BYTES = 640
-OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
-RESTORE = "restore"
+__all__ = [
+    "APPEND_TYPE",
+    "CHAT",
+    "CLOSE",
+    "COMMAND",
+    "CONTROL_PREFIX",
+    "FORWARDED_KINDS",
+    "INBOX_KINDS",
+    "MIN_ENTRY_BYTES",
+    "MOVED_KIND",
+    "OPEN",
+    "PACK",
+    "PACK_KIND",
+    "RESTORE",
+    "TAKEOVER",
+    "TAKEOVER_KIND",
+    "TOUCH",
+    "ChatReply",
+    "ChatRequest",
+    "CloseRequest",
+    "CommandRecord",
+    "ControlNotice",
+    "InboxMessage",
+    "InboxRecord",
+    "OpenRequest",
+    "RestoreRequest",
+    "TouchRequest",
+    "WorkerRegistration",
+    "command_payload",
+    "entry_bytes",
+    "message_fields",
+    "pack_entry",
+    "rebuild_command",
+    "unpack_entry",
+]
+
 #: the inbox entries of a moved session that its new worker gets, as read, from the old
 #: inbox (a drain forwarding, the dead-worker sweep replaying): an open is never moved, a
 #: chat belongs to no session, a restore the old worker had not read is superseded
@@ -53,69 +99,9 @@ CONTROL_PREFIX = b"!"
 TAKEOVER_KIND = "takeover"
 TAKEOVER = CONTROL_PREFIX + TAKEOVER_KIND.encode() + b" "
 MOVED_KIND = "moved"
-#: the one command whose audio travels beside its payload
-APPEND_TYPE = "input_audio_buffer.append"
-#: fields a command class renders under another wire key (everything else: its own name)
-_WIRE_KEYS: dict[str, dict[str, str]] = {
-    "session.update": {"patch": "session"},
-    "response.create": {"options": "response"},
-}
 
 
 # ---------------------------------------------------------------- worker inbox entries
-
-
-@dataclasses.dataclass(frozen=True)
-class InboxMessage:
-    """The flat envelope of every inbox entry; the typed records below are written as one."""
-
-    kind: str
-    session_id: str
-    attachment: int = 0  # the sender's attachment generation
-    seq: int = 0  # per-attachment command seq: redelivered commands are recognised by it
-    payload: dict[str, Any] = dataclasses.field(default_factory=dict)
-    audio: bytes = b""
-
-    def to_fields(self) -> dict[str, bytes | str | int]:
-        fields: dict[str, bytes | str | int] = {
-            "k": self.kind,
-            "s": self.session_id,
-            "a": self.attachment,
-            "q": self.seq,
-            "p": orjson.dumps(self.payload),
-        }
-        if self.audio:
-            fields["b"] = self.audio
-        return fields
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[bytes, bytes]) -> InboxMessage:
-        return cls(
-            kind=fields[b"k"].decode(),
-            session_id=fields[b"s"].decode(),
-            attachment=int(fields.get(b"a", b"0")),
-            seq=int(fields.get(b"q", b"0")),
-            payload=orjson.loads(fields.get(b"p", b"{}")),
-            audio=fields.get(b"b", b""),
-        )
-
-    def record(self) -> InboxRecord:
-        """The typed record this entry carries (a command is rebuilt, not re-validated)."""
-        kind = _INBOX_KINDS.get(self.kind)
-        if kind is None:
-            raise ValueError(f"unknown inbox entry kind {self.kind!r}")
-        return kind.from_message(self)
-
-
-def entry_bytes(fields: Mapping[Any, Any]) -> int:
-    """What an inbox entry costs the inbox's budget: its payload and its audio, and at least
-    MIN_ENTRY_BYTES.
-
-    The API counts it from the fields it writes (str keys), the worker from the fields it
-    reads (bytes keys): both must agree, so only the two byte fields count."""
-    payload = fields.get("p", fields.get(b"p", b""))
-    audio = fields.get("b", fields.get(b"b", b""))
-    return max(len(payload) + len(audio), MIN_ENTRY_BYTES)
 
 
 class InboxRecord(abc.ABC):
@@ -173,15 +159,7 @@ class CommandRecord(InboxRecord):
         return self.command.TYPE
 
     def to_message(self) -> InboxMessage:
-        command = self.command
-        if command.TYPE != APPEND_TYPE:
-            payload = command.to_dict()
-            return InboxMessage(COMMAND, self.session_id, self.attachment, self.seq, payload)
-        # the audio travels raw beside the payload: rendering it would base64-encode it only
-        # for it to be dropped (17% of the API pod's time under 8 MiB appends, bench/exhaustion)
-        payload = dataclasses.replace(command, audio=b"").to_dict()
-        payload.pop("audio", None)
-        audio: bytes = command.audio  # type: ignore[attr-defined]
+        payload, audio = command_payload(self.command)
         return InboxMessage(COMMAND, self.session_id, self.attachment, self.seq, payload, audio)
 
     @classmethod
@@ -268,8 +246,8 @@ class RestoreRequest(InboxRecord):
         )
 
 
-_INBOX_KINDS: dict[str, type[InboxRecord]] = {
-    record.KIND: record
+INBOX_KINDS.update(
+    (record.KIND, record)
     for record in (
         OpenRequest,
         CommandRecord,
@@ -278,52 +256,7 @@ _INBOX_KINDS: dict[str, type[InboxRecord]] = {
         ChatRequest,
         RestoreRequest,
     )
-}
-
-
-def _command_classes() -> dict[str, type[DuplexCommand]]:
-    from shared.protocol.duplex import DUPLEX_COMMANDS  # the codec: only where commands decode
-
-    return DUPLEX_COMMANDS
-
-
-@functools.cache
-def _constructor_fields(cls: type[DuplexCommand]) -> tuple[tuple[str, str, bool], ...]:
-    """For each field of a command class but its audio: (name, wire key, is a tuple)."""
-    hints = typing.get_type_hints(cls)
-    keys = _WIRE_KEYS.get(cls.TYPE, {})
-    return tuple(
-        (f.name, keys.get(f.name, f.name), typing.get_origin(hints[f.name]) is tuple)
-        for f in dataclasses.fields(cls)
-        if f.name != "audio"
-    )
-
-
-def rebuild_command(payload: Mapping[str, Any], audio: bytes = b"") -> DuplexCommand:
-    """The command `CommandRecord.to_message` wrote, rebuilt with its class's constructor.
-
-    Trusted: the API pod validated it, so nothing is checked again; a field the payload does
-    not carry (the codec leaves out None and empty extras) takes the class's default."""
-    wire_type = payload.get("type")
-    cls = _command_classes().get(wire_type) if isinstance(wire_type, str) else None
-    if cls is None:  # a newer API pod's command, say: refused as the client's would be
-        from shared.protocol.duplex import RealtimeProtocolError
-
-        event_id = payload.get("event_id")
-        raise RealtimeProtocolError(
-            "unknown_event",
-            f"unknown client event type {wire_type!r}",
-            param="type",
-            related_event_id=event_id if isinstance(event_id, str) else None,
-        )
-    kwargs = {
-        name: tuple(payload[key]) if as_tuple else payload[key]
-        for name, key, as_tuple in _constructor_fields(cls)
-        if key in payload
-    }
-    if audio:
-        kwargs["audio"] = audio
-    return cls(**kwargs)
+)
 
 
 # ---------------------------------------------------------------- chat replies

@@ -7,6 +7,7 @@ attachment's live feed, once the entry is in the inbox.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
@@ -69,6 +70,19 @@ class RecordingInbox(InboxWriter):
         if self.refuse and budgeted:
             raise InboxFull("over budget")
         self.appended.append((worker_id, fields, budgeted))
+
+    def send(self, worker_id, message, *, budgeted=True, seqs=None, lingers=False):
+        """What `WorkerClient` hands the writer: settled at once (a refusal takes no seq)."""
+        future = asyncio.get_running_loop().create_future()
+        if self.refuse and budgeted:
+            future.set_exception(InboxFull("over budget"))
+            return future
+        if seqs is not None:
+            seqs.last += 1
+            message = dataclasses.replace(message, seq=seqs.last)
+        self.appended.append((worker_id, message.to_fields(), budgeted))
+        future.set_result(None)
+        return future
 
     async def stop(self) -> None:
         pass

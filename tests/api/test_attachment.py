@@ -18,7 +18,7 @@ from services.api.attachment import (
 )
 from services.api.inbox_writer import InboxFull, InboxWriter
 from services.api.live import CATCH_UP, LiveFeed
-from shared.protocol.duplex import AppendAudio, Heartbeat, SessionResume
+from shared.protocol.duplex import AppendAudio, Commit, Heartbeat, SessionResume
 from shared.redis.store import PublishItem
 from tests.api.parts import (
     JOURNAL,
@@ -354,45 +354,54 @@ async def test_commands_carry_the_attachment_and_a_seq_and_a_heartbeat_touches_t
 
 
 class FailingOnce(InboxWriter):
-    """A real inbox writer that fails the next append as given (a full inbox, Redis gone)."""
+    """A real inbox writer that fails the next message as given (a full inbox, Redis gone)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fail: Exception | None = None
 
-    async def append(self, worker_id, fields, *, budgeted=True):
-        if self.fail is not None:
-            exc, self.fail = self.fail, None
-            raise exc
-        await super().append(worker_id, fields, budgeted=budgeted)
+    def send(self, worker_id, message, **kwargs):
+        if self.fail is None:
+            return super().send(worker_id, message, **kwargs)
+        exc, self.fail = self.fail, None
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(exc)
+        return future
 
 
 async def test_a_command_the_full_inbox_refused_does_not_consume_its_seq():
     """The worker sees contiguous seqs: a seq gap means commands lost in a move (input_lost),
-    so a refusal (nothing written) gives its seq back; an ambiguous failure does not."""
+    so a refusal (nothing written) gives its seq back; an ambiguous failure does not. An
+    append is not awaited: its failure reaches the client as an error with its event_id."""
     client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
     parts = make_parts(inbox=FailingOnce(client, KEYS, max_bytes=4096), client=client)
     writer = parts.inbox
     try:
         await active_session(parts.store, "duplex-r", token="tok")
         attachment, _ = await resumed(parts, "duplex-r", "tok")
+        heard = []
+        attachment.commands.report = heard.append
         await attachment.command(Heartbeat(event_id="h1"))  # seq 1
+        await attachment.command(AppendAudio(audio=b"\x00" * 8000, event_id="big"))
         with pytest.raises(InboxFull):  # over the real budget (inbox_append.lua refuses)
-            await attachment.command(AppendAudio(audio=b"\x00" * 8000, event_id="big"))
+            await attachment.command(Commit(event_id="c1"))  # carried the append with it
         assert attachment.command_seq == 1
-        await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a2"))  # seq 2
+        await attachment.command(Heartbeat(event_id="h2"))  # seq 2
         writer.fail = RedisConnectionError("gone")  # may or may not have been written
         with pytest.raises(RedisConnectionError):
-            await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a3"))
+            await attachment.command(Heartbeat(event_id="h3"))
         writer.fail = InboxFull("full")
-        with pytest.raises(InboxFull):
-            await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a4"))
+        await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a4"))
         await attachment.command(Heartbeat(event_id="h5"))
         entries = await inbox(parts.client, "worker-a")
         assert [(e[b"q"], orjson.loads(e[b"p"])["event_id"]) for e in entries] == [
             (b"1", "h1"),
-            (b"2", "a2"),
-            (b"4", "h5"),  # seq 3 stays used: its command may be in the inbox
+            (b"2", "h2"),
+            (b"3", "h5"),  # the seq FailingOnce refused was never handed out
+        ]
+        assert [(e.code, e.related_event_id) for e in heard] == [
+            ("input_backpressure", "big"),
+            ("input_backpressure", "a4"),
         ]
     finally:
         await parts.close()

@@ -29,6 +29,7 @@ from shared.redis.connection import RedisHandle
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
 from tests.api.parts import JOURNAL, KEYS, active_session, register_worker
+from tests.redis.sharded_listener import listener_of
 
 DEAD = "w-dead"
 CHECKPOINT = b'{"v":1,"items":[]}'
@@ -95,11 +96,6 @@ async def journal_types(janitor, session_id: str) -> list[str]:
     return [orjson.loads(data)["type"] for _, data in await janitor.store.journal(session_id, 0)]
 
 
-def listener_of(client):
-    factory = getattr(client, "pubsub_client", None)
-    return (factory() if factory else client).pubsub()
-
-
 async def subscribed(client, *channels: str):
     pubsub = listener_of(client)
     for channel in channels:
@@ -113,7 +109,7 @@ async def notices(pubsub, count: int) -> dict[str, bytes]:
     deadline = time.monotonic() + 10
     while len(got) < count and time.monotonic() < deadline:
         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
-        if message and message["type"] == "message":
+        if message and message["type"] in ("message", "smessage"):
             got[message["channel"].decode()] = message["data"]
     await pubsub.aclose()
     return got

@@ -1,4 +1,7 @@
-"""The API pod's inbox pipelines: batched under load, ordered, budgeted, errors to their callers."""
+"""The API pod's inbox pipelines: batched under load, ordered, budgeted, errors to their callers.
+
+Every message goes the way production sends it: `InboxWriter.send(worker, message,
+budgeted=...)`; a round gives each worker one entry (a lone message is written as itself)."""
 
 import asyncio
 
@@ -6,10 +9,32 @@ import pytest
 from redis.exceptions import RedisError, ResponseError
 
 from services.api.inbox_writer import InboxFull, InboxWriter
-from shared.redis.boundary import MIN_ENTRY_BYTES, entry_bytes
+from shared.protocol.duplex import AppendAudio, Heartbeat
+from shared.redis.boundary import (
+    MIN_ENTRY_BYTES,
+    CloseRequest,
+    CommandRecord,
+    InboxMessage,
+    entry_bytes,
+    unpack_entry,
+)
 from shared.redis.keys import KeySchema
 
 KEYS = KeySchema()
+
+
+def heartbeat(n: int, session: str = "duplex-s") -> InboxMessage:
+    return CommandRecord(session, 1, n, Heartbeat(event_id=f"h{n}")).to_message()
+
+
+def close(session: str = "duplex-s") -> InboxMessage:
+    return CloseRequest(session, "client_close").to_message()
+
+
+async def messages_in(client, worker: str) -> list[InboxMessage]:
+    return [
+        m for _, fields in await client.xrange(KEYS.inbox(worker)) for m in unpack_entry(fields)
+    ]
 
 
 async def test_concurrent_commands_share_pipelines_and_keep_their_order(redis_client):
@@ -18,59 +43,61 @@ async def test_concurrent_commands_share_pipelines_and_keep_their_order(redis_cl
 
     async def connection(worker: str) -> None:
         for n in range(50):  # like a connection: each command awaited before the next
-            await writer.append(worker, {"p": str(n)})
+            await writer.send(worker, heartbeat(n))
 
     await asyncio.gather(*(connection(w) for w in workers))
     await writer.stop()
     assert writer.commands == 200
     assert writer.pipelines < 200  # four connections' commands travelled together
     for worker in workers:
-        entries = await redis_client.xrange(KEYS.inbox(worker))
-        assert [int(f[b"p"]) for _, f in entries] == list(range(50))
+        assert await messages_in(redis_client, worker) == [heartbeat(n) for n in range(50)]
 
 
 async def test_the_budget_counts_payload_and_audio_and_refuses_past_it(redis_client):
-    fields = {"k": "command", "p": b"{}", "b": b"\x00" * 1000}
+    audio = AppendAudio(audio=b"\x00" * 1000, event_id="a")
+    message = CommandRecord("duplex-s", 1, 1, audio).to_message()
+    fields = message.to_fields()
     size = entry_bytes(fields)
-    assert size == 1002
+    assert size == len(fields["p"]) + 1000 > MIN_ENTRY_BYTES
     writer = InboxWriter(redis_client, max_bytes=3 * size)
     for _ in range(3):
-        await writer.append("w", fields)
+        await writer.send("w", message)
     with pytest.raises(InboxFull):
-        await writer.append("w", fields)
-    await writer.append("w", {"k": "close", "p": b"{}"}, budgeted=False)  # closes always pass
+        await writer.send("w", message)
+    await writer.send("w", close(), budgeted=False)  # closes always pass
     await writer.stop()
     kinds = [f[b"k"] for _, f in await redis_client.xrange(KEYS.inbox("w"))]
     assert kinds == [b"command"] * 3 + [b"close"]  # the refused one was never written
     # the close costs the least an entry costs
+    assert entry_bytes(close().to_fields()) == MIN_ENTRY_BYTES
     assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 3 * size + MIN_ENTRY_BYTES
 
 
 async def test_the_inbox_is_bounded_in_entries_too_and_never_trimmed(redis_client):
     # tiny entries cost MIN_ENTRY_BYTES each: the byte budget bounds their count
-    assert entry_bytes({"p": "0"}) == MIN_ENTRY_BYTES
+    assert entry_bytes(heartbeat(1).to_fields()) == MIN_ENTRY_BYTES
     writer = InboxWriter(redis_client, max_bytes=3 * MIN_ENTRY_BYTES)
     for n in range(3):
-        await writer.append("w", {"p": str(n)})
+        await writer.send("w", heartbeat(n))
     with pytest.raises(InboxFull):
-        await writer.append("w", {"p": "3"})
-    await writer.append("w", {"p": "close"}, budgeted=False)
+        await writer.send("w", heartbeat(3))
+    await writer.send("w", close(), budgeted=False)
     await writer.stop()
-    entries = await redis_client.xrange(KEYS.inbox("w"))
-    assert [f[b"p"] for _, f in entries] == [b"0", b"1", b"2", b"close"]  # nothing dropped
+    expected = [heartbeat(n) for n in range(3)] + [close()]
+    assert await messages_in(redis_client, "w") == expected  # nothing dropped
 
 
 async def test_a_failing_command_fails_only_its_caller(redis_client):
     writer = InboxWriter(redis_client)
     await redis_client.set(KEYS.inbox("x"), "not a stream")
     results = await asyncio.gather(
-        writer.append("x", {"p": "1"}),
-        writer.append("y", {"p": "2"}),
+        writer.send("x", heartbeat(1)),
+        writer.send("y", heartbeat(2)),
         return_exceptions=True,
     )
     await writer.stop()
     assert isinstance(results[0], ResponseError) and results[1] is None
-    assert len(await redis_client.xrange(KEYS.inbox("y"))) == 1
+    assert await messages_in(redis_client, "y") == [heartbeat(2)]
 
 
 async def test_scripts_lost_by_a_restarted_redis_are_loaded_again(redis_server):
@@ -79,11 +106,11 @@ async def test_scripts_lost_by_a_restarted_redis_are_loaded_again(redis_server):
     client = redis_async.Redis.from_url(redis_server.url)
     await client.delete(KEYS.inbox("w"), KEYS.inbox_bytes("w"))
     writer = InboxWriter(client)
-    await writer.append("w", {"p": "1"})
+    await writer.send("w", heartbeat(1))
     await client.script_flush()  # what a restarted Redis has: no scripts
-    await writer.append("w", {"p": "2"})
+    await writer.send("w", heartbeat(2))
     await writer.stop()
-    assert [f[b"p"] for _, f in await client.xrange(KEYS.inbox("w"))] == [b"1", b"2"]
+    assert await messages_in(client, "w") == [heartbeat(1), heartbeat(2)]
     await client.aclose()
 
 
@@ -95,10 +122,10 @@ async def test_redis_unreachable_reaches_every_caller_and_the_writer_goes_on():
     dead = redis_async.Redis(port=free_port(), socket_connect_timeout=0.5)
     writer = InboxWriter(dead)
     results = await asyncio.gather(
-        *(writer.append("w", {"p": str(n)}) for n in range(3)), return_exceptions=True
+        *(writer.send("w", heartbeat(n)) for n in range(3)), return_exceptions=True
     )
     assert all(isinstance(r, RedisError) for r in results), results
     with pytest.raises(RedisError):  # the writer task survived and serves the next one
-        await writer.append("w", {"p": "4"})
+        await writer.send("w", heartbeat(4))
     await writer.stop()
     await dead.aclose()

@@ -10,9 +10,9 @@ from harness.redis_server import free_port
 from services.api.app import create_app
 from services.api.attachment import AttachmentState
 from services.api.pod import ApiPod
+from shared.ids import key_digest
 from shared.redis.connection import RedisHandle, connect
 from shared.redis.keys import KeySchema
-from shared.redis.store import key_digest
 from shared.settings import ApiSettings
 from tests.api.parts import register_worker
 

@@ -9,6 +9,7 @@ from shared.protocol.duplex import CloseSession, Heartbeat
 from shared.redis.boundary import OPEN, CommandRecord, InboxMessage
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import split
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
 
@@ -43,8 +44,8 @@ async def test_registers_dispatches_once_and_deregisters():
         received = []
         while not received or received[-1]["type"] != "session.closed":
             message = await pubsub.get_message(timeout=2)
-            if message and message["type"] == "message":
-                received.append(orjson.loads(message["data"]))
+            if message and message["type"] == "message":  # one publisher round's events
+                received += [orjson.loads(r.data) for r in split(message["data"])]
         kinds = [m["type"] for m in received]
         assert kinds == [
             "session.created",
@@ -126,12 +127,10 @@ async def test_handled_inbox_entries_leave_redis_with_their_audio():
     try:
         store = SessionStore(client, keys)
         await store.open("duplex-s4", "w4", "echo", "", "{}")
-        await writer.append(
-            "w4", InboxMessage(OPEN, "duplex-s4", 1, 0, {"session": {}}).to_fields()
-        )
-        for seq in range(1, 21):
+        await writer.send("w4", InboxMessage(OPEN, "duplex-s4", 1, 0, {"session": {}}))
+        for seq in range(1, 21):  # each awaited: an entry each
             append = AppendAudio(audio=b"\x00\x01" * 8000, event_id=f"a{seq}")
-            await writer.append("w4", CommandRecord("duplex-s4", 1, seq, append).to_fields())
+            await writer.send("w4", CommandRecord("duplex-s4", 1, seq, append).to_message())
         for _ in range(400):  # until the worker has handled and deleted all 21 entries
             if await client.xlen(keys.inbox("w4")) == 0:
                 break
@@ -172,16 +171,13 @@ async def test_a_restarted_worker_dispatches_its_pending_entries_once():
         if len(dispatched) >= 2:
             both.set()
 
-    async def no_acks() -> None:  # the XACK has not landed yet
-        return None
-
     worker.dispatch = record
-    worker._ack_pending = no_acks
-    reading = asyncio.create_task(worker._consume_loop())
+    # the consume loop alone, no ack loop: the XACK has not landed yet
+    reading = asyncio.create_task(worker.reader.consume())
     try:
         async with asyncio.timeout(10):
             await both.wait()
-            while worker._read_from != ">":  # until the pending phase is over
+            while worker.reader.read_from != ">":  # until the pending phase is over
                 await asyncio.sleep(0.01)
     finally:
         reading.cancel()

@@ -120,6 +120,19 @@ def _read_video_frames(data: Mapping[str, Any]) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- Tier 2
 
+#: an append's fields as they cross from the API pod to the worker, in this order
+#: (`AppendAudio.inbox_fields`); its audio travels raw beside them
+INBOX_FIELDS = (
+    "event_id",
+    "format",
+    "sample_rate_hz",
+    "is_speech",
+    "duration_ms",
+    "audio_end_ms",
+    "video_frames",
+    "hints",
+)
+
 
 @dataclasses.dataclass(kw_only=True)
 class AppendAudio(InputAudioBufferAppend):
@@ -153,6 +166,37 @@ class AppendAudio(InputAudioBufferAppend):
         if self.hints:
             body["hints"] = self.hints
         return body
+
+    def inbox_fields(self) -> list[Any]:
+        """Its validated fields but the audio, in `INBOX_FIELDS` order, as they cross to the
+        worker (shared/redis/inbox_codec.py); trailing defaults are left out."""
+        values = [
+            self.event_id,
+            self.format,
+            self.sample_rate_hz,
+            self.is_speech,
+            self.duration_ms,
+            self.audio_end_ms,
+            list(self.video_frames),
+            self.hints,
+        ]
+        size = len(values)
+        while size > 3 and values[size - 1] in (None, [], {}):
+            size -= 1
+        return values[:size]
+
+    @classmethod
+    def from_inbox_fields(cls, values: list[Any], audio: bytes) -> Self:
+        """The append `inbox_fields` wrote, built as it was validated: nothing is checked
+        again (the API pod did), no JSON or base64 is decoded."""
+        if not 3 <= len(values) <= len(INBOX_FIELDS):
+            raise ValueError(f"an append's inbox fields are {len(values)} values")
+        named = dict(zip(INBOX_FIELDS, values, strict=False))
+        if "video_frames" in named:
+            named["video_frames"] = tuple(named["video_frames"] or ())
+        if named.get("hints") is None:
+            named.pop("hints", None)
+        return cls(audio=audio, **named)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any], ctx: CommandContext = DEFAULT_CONTEXT) -> Self:

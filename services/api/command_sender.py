@@ -1,0 +1,111 @@
+"""`CommandSender`: one attachment's commands on their way to its worker's inbox.
+
+The socket's reader does not wait for an append to be written: it hands the append to the
+pod's ordered inbox writer (where it may linger for other sessions' appends to share its
+entry) and reads the next frame, so a client that uploads faster than real time is not held
+to one append per round. Every other command is awaited as before (a commit must not pass
+an append, and the writer keeps their order anyway: one queue, rounds in order).
+
+An append's failure reaches the client all the same, as the error event the reader would
+have sent (`input_backpressure` for a full inbox, `internal_error` when Redis is away), with
+the append's event_id, through `report`: by default onto the connection's live feed, as a
+bare unsequenced event (the delivery pump sends it on, like an open's refusal); a
+connection may instead hand it to its delivery directly.
+
+Backpressure stays: at most `MAX_UNSENT_APPENDS` appends (or `MAX_UNSENT_BYTES` of their
+audio) of one attachment may be queued and unwritten; past that the reader waits for the
+oldest to be written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from services.api.inbox_writer import CommandSeq, InboxFull
+from services.api.live import LiveFeed
+from services.api.worker_client import WorkerClient
+from shared.protocol.duplex import DuplexErrorEvent
+from shared.redis.boundary import APPEND_TYPE
+
+log = logging.getLogger(__name__)
+
+MAX_UNSENT_APPENDS = 64
+MAX_UNSENT_BYTES = 2 * 1024 * 1024
+BACKPRESSURE = "the session's worker has too many unhandled commands; slow down and retry"
+UNDELIVERED = "the command could not be delivered (the session store is unreachable); retry"
+
+Report = Callable[[DuplexErrorEvent], None]
+
+
+def failure_event(exc: BaseException, event_id: str | None) -> DuplexErrorEvent:
+    """What the client hears when its command was not written."""
+    if isinstance(exc, InboxFull):
+        code, message = "input_backpressure", BACKPRESSURE
+    else:
+        code, message = "internal_error", UNDELIVERED
+    return DuplexErrorEvent.for_code(code, message, related_event_id=event_id, retryable=True)
+
+
+class CommandSender:
+    def __init__(self, workers: WorkerClient, feed: LiveFeed | None = None) -> None:
+        self._workers = workers
+        self.seqs = CommandSeq()  # handed out as each command's entry is built
+        #: where an append's failure goes; None: logged only
+        self.report: Report | None = None
+        if feed is not None:
+            self.report = lambda event: feed.push(event.to_json())
+        self._unsent: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+        self._unsent_bytes = 0
+
+    @property
+    def unsent(self) -> int:
+        return len(self._unsent)
+
+    async def send(
+        self, worker_id: str, session_id: str, attachment: int, command: Any
+    ) -> asyncio.Future[None] | None:
+        """Queue the command. An append returns None once queued (its failure is reported);
+        any other command returns its future, for the caller to await."""
+        written = self._workers.send_command(worker_id, session_id, attachment, self.seqs, command)
+        if command.TYPE != APPEND_TYPE:
+            return written
+        size = len(command.audio)
+        self._unsent.append((written, size))
+        self._unsent_bytes += size
+        event_id = command.event_id
+        if written.done():  # refused at once: the client hears it before the next frame
+            self._settled(written, size, event_id)
+        else:
+            written.add_done_callback(lambda done: self._settled(done, size, event_id))
+        while self._unsent and (
+            len(self._unsent) > MAX_UNSENT_APPENDS or self._unsent_bytes > MAX_UNSENT_BYTES
+        ):
+            oldest, _ = self._unsent[0]
+            if oldest is written:
+                break  # alone over the bound: it goes, the next one waits
+            if oldest.done():  # written: its callback (which counts it out) runs next
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(Exception):  # its failure is reported by _settled
+                await asyncio.shield(oldest)
+        return None
+
+    def _settled(self, done: asyncio.Future[None], size: int, event_id: str | None) -> None:
+        with contextlib.suppress(ValueError):
+            self._unsent.remove((done, size))
+            self._unsent_bytes -= size
+        if done.cancelled() or (exc := done.exception()) is None:
+            return
+        if not isinstance(exc, InboxFull | RedisError):
+            log.error("an append of event %s was not written", event_id, exc_info=exc)
+        elif isinstance(exc, RedisError):
+            log.warning("an append of event %s was not written: %s", event_id, exc)
+        if self.report is not None:
+            self.report(failure_event(exc, event_id))

@@ -1,0 +1,133 @@
+"""One round of the inbox writer: what is queued, grouped into one entry per worker.
+
+Each queued item is a message for a worker. A round takes items in queue order and gives
+each worker one entry: its messages in that order, packed
+(`shared.redis.inbox_codec.pack_entry`). A command's seq is handed out here,
+when its entry is built (`CommandSeq`), not when it was queued: should the inbox's budget
+refuse the entry, its seqs are given back and the attachment's seqs stay contiguous (a gap
+means commands lost in a move to the worker: `input_lost`).
+
+A round stops early rather than give one attachment's commands two entries (a `moved`
+notice between two of its commands), or a worker a second pack: every command of an
+attachment in a round is in one entry, so one refusal gives back a contiguous run of seqs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from shared.redis.boundary import InboxMessage, entry_bytes, pack_entry
+
+#: at most this much audio in one entry: the rest of a round waits for the next
+MAX_ENTRY_BYTES = 4 * 1024 * 1024
+MAX_ITEMS = 512  # items one round takes at most
+
+
+class CommandSeq:
+    """An attachment's command seqs: `last` is the last handed out (the API side's count
+    of the commands it wrote; the worker drops a mark at or below what it applied)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, last: int = 0) -> None:
+        self.last = last
+
+
+@dataclasses.dataclass(eq=False)
+class Queued:
+    """One item of the writer's queue; `future` settles once it is written or refused."""
+
+    worker_id: str
+    budgeted: bool
+    future: asyncio.Future[None]
+    message: InboxMessage  # packed with the worker's other messages
+    seqs: CommandSeq | None = None  # hands out the message's seq when packed
+    lingers: bool = False  # an append: may wait for others to share its entry
+    #: when it was queued (monotonic): what a round cut short leaves behind has lingered
+    #: since then, not since the round left
+    queued_at: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def size(self) -> int:
+        return len(self.message.audio)
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One entry for one worker: the items it carries and its fields."""
+
+    worker_id: str
+    items: list[Queued]
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def budgeted(self) -> bool:
+        return any(item.budgeted for item in self.items)
+
+    def args(self, max_bytes: int) -> list[Any]:
+        """inbox_append.lua's ARGV: budget, cost, field, value, ..."""
+        args: list[Any] = [max_bytes if self.budgeted else 0, entry_bytes(self.fields)]
+        for name, value in self.fields.items():
+            args += [name, value]
+        return args
+
+    def seal(self) -> Entry:
+        """Hand out the seqs and build the fields."""
+        messages = []
+        for item in self.items:
+            message = item.message
+            if item.seqs is not None:
+                item.seqs.last += 1
+                message = InboxMessage(
+                    message.kind,
+                    message.session_id,
+                    message.attachment,
+                    item.seqs.last,
+                    message.payload,
+                    message.audio,
+                )
+            messages.append(message)
+        self.fields = pack_entry(messages)
+        return self
+
+    def give_back_seqs(self) -> None:
+        """The entry was refused (nothing written): its seqs are handed out again."""
+        for item in reversed(self.items):
+            if item.seqs is not None:
+                item.seqs.last -= 1
+
+    def unbudgeted(self) -> Entry | None:
+        """What of a refused entry passes a full inbox, as an entry of its own."""
+        items = [item for item in self.items if not item.budgeted]
+        return Entry(self.worker_id, items).seal() if items else None
+
+
+def take_round(queue: list[Queued]) -> tuple[list[Entry], list[Queued]]:
+    """The entries of one round from the head of `queue`, and what is left for the next."""
+    entries: dict[str, Entry] = {}
+    seq_worker: dict[int, str] = {}  # id(CommandSeq) -> the worker of its commands
+    order: list[Entry] = []
+    sizes: dict[str, int] = {}
+    taken = 0
+    for item in queue[:MAX_ITEMS]:
+        worker = item.worker_id
+        if item.seqs is not None and seq_worker.setdefault(id(item.seqs), worker) != worker:
+            break  # an attachment moved between two commands: the rest go next round
+        entry = entries.get(worker)
+        if entry is None:
+            entry = entries[worker] = Entry(worker, [])
+            order.append(entry)
+        elif sizes.get(worker, 0) + item.size > MAX_ENTRY_BYTES:
+            break
+        entry.items.append(item)
+        sizes[worker] = sizes.get(worker, 0) + item.size
+        taken += 1
+    return [entry.seal() for entry in order], queue[taken:]
+
+
+def items_of(entries: Sequence[Entry]) -> list[Queued]:
+    return [item for entry in entries for item in entry.items]

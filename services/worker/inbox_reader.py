@@ -1,0 +1,191 @@
+"""`InboxReader`: the worker's inbox consumer and its batched acknowledgements.
+
+One consumer task reads the worker's inbox stream with XREADGROUP BLOCK. An entry holds one
+message or a pack of them (`shared.redis.inbox_codec`: an API pod's round, many sessions'
+commands in the order they were queued); each message is dispatched in that order, so every
+session gets its commands in order, across entries too. Commands carry (attachment
+generation, seq): a redelivered one is dropped by the worker's `CommandOrder`.
+
+Redelivery: after a restart the consumer first reads its own pending entries (from "0"),
+then new ones (">"). The read position moves past an entry *before* its messages are
+dispatched, so a consume loop restarted by its supervisor never dispatches an entry twice
+(an open, a close or a chat is not deduplicated by seq); a new process re-reads what the old
+one left unacknowledged, and the marks drop the commands its checkpoint already holds. An
+entry that does not decode (no API pod wrote it) is refused whole, logged, and acknowledged.
+
+Acknowledgements leave in batches, at most every `ACK_INTERVAL_S`, off the read path: one
+`inbox_ack.lua` call (XACK, XDEL, DECRBY) for every entry handled meanwhile. When the inbox
+goes quiet (a read that found nothing) the worker asks once more, with no entry, that the
+byte counter be set to 0 if the inbox is empty. An ack that is late or lost only leaves an
+entry pending, which a restarted process reads again (and its marks drop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis import exceptions as redis_errors
+
+from shared.backoff import Backoff
+from shared.redis.boundary import InboxMessage, entry_bytes, message_fields, unpack_entry
+from shared.redis.keys import INBOX_GROUP
+from shared.redis.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK_MS = 1000
+READ_COUNT = 256
+#: handled entries are acknowledged (and deleted) at most this often: one call for all
+ACK_INTERVAL_S = 0.05
+
+Dispatch = Callable[[InboxMessage], Awaitable[None]]
+
+
+class InboxReader:
+    def __init__(
+        self,
+        redis: Any,
+        store: SessionStore,
+        worker_id: str,
+        inbox: str,
+        dispatch: Dispatch,
+        drain: Callable[[], Any],
+        *,
+        ack_interval_s: float = ACK_INTERVAL_S,
+    ) -> None:
+        self.redis = redis  # a RedisHandle
+        self.store = store
+        self.worker_id = worker_id
+        self.inbox = inbox
+        self.dispatch = dispatch
+        self.ack_interval_s = ack_interval_s
+        self.block_ms = READ_BLOCK_MS
+        #: the worker's `Drain` while it drains (it forwards moved sessions' messages)
+        self.drain = drain
+        # where the next XREADGROUP starts: first our own pending entries (a restart), then
+        # new ones; kept here so a restarted consume loop does not dispatch handled ones again
+        self.read_from = "0"
+        # inbox entries handled, not yet acked and deleted: (entry id, size in bytes)
+        self.unacked: list[tuple[bytes, int]] = []
+        self._ack_wake = asyncio.Event()
+        self._quiet = True  # no entry acked since the inbox was last found empty
+
+    # ------------------------------------------------------------ reading
+
+    async def consume(self) -> None:
+        """Read and dispatch for ever. Redis errors are retried here (NOGROUP: the group is
+        made again; others after a backoff); what escapes restarts it under its supervisor,
+        from `read_from`, so entries already dispatched are not dispatched again."""
+        reader = self.redis.new_client()
+        backoff = Backoff()
+        while True:
+            try:
+                reply = await reader.xreadgroup(
+                    INBOX_GROUP,
+                    self.worker_id,
+                    {self.inbox: self.read_from},
+                    count=READ_COUNT,
+                    block=self.block_ms,
+                )
+            except asyncio.CancelledError:
+                raise
+            except redis_errors.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    # the group is gone (Redis restarted empty): make it again and go on
+                    with contextlib.suppress(Exception):
+                        await self.redis.client.xgroup_create(
+                            self.inbox, INBOX_GROUP, id="0", mkstream=True
+                        )
+                else:
+                    log.exception("reading the inbox failed; retrying")
+                    await asyncio.sleep(backoff.next_delay())
+                continue
+            except Exception:
+                # connection lost: redis-py reconnects on the next call; back off meanwhile
+                log.warning("reading the inbox failed; retrying", exc_info=True)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            backoff.reset()
+            if (drain := self.drain()) is not None:
+                drain.read_round()
+            entries = reply[0][1] if reply else []
+            if not entries:
+                if self.read_from != ">":  # past our pending entries: new ones
+                    self.read_from = ">"
+                elif not self._quiet and not self.unacked:
+                    self._quiet = True
+                    self._ack_wake.set()  # the inbox went quiet: heal its counter once
+                continue
+            for entry_id, fields in entries:
+                if self.read_from != ">":
+                    # reading our own pending entries (a restart): go on past this one, or
+                    # the next read returns it again until the ack lands, and an open,
+                    # close or chat (not deduplicated by seq) would run twice
+                    self.read_from = entry_id
+                await self._handle(entry_id, fields)
+                # counted as handled at once: a loop cancelled mid-batch (a stop) still
+                # acknowledges what it dispatched, so a restart does not run it again
+                self.unacked.append((entry_id, entry_bytes(fields)))
+            self._quiet = False
+            self._ack_wake.set()
+
+    async def _handle(self, entry_id: Any, fields: Any) -> None:
+        try:
+            messages = unpack_entry(fields)
+        except Exception:
+            log.exception("inbox entry %r does not decode: refused", entry_id)
+            return
+        packed = len(messages) > 1
+        for message in messages:
+            try:
+                drain = self.drain()
+                # the drain forwards a moved session's message, as an entry of its own
+                if drain is not None and await drain.take(
+                    message_fields(message) if packed else fields
+                ):
+                    continue
+                await self.dispatch(message)
+            except Exception:
+                log.exception("inbox entry %r (%s) failed", entry_id, message.kind)
+
+    # ------------------------------------------------------------ acknowledging
+
+    async def ack_loop(self) -> None:
+        """Acknowledge and delete handled entries off the read path, in batches: awaiting
+        that before the next XREADGROUP put a Redis round trip in front of every command,
+        and one call per read was a third of the inbox's Redis commands."""
+        backoff = Backoff()
+        loop = asyncio.get_running_loop()
+        last = 0.0
+        while True:
+            await self._ack_wake.wait()
+            wait = last + self.ack_interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # more entries join this batch meanwhile
+            self._ack_wake.clear()
+            last = loop.time()
+            try:
+                await self.ack_pending(check_empty=self._quiet)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("acknowledging inbox entries failed; retrying", exc_info=True)
+                await asyncio.sleep(backoff.next_delay())
+                self._ack_wake.set()
+                continue
+            backoff.reset()
+
+    async def ack_pending(self, *, check_empty: bool = False) -> None:
+        handled, self.unacked = self.unacked, []
+        if not handled and not check_empty:
+            return
+        try:
+            await self.store.inbox_ack(self.worker_id, handled, check_empty=check_empty)
+        except BaseException:
+            # all of them again: a batch that did go through deletes nothing twice
+            self.unacked = handled + self.unacked
+            raise
