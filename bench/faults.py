@@ -24,7 +24,6 @@ import statistics
 import time
 import uuid
 
-import orjson
 import redis.asyncio as redis_async
 
 from bench.common import write_section
@@ -34,6 +33,7 @@ from harness.sessions import sine
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import journal_entry_records
 
 GRACE_S = 5.0
 
@@ -139,7 +139,9 @@ async def api_loss(server: RedisServer, runs: int) -> tuple[list[float], list[fl
             async def is_expired(sid: str = sid) -> bool:
                 journal = await client.xrange(keys.events(sid))
                 return any(
-                    orjson.loads(f[b"data"])["type"] == "session.expired" for _, f in journal
+                    record.wire_type == "session.expired"
+                    for entry in journal
+                    for record in journal_entry_records(*entry)
                 )
 
             await wait_for(is_detached)

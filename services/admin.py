@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 import orjson
@@ -18,6 +19,7 @@ from services.exit_codes import EXIT_NOT_AVAILABLE
 from shared.redis.boundary import CloseRequest, WorkerRegistration
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import LiveRecord, journal_entry_records
 from shared.redis.store import SessionStore
 
 
@@ -32,11 +34,16 @@ def _age(ms: str | None) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
 
 
-def _closed_reason(fields: dict[bytes, bytes]) -> str:
+def _closed_reason(data: bytes) -> str:
     try:
-        return str(orjson.loads(fields[b"data"]).get("reason", "-"))
+        return str(orjson.loads(data).get("reason", "-"))
     except orjson.JSONDecodeError:
         return "-"
+
+
+def _records(entries: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> list[LiveRecord]:
+    """The events of journal entries, in order (an entry holds a publisher round)."""
+    return [record for entry in entries for record in journal_entry_records(*entry)]
 
 
 class Admin:
@@ -128,19 +135,21 @@ class Admin:
         if not meta:
             self._note(f"no session {session_id}")
             return 1
+        # an entry holds a round of one or more events: `lines` entries hold `lines` events
         newest_first = await self.client.xrevrange(stream, "+", "-", count=max(lines, 1))
         # an empty journal is followed from its very start, so its first event is printed
         last_id = _text(newest_first[0][0]) if newest_first else "0-0"
-        entries = list(reversed(newest_first[:lines]))
+        records = _records(reversed(newest_first))
+        records = records[-lines:] if lines > 0 else []
         printed = 0
         while True:
-            for _, fields in entries:
+            for record in records:
                 if limit is not None and printed >= limit:
                     return 0
-                self._print(_text(fields[b"data"]))
+                self._print(_text(record.data))
                 printed += 1
-                if fields.get(b"type") == b"session.closed":
-                    self._note(f"session {session_id} closed ({_closed_reason(fields)})")
+                if record.wire_type == "session.closed":
+                    self._note(f"session {session_id} closed ({_closed_reason(record.data)})")
                     return 0
             if limit is not None and printed >= limit:
                 return 0
@@ -153,6 +162,7 @@ class Admin:
                 return 1
             reply = await self.client.xread({stream: last_id}, block=self.block_ms, count=100)
             entries = [entry for _, batch in reply or [] for entry in batch]
+            records = _records(entries)
             if entries:
                 last_id = _text(entries[-1][0])
                 continue

@@ -159,3 +159,26 @@ async def test_limit_counts_the_events_printed_at_once(tail):
     await tail.publish(*(event("session.heartbeat_ack", n) for n in range(1, 6)))
     assert await tail.run(10, limit=2) == 0
     assert [e["n"] for e in tail.printed()] == [1, 2]
+
+
+async def test_the_latest_events_are_counted_in_events_not_in_rounds(tail):
+    # the journal holds one entry per publisher round: 1-4, 5-6, then 7-9 while following
+    await tail.publish(*(event("session.heartbeat_ack", n) for n in range(1, 5)))
+    await tail.publish(event("session.heartbeat_ack", 5), event("session.heartbeat_ack", 6))
+    following = asyncio.create_task(tail.run(3, limit=6))
+    await tail.out.until(3)
+    await tail.publish(*(event("response.output_audio.delta", n) for n in range(7, 10)))
+    assert await following == 0
+    assert [e["n"] for e in tail.printed()] == [4, 5, 6, 7, 8, 9]
+    assert [e["server_event_seq"] for e in tail.printed()] == [4, 5, 6, 7, 8, 9]
+
+
+async def test_show_prints_the_last_events_from_the_middle_of_a_round(tail):
+    await tail.publish(*(event("session.heartbeat_ack", n) for n in range(1, 5)))
+    await tail.publish(event("session.heartbeat_ack", 5))
+    assert await tail.admin.show(SID, last=3) == 0
+    lines = tail.out.getvalue().splitlines()
+    marker = lines.index("-- last 3 events (journal from seq 3)")
+    shown = [line.split(maxsplit=1) for line in lines[marker + 1 :]]
+    assert [int(seq) for seq, _ in shown] == [3, 4, 5]
+    assert [orjson.loads(data)["n"] for _, data in shown] == [3, 4, 5]

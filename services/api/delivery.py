@@ -15,6 +15,13 @@ policy), and the worker's events reach it in `server_event_seq` order without a 
 - a client that reads too slowly overflows its queue: it hears `output_overflow`, and the
   worker is asked once to close the session.
 
+A live message carries its events framed, each with a header (seq, type, response id)
+ahead of the exact JSON the client gets (shared/redis/live_message.py): the pump splits
+it and routes each event on its header, and the journal's records alike (split from its
+entries as the pump splits a live message),
+without parsing the JSON. Only the rare events whose content the pod needs are parsed:
+session.created / .updated (the `SessionView`) and errors (their code, for the metrics).
+
 `SessionView` is the session object as last delivered: the formats the client's appends
 are parsed with and its idle timeout, which the connection reads.
 """
@@ -42,6 +49,7 @@ from shared.protocol.duplex import (
     SessionResyncRequired,
 )
 from shared.redis.boundary import MOVED_KIND, TAKEOVER_KIND, ControlNotice
+from shared.redis.live_message import LiveMessageError, LiveRecord, is_control, split
 from shared.redis.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,8 @@ log = logging.getLogger(__name__)
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 #: the types whose delivery means the session has ended (no release writes after them)
 ENDINGS = frozenset({"session.closed", "session.expired"})
+#: the types whose JSON the pod reads: the session object, an error's code
+SESSION_TYPES = frozenset({"session.created", "session.updated"})
 
 
 class SessionView:
@@ -133,15 +143,31 @@ class Delivery:
     # ------------------------------------------------------------ the worker's events
 
     def enqueue(self, data: bytes, event: dict[str, Any]) -> None:
-        """One event of the worker's, as the JSON it published, for the client."""
-        wire_type = event.get("type", "")
-        if wire_type in ("session.updated", "session.created"):
+        """One event of the worker's, already parsed (the refusal of an open), for the client."""
+        response_id = event.get("response_id")
+        record = LiveRecord(
+            0,
+            str(event.get("type", "")),
+            response_id if isinstance(response_id, str) else None,
+            data,
+        )
+        self.deliver(record, event)
+
+    def deliver(self, record: LiveRecord, event: dict[str, Any] | None = None) -> None:
+        """One event of the worker's for the client, routed on its header: its JSON is
+        queued as published, parsed only for a session object or an error code."""
+        wire_type = record.wire_type
+        if wire_type in SESSION_TYPES:
+            event = event if event is not None else _parsed(record.data)
             self.view.observe(event.get("session"))
         if wire_type in ENDINGS:
             self.attachment.end()
         elif wire_type == "error":  # the worker's errors count with the pod's own
-            self.metrics.errors.labels(event.get("error", {}).get("code") or "unknown").inc()
-        accepted = self.queue.put(OutItem(data, wire_type, event.get("response_id")))
+            event = event if event is not None else _parsed(record.data)
+            error = event.get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            self.metrics.errors.labels(code or "unknown").inc()
+        accepted = self.queue.put(OutItem(record.data, wire_type, record.response_id))
         self.metrics.events.inc()
         if not accepted and self.queue.overflowed and self.overflow_close is None:
             self.error("output_overflow", "the client reads too slowly; the session is closed")
@@ -155,14 +181,14 @@ class Delivery:
 
     async def replay(self, until_seq: int | None = None) -> bool:
         """Queue journal entries after `last_seq` (up to `until_seq`); False when some are gone."""
-        entries = await self.store.journal(
+        records = await self.store.journal_records(
             self.attachment.session_id or "", self.last_seq, until_seq
         )
-        for seq, data in entries:
-            if seq != self.last_seq + 1:
+        for record in records:
+            if record.seq != self.last_seq + 1:
                 return False
-            self.last_seq = seq
-            self.enqueue(data, orjson.loads(data))
+            self.last_seq = record.seq
+            self.deliver(record)
         return until_seq is None or self.last_seq >= until_seq
 
     async def pump(self) -> None:
@@ -171,8 +197,10 @@ class Delivery:
         attachment = self.attachment
         while True:
             data = await self.feed.get()
-            notice = ControlNotice.parse(data)
-            if notice is not None:
+            if is_control(data):
+                notice = ControlNotice.parse(data)
+                if notice is None:
+                    continue
                 if notice.kind == TAKEOVER_KIND and attachment.taken_over(
                     notice.attachment_generation
                 ):
@@ -190,22 +218,43 @@ class Delivery:
                     await attachment.reread_owner()
                     await self.replay()
                 continue
-            event = orjson.loads(data)
-            if event.get("type") == "session.created":
-                continue  # the open already delivered it (possibly from the session hash)
-            seq = event.get("server_event_seq")
-            if seq is not None:
-                if seq <= self.last_seq:
-                    continue  # already replayed or delivered
-                if seq > self.last_seq + 1 and not await self.replay(until_seq=seq - 1):
-                    self.send(
-                        SessionResyncRequired(
-                            session_id=attachment.session_id, reason="journal_gap"
-                        )
-                    )
+            try:
+                records = split(data)
+            except (LiveMessageError, orjson.JSONDecodeError):
+                log.error("session %s: a malformed live message, dropped", attachment.session_id)
+                continue
+            for record in records:
+                if not await self._route(record):
                     return
-                self.last_seq = seq
-            self.enqueue(data, event)
+
+    async def _route(self, record: LiveRecord) -> bool:
+        """One live event in seq order (a gap filled from the journal first); False when
+        the gap cannot be filled: the client was told to resync, the pump ends."""
+        if record.wire_type == "session.created":
+            return True  # the open already delivered it (possibly from the session hash)
+        seq = record.seq
+        if seq:
+            if seq <= self.last_seq:
+                return True  # already replayed or delivered
+            if seq > self.last_seq + 1 and not await self.replay(until_seq=seq - 1):
+                self.send(
+                    SessionResyncRequired(
+                        session_id=self.attachment.session_id, reason="journal_gap"
+                    )
+                )
+                return False
+            self.last_seq = seq
+        self.deliver(record)
+        return True
+
+
+def _parsed(data: bytes) -> dict[str, Any]:
+    """An event's JSON, for the few types whose content the pod reads."""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        event = orjson.loads(data)
+        if isinstance(event, dict):
+            return event
+    return {}
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -40,6 +40,7 @@ from shared.ids import EXPIRED_CLOSE_REASON
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import openai_surface
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
 from shared.settings import CLOSED_SESSION_TTL_S
@@ -216,6 +217,7 @@ class Janitor:
             session_id,
             items,
             owner_generation=int(owner) if owner else None,
+            stamp_seq=not openai_surface(meta),
             **self._publish_args(),
         )
         if seqs == [-2]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from redis import exceptions as redis_errors
 
@@ -30,6 +30,7 @@ from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed
 from shared.redis.boundary import ControlNotice, RestoreRequest
 from shared.redis.keys import INBOX_GROUP
+from shared.redis.live_message import openai_surface
 from shared.redis.store import PublishItem
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ async def refuse(worker: WorkerHost, request: RestoreRequest, why: str) -> None:
         ttl_ms=publisher.ttl_ms,
         closed_ttl_ms=publisher.closed_ttl_ms,
         owner_generation=request.owner_generation,
+        # an openai-surface session's JSON goes without server_event_seq (GA has none)
+        stamp_seq=not openai_surface(await worker.store.meta(sid)),
     )
     if seqs in ([-1], [-2]):
         return
@@ -140,13 +143,7 @@ async def adopt(worker: WorkerHost) -> list[str]:
     restored: list[str] = []
     if not members:
         return restored
-    notices = worker.redis.pubsub_client()  # a cluster client has no PUBLISH
-    try:
-        await _adopt(worker, [_text(m) for m in sorted(members)], restored, notices)
-    finally:
-        if notices is not client:
-            with contextlib.suppress(Exception):
-                await notices.aclose()
+    await _adopt(worker, [_text(m) for m in sorted(members)], restored)
     log.warning(
         "worker %s started with %d sessions of its previous process: %d restored from "
         "their checkpoints",
@@ -157,7 +154,7 @@ async def adopt(worker: WorkerHost) -> list[str]:
     return restored
 
 
-async def _adopt(worker: WorkerHost, sids: list[str], restored: list[str], notices: Any) -> None:
+async def _adopt(worker: WorkerHost, sids: list[str], restored: list[str]) -> None:
     client = worker.redis.client
     for sid in sids:
         owner, current, state = await client.hmget(
@@ -184,7 +181,8 @@ async def _adopt(worker: WorkerHost, sids: list[str], restored: list[str], notic
         if taken:
             restored.append(sid)
             notice = ControlNotice.moved(generation, worker.worker_id)
-            await notices.publish(worker.keys.live(sid), notice.to_bytes())
+            # SPUBLISH on a cluster: to the shard that owns the channel
+            await worker.redis.publish(worker.keys.live(sid), notice.to_bytes())
 
 
 async def rejoined(worker: WorkerHost) -> list[str]:

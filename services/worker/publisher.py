@@ -17,6 +17,11 @@ taken, `snapshot(session_id)` (the manager's, synchronous) is called for each di
 session of the batch and its checkpoint goes in the same call as the events, so it
 matches the journal up to the call's last event. `write_checkpoint` sends a drain's
 final checkpoint after the session's pending events.
+
+A session's events of one round go out as one live message (event_publish.lua frames
+them: shared/redis/live_message.py), each with its response's id in its header. An
+openai-surface session (`set_owner(..., stamp_seq=False)`) publishes its JSON without
+`server_event_seq`: GA's events have no such key; the seq still travels in the header.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 # by the API pod) and anything emitted before it (a refused open).
 _UNJOURNALED = frozenset({"session.created"})
 _CARRIES_SESSION = frozenset({"session.created", "session.updated"})
+#: events whose response's id is the `id` of their `response` object, not a top-level key
+_RESPONSE_OBJECT = frozenset({"response.created", "response.done"})
 #: events after which the session's checkpoint is written (its state changed durably)
 DURABLE = frozenset(
     {
@@ -55,6 +62,17 @@ DURABLE = frozenset(
     }
 )
 FENCED, GONE = [-2], [-1]
+
+
+def _response_id(event: DuplexEvent, wire_type: str) -> str | None:
+    """The id of the response an event belongs to, for the live header: the API pod drops
+    a cancelled response's queued audio by it (the openai surface's response events carry
+    it only inside their `response` object)."""
+    response_id = getattr(event, "response_id", None)
+    if response_id is None and wire_type in _RESPONSE_OBJECT:
+        response = getattr(event, "response", None)
+        response_id = response.get("id") if isinstance(response, dict) else None
+    return response_id if isinstance(response_id, str) else None
 
 
 @dataclasses.dataclass
@@ -87,6 +105,7 @@ class RedisEventPublisher(SessionEventSink):
         self._pending: dict[str, list[PublishItem]] = {}
         self._created: set[str] = set()
         self._owners: dict[str, int] = {}
+        self._unstamped: set[str] = set()  # openai-surface sessions: no seq in their JSON
         self._dirty: set[str] = set()
         self._finals: dict[str, _Final] = {}
         self._kept: dict[str, bytes] = {}  # checkpoints of a failed batch, sent with its retry
@@ -111,12 +130,17 @@ class RedisEventPublisher(SessionEventSink):
         self.snapshot = snapshot
         self.on_fenced = on_fenced
 
-    def set_owner(self, session_id: str, generation: int) -> None:
+    def set_owner(self, session_id: str, generation: int, *, stamp_seq: bool = True) -> None:
         """Fence the session's publishes on `generation` from now on; its events are
-        journaled (a restored session has no session.created of its own here)."""
+        journaled (a restored session has no session.created of its own here).
+        `stamp_seq` False: the session is on the openai surface, its JSON has no seq."""
         self._owners[session_id] = generation
         self._created.add(session_id)
         self._fenced.discard(session_id)
+        if stamp_seq:
+            self._unstamped.discard(session_id)
+        else:
+            self._unstamped.add(session_id)
 
     def owner(self, session_id: str) -> int | None:
         return self._owners.get(session_id)
@@ -127,6 +151,7 @@ class RedisEventPublisher(SessionEventSink):
         self._fenced.add(session_id)
         self._pending.pop(session_id, None)
         self._owners.pop(session_id, None)
+        self._unstamped.discard(session_id)
         self._created.discard(session_id)
         self._dirty.discard(session_id)
         final = self._finals.pop(session_id, None)
@@ -141,7 +166,9 @@ class RedisEventPublisher(SessionEventSink):
             self._created.add(session_id)
         journaled = session_id in self._created and wire_type not in _UNJOURNALED
         session_json = dumps(event.session) if wire_type in _CARRIES_SESSION else b""  # type: ignore[attr-defined]
-        item = PublishItem(event.to_json(), wire_type, journaled, session_json)
+        item = PublishItem(
+            event.to_json(), wire_type, journaled, session_json, _response_id(event, wire_type)
+        )
         self._pending.setdefault(session_id, []).append(item)
         if wire_type in DURABLE:
             self._dirty.add(session_id)
@@ -264,6 +291,7 @@ class RedisEventPublisher(SessionEventSink):
             closed_ttl_ms=self.closed_ttl_ms,
             owners={sid: self._owners[sid] for sid in batch if sid in self._owners},
             checkpoints=checkpoints,
+            unstamped=self._unstamped,
         )
         closed = []
         for session_id, items in batch.items():
@@ -280,6 +308,7 @@ class RedisEventPublisher(SessionEventSink):
             if items and items[-1].wire_type == "session.closed":
                 closed.append(session_id)
                 self._owners.pop(session_id, None)
+                self._unstamped.discard(session_id)
         if closed and self.sessions_key:
             await self.store.client.srem(self.sessions_key, *closed)
 

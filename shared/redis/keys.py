@@ -24,7 +24,8 @@ class KeySchema:
         return f"{self.prefix}:session:{{{session_id}}}"
 
     def events(self, session_id: str) -> str:
-        """stream: the event journal, entry id <seq>-1, fields type + data."""
+        """stream: the event journal, one entry per publisher round: id <first seq>-1, fields
+        last + data (the round's framed records, shared/redis/live_message.py)."""
         return f"{self.prefix}:session:{{{session_id}}}:events"
 
     def checkpoint(self, session_id: str) -> str:

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import CodedError
-from shared.ids import now_ms
+from shared.ids import now_ms, token_digest
 from shared.redis.boundary import entry_bytes
 from shared.redis.keys import INBOX_GROUP, KeySchema
+from shared.redis.live_message import (
+    LiveRecord,
+    header_token,
+    journal_entry_records,
+    response_token,
+)
 from shared.redis.scripts import Scripts
 
 
@@ -32,28 +37,20 @@ INBOX_ACK_BATCH = 1000  # entries per inbox_ack.lua call
 TOUCH_REACTIVATED = 2  # lease_touch.lua: a detached session taken back by its attachment
 
 
-def token_digest(token: str) -> str:
-    """Only the SHA-256 of a resume token is ever stored."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def key_digest(api_key: str) -> str:
-    """The SHA-256 of the API key that opened a session (the key itself is never stored)."""
-    return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
-
-
 class SessionStoreError(CodedError):
     """A script refused: `code` is the contract error code."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PublishItem:
-    """One event to publish: its rendered JSON, its type, and whether it is journaled."""
+    """One event to publish: its JSON, type, whether it is journaled, the session object it
+    carries (created/updated), its response's id (for the live header)."""
 
     data: bytes
     wire_type: str
     journaled: bool = True
     session_json: bytes = b""
+    response_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +112,7 @@ class SessionStore:
         closed_ttl_ms: int,
         owner_generation: int | None = None,
         checkpoint: bytes = b"",
+        stamp_seq: bool = True,
     ) -> tuple[list[str], list[Any]]:
         args: list[Any] = [
             self.keys.live(session_id),
@@ -125,9 +123,14 @@ class SessionStore:
             _notice_event_id(),
             "" if owner_generation is None else owner_generation,
             checkpoint,
+            "1" if stamp_seq else "0",
+            # on a cluster the live channel (same hash tag) is a shard channel: SPUBLISH
+            "1" if isinstance(self.client, RedisCluster) else "0",
         ]
         for item in items:
-            args += ["1" if item.journaled else "0", item.wire_type, item.data, item.session_json]
+            journaled, rid = "1" if item.journaled else "0", response_token(item.response_id)
+            wire_type = header_token(item.wire_type, "event type")
+            args += [journaled, wire_type, item.data, item.session_json, rid]
         return self._session_keys(session_id), args
 
     async def publish(
@@ -140,12 +143,22 @@ class SessionStore:
         closed_ttl_ms: int,
         owner_generation: int | None = None,
         checkpoint: bytes = b"",
+        stamp_seq: bool = True,
     ) -> list[int]:
-        """Publish one session's events in one round trip; returns their seqs (0 = unjournaled),
-        [-1] when the session is gone, [-2] when `owner_generation` is not the session's
-        (nothing was written). With a checkpoint, it is stored after the events."""
+        """Publish one session's events in one round trip and one live message; returns
+        their seqs (0 = unjournaled), [-1] when the session is gone, [-2] when
+        `owner_generation` is not the session's (nothing was written). With a checkpoint, it
+        is stored after the events. `stamp_seq` False (the openai surface): no
+        `server_event_seq` in the JSON, only in the live header and the entry id."""
         keys, args = self._publish_call(
-            session_id, items, max_bytes, ttl_ms, closed_ttl_ms, owner_generation, checkpoint
+            session_id,
+            items,
+            max_bytes,
+            ttl_ms,
+            closed_ttl_ms,
+            owner_generation,
+            checkpoint,
+            stamp_seq,
         )
         return [int(seq) for seq in await self.scripts.event_publish(self.client, keys, args)]
 
@@ -158,11 +171,13 @@ class SessionStore:
         closed_ttl_ms: int,
         owners: Mapping[str, int] | None = None,
         checkpoints: Mapping[str, bytes] | None = None,
+        unstamped: Collection[str] = (),
     ) -> dict[str, list[int]]:
         """Publish several sessions' events: one pipelined round trip on one Redis; on a
         cluster (which refuses scripts in pipelines) concurrent calls, one per session.
         Each session's call is fenced on its owner generation in `owners` and stores its
-        checkpoint in `checkpoints`, if any; returns each session's reply (see `publish`)."""
+        checkpoint in `checkpoints`, if any; the sessions in `unstamped` publish their JSON
+        without `server_event_seq`; returns each session's reply (see `publish`)."""
         owners = owners or {}
         checkpoints = checkpoints or {}
         sessions = list(batch)
@@ -175,6 +190,7 @@ class SessionStore:
                 closed_ttl_ms,
                 owners.get(sid),
                 checkpoints.get(sid, b""),
+                sid not in unstamped,
             )
             for sid in sessions
         ]
@@ -328,14 +344,21 @@ class SessionStore:
         for fields in entries:
             await self.inbox_append(worker_id, {_text(k): v for k, v in fields.items()})
 
-    async def inbox_ack(self, worker_id: str, handled: Sequence[tuple[Any, int]]) -> int:
+    async def inbox_ack(
+        self, worker_id: str, handled: Sequence[tuple[Any, int]], *, check_empty: bool = True
+    ) -> int:
         """Acknowledge and delete handled inbox entries, (entry id, size) each, giving their
         bytes back; in calls of INBOX_ACK_BATCH (Lua unpacks no more than ~8000 values,
-        and a backlog of acks after a Redis hiccup can be longer). Returns how many went."""
+        and a backlog of acks after a Redis hiccup can be longer). `check_empty`: the
+        last call also sets the byte counter to 0 if the inbox is empty (one XLEN more:
+        the worker's batched acks skip it, and ask once when its inbox goes quiet).
+        Returns how many went."""
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
         deleted = 0
-        for start in range(0, len(handled), INBOX_ACK_BATCH):
-            args: list[Any] = [INBOX_GROUP]
+        starts = range(0, max(len(handled), 1), INBOX_ACK_BATCH)
+        for start in starts:
+            last = start == starts[-1]
+            args: list[Any] = [INBOX_GROUP, int(check_empty and last)]
             for entry_id, size in handled[start : start + INBOX_ACK_BATCH]:
                 args += [entry_id, size]
             deleted += int(await self.scripts.inbox_ack(self.client, keys, args))
@@ -353,9 +376,21 @@ class SessionStore:
     async def journal(
         self, session_id: str, after_seq: int, until_seq: int | None = None
     ) -> list[tuple[int, bytes]]:
-        """(seq, event JSON) of journal entries with after_seq < seq <= until_seq."""
-        end = "+" if until_seq is None else f"{until_seq}-1"
-        entries = await self.client.xrange(self.keys.events(session_id), f"({after_seq}-1", end)
+        """(seq, event JSON) of the journaled events with after_seq < seq <= until_seq."""
+        records = await self.journal_records(session_id, after_seq, until_seq)
+        return [(record.seq, record.data) for record in records]
+
+    async def journal_records(
+        self, session_id: str, after_seq: int, until_seq: int | None = None
+    ) -> list[LiveRecord]:
+        """The journaled events with after_seq < seq <= until_seq as the live records they
+        went out as (seq, type, response id, JSON), in order: a replay routes on them. An
+        entry holds a round (from the seq of its id on): the one holding after_seq + 1 is
+        the newest whose id is not past it, and its records up to after_seq are skipped."""
+        stream, end = self.keys.events(session_id), "+" if until_seq is None else f"{until_seq}-1"
+        holding = await self.client.xrevrange(stream, f"{after_seq + 1}-1", "-", count=1)
+        entries = await self.client.xrange(stream, holding[0][0] if holding else "-", end)
+        records = [r for entry in entries for r in journal_entry_records(*entry)]
         return [
-            (int(_text(entry_id).split("-")[0]), fields[b"data"]) for entry_id, fields in entries
+            r for r in records if after_seq < r.seq and (until_seq is None or r.seq <= until_seq)
         ]

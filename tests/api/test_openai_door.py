@@ -1,25 +1,11 @@
-"""The API pod's part of the openai surface (services/api/connection.py): the journal's
-seq cut off what is sent, duplex-only client events told apart."""
+"""The API pod's part of the openai surface (services/api/connection.py): duplex-only
+client events told apart. (Its events come without `server_event_seq` from the worker:
+tests/redis/test_live_message.py.)"""
 
-import orjson
 import pytest
 
-from services.api.connection import duplex_only, without_seq
+from services.api.connection import duplex_only
 from shared.protocol.duplex import parse_client_event
-
-
-@pytest.mark.parametrize(
-    "event",
-    [
-        {"type": "rate_limits.updated", "event_id": "e", "rate_limits": []},
-        {"type": "error", "event_id": "e", "error": {"message": 'a "server_event_seq":1}'}},
-    ],
-)
-def test_the_seq_the_journal_appends_is_cut_off(event):
-    plain = orjson.dumps(event)
-    journaled = plain[:-1] + b',"server_event_seq":12345}'  # what event_publish.lua writes
-    assert without_seq(journaled) == plain
-    assert without_seq(plain) == plain  # session.created and unjournaled events: as they are
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from shared.redis.boundary import (
 )
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import split
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
@@ -54,8 +55,8 @@ class Setup:
         async with asyncio.timeout(10):
             while not received or received[-1]["type"] != last_type:
                 message = await self.pubsub.get_message(timeout=1)
-                if message and message["type"] == "message":
-                    received.append(orjson.loads(message["data"]))
+                if message and message["type"] == "message":  # one publisher round's events
+                    received += [orjson.loads(r.data) for r in split(message["data"])]
         return received
 
 

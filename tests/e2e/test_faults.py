@@ -21,6 +21,7 @@ from harness.sessions import sine
 from shared.client.duplex_client import DuplexClient, realtime_url
 from shared.protocol.duplex import float_to_pcm16
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import journal_entry_records
 from shared.ring import load_bound
 
 FAST = {
@@ -166,13 +167,14 @@ async def test_sessions_of_a_killed_api_pod_expire_after_the_grace_and_free_thei
     assert (await fleet.loads())["w-1"] == 1
     victim.kill()  # its client never reconnects
     for _ in range(200):
-        journal = await fleet.client.xrange(fleet.keys.events(session_id))
-        kinds = [orjson.loads(fields[b"data"])["type"] for _, fields in journal]
+        entries = await fleet.client.xrange(fleet.keys.events(session_id))
+        journal = [record for entry in entries for record in journal_entry_records(*entry)]
+        kinds = [record.wire_type for record in journal]
         if "session.expired" in kinds and (await fleet.loads())["w-1"] == 0:
             break
         await asyncio.sleep(0.1)
     assert "session.expired" in kinds
-    expired = next(orjson.loads(f[b"data"]) for _, f in journal if f[b"type"] == b"session.expired")
+    expired = next(orjson.loads(r.data) for r in journal if r.wire_type == "session.expired")
     assert expired["reason"] == "disconnect_grace_expired"
     assert (await fleet.loads())["w-1"] == 0  # the worker's slot is free again
     meta = await fleet.client.hgetall(fleet.keys.session(session_id))

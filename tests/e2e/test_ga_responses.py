@@ -4,7 +4,6 @@
 item is answered, a text-only response, a response cut at max_output_tokens, and GA's
 error codes for a cancel with nothing active and a second create."""
 
-
 import pytest
 from openai import AsyncOpenAI
 

@@ -19,6 +19,7 @@ from shared.redis.store import (
     SessionStoreError,
     token_digest,
 )
+from tests.redis.journal_entries import journal_bytes_held, journal_entries
 
 CAP = 4096  # a small journal cap, so pruning happens within a few events
 KEYS = KeySchema("prop")
@@ -53,23 +54,26 @@ class Model:
         self.overflow = False
 
 
-async def journal_entries(client, sid: str) -> list[tuple[int, dict]]:
-    entries = await client.xrange(KEYS.events(sid))
-    return [(int(eid.decode().split("-")[0]), orjson.loads(f[b"data"])) for eid, f in entries]
+async def journal_events(client, sid: str) -> list[tuple[int, dict]]:
+    """(seq, event) of every record the journal's entries hold, acknowledged or not."""
+    entries = await journal_entries(client, sid, KEYS)
+    for entry in entries:  # an entry is one publisher round: its id and `last` bound it
+        assert [r.seq for r in entry.records] == list(range(entry.first_seq, entry.last_seq + 1))
+    return [(r.seq, orjson.loads(r.data)) for entry in entries for r in entry.records]
 
 
 async def check_invariants(client, store: SessionStore, sid: str, model: Model) -> None:
     meta = await store.meta(sid)
     assert int(meta["next_seq"]) == model.head
     assert int(meta["attachment_generation"]) == model.attachment
-    entries = await journal_entries(client, sid)
+    entries = await journal_events(client, sid)
     seqs = [seq for seq, _ in entries]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     for seq, data in entries:
         assert data["server_event_seq"] == seq  # the seq is stamped into the event itself
     if seqs:
         assert seqs == list(range(seqs[0], model.head + 1))  # contiguous up to the head
-    stored = sum(len(orjson.dumps(data)) for _, data in entries)
+    stored = await journal_bytes_held(client, sid, KEYS)
     assert int(meta["journal_bytes"]) == stored
     assert stored <= CAP
 
@@ -101,8 +105,9 @@ async def scenario(url: str, ops: list) -> None:
                     else:
                         expected.append(0)
                 assert seqs == expected  # journaled events get the next seqs, in order
-                entries = await journal_entries(client, sid)
-                model.first = max(model.first, entries[0][0] if entries else model.head + 1)
+                entries = await journal_entries(client, sid, KEYS)
+                oldest = entries[0].first_seq if entries else model.head + 1
+                model.first = max(model.first, oldest)
             elif op == "ack":
                 seq = max(0, model.head + arg)
                 first = await store.ack(sid, seq)
@@ -111,7 +116,13 @@ async def scenario(url: str, ops: list) -> None:
                 else:
                     model.first = max(model.first, seq + 1)
                     assert first == model.first
-                    assert all(s > seq for s, _ in await journal_entries(client, sid))
+                    # whole entries go; one only partly acknowledged stays
+                    entries = await journal_entries(client, sid, KEYS)
+                    assert all(entry.last_seq > seq for entry in entries)
+                    # a replay from the first seq still kept is whole, mid-entry or not
+                    since = model.first - 1
+                    replay = [r.seq for r in await store.journal_records(sid, since)]
+                    assert replay == list(range(since + 1, model.head + 1))
             elif op == "detach":
                 generation = model.attachment + arg
                 result = await store.detach(sid, generation, 30_000)

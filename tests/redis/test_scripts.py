@@ -6,6 +6,7 @@ import uuid
 import orjson
 import pytest
 
+from shared.ids import key_digest
 from shared.redis.boundary import entry_bytes
 from shared.redis.keys import KeySchema
 from shared.redis.store import (
@@ -14,9 +15,10 @@ from shared.redis.store import (
     ResumeResync,
     SessionStore,
     SessionStoreError,
-    key_digest,
     token_digest,
 )
+from tests.redis.journal_entries import journal_bytes_held, journal_entries
+from tests.redis.live_listen import LiveListener
 
 SID = "duplex-test1"
 KEYS = KeySchema()
@@ -25,12 +27,6 @@ KEYS = KeySchema()
 def event(wire_type: str, n: int, pad: int = 0) -> PublishItem:
     body = {"type": wire_type, "event_id": f"event_{n:032x}", "n": n, "pad": "x" * pad}
     return PublishItem(orjson.dumps(body), wire_type)
-
-
-def pubsub_of(client):
-    """Cluster clients have no pubsub(): subscribe through one node (PUBLISH reaches all)."""
-    factory = getattr(client, "pubsub_client", None)
-    return (factory() if factory else client).pubsub()
 
 
 async def opened(client, token: str = "tok-1", sid: str = SID, key: str = "") -> SessionStore:
@@ -66,9 +62,7 @@ async def test_open_creates_the_meta_hash_once(redis_client):
 async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
     # a channel of its own: on a cluster, pub/sub messages of an earlier test may still be in flight
     sid = f"duplex-{uuid.uuid4().hex}"
-    pubsub = pubsub_of(redis_client)
-    await pubsub.subscribe(KEYS.live(sid))  # first: a cluster forwards publishes asynchronously
-    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    listener = await LiveListener(redis_client, KEYS.live(sid)).__aenter__()
     store = await opened(redis_client, sid=sid)
     assert await publish(store, [event("a", 1), event("b", 2)], sid=sid) == [1, 2]
     unjournaled = PublishItem(b'{"type":"x"}', "x", journaled=False)
@@ -78,35 +72,40 @@ async def test_publish_stamps_contiguous_seqs_and_journals_them(redis_client):
     assert [orjson.loads(data)["server_event_seq"] for _, data in journal] == [1, 2, 3]
     assert orjson.loads(journal[0][1])["n"] == 1  # the event itself is untouched
     assert [seq for seq, _ in await store.journal(sid, 1, 2)] == [2]
-    live = []
-    while len(live) < 5:
-        message = await pubsub.get_message(timeout=1)
-        if message and message["type"] == "message":
-            live.append(orjson.loads(message["data"]))
-    # live order = publish order; session.created (from opening) is unsequenced
-    assert [m.get("server_event_seq") for m in live] == [None, 1, 2, None, 3]
-    await pubsub.aclose()
+    live = await listener.records(5)
+    # live order = publish order; session.created (from opening) is unsequenced; the
+    # header's seq is the JSON's
+    assert [r.seq for r in live] == [0, 1, 2, 0, 3]
+    assert [orjson.loads(r.data).get("server_event_seq") for r in live] == [None, 1, 2, None, 3]
+    await listener.__aexit__()
     meta = await store.meta(sid)
-    assert meta["next_seq"] == "3" and int(meta["journal_bytes"]) == sum(len(d) for _, d in journal)
+    assert meta["next_seq"] == "3"
+    assert int(meta["journal_bytes"]) == await journal_bytes_held(redis_client, sid)
+    # one entry per call: the second call's unjournaled event is not in it
+    entries = await journal_entries(redis_client, sid)
+    assert [(e.first_seq, e.last_seq) for e in entries] == [(1, 2), (3, 3)]
+    assert [[r.seq for r in e.records] for e in entries] == [[1, 2], [3]]
 
 
 async def test_journal_is_pruned_to_its_byte_cap(redis_client):
+    # over the cap, the oldest entries go in bulk down to the low-water mark (7/8 of it)
     store = await opened(redis_client)
     items = [event("a", n, pad=100) for n in range(1, 11)]
     size = len(items[0].data) + len(',"server_event_seq":1')
-    await publish(store, items, max_bytes=size * 4 + 10)
+    cap = size * 4 + 10
+    await publish(store, items, max_bytes=cap)
     journal = await store.journal(SID, 0)
-    assert [seq for seq, _ in journal] == [7, 8, 9, 10]
+    assert [seq for seq, _ in journal] == [8, 9, 10]  # 4 entries are over 7/8 of the cap
     meta = await store.meta(SID)
-    assert meta["journal_first_seq"] == "7" and int(meta["journal_bytes"]) <= size * 4 + 10
+    assert meta["journal_first_seq"] == "8"
+    held = await journal_bytes_held(redis_client, SID)
+    assert int(meta["journal_bytes"]) == held <= cap - cap // 8
 
 
 async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client):
     # a channel of its own: on a cluster, pub/sub messages of an earlier test may still be in flight
     sid = f"duplex-{uuid.uuid4().hex}"
-    pubsub = pubsub_of(redis_client)
-    await pubsub.subscribe(KEYS.live(sid))  # first: a cluster forwards publishes asynchronously
-    await pubsub.get_message(timeout=1)
+    listener = await LiveListener(redis_client, KEYS.live(sid)).__aenter__()
     store = await opened(redis_client, sid=sid)
     await publish(store, [event("a", 1)], sid=sid)
     assert await publish(
@@ -117,11 +116,10 @@ async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client)
     ]
     meta = await store.meta(sid)
     assert meta["journal_overflow"] == "1" and await store.journal(sid, 0) == []
-    received = []
-    while len(received) < 5:  # session.created, a, the notice, big, after
-        message = await pubsub.get_message(timeout=1)
-        if message and message["type"] == "message":
-            received.append(orjson.loads(message["data"]))
+    # session.created, a, the notice (bare JSON), then big and after (one frame, seq 0)
+    records = await listener.records(5)
+    received = [orjson.loads(r.data) for r in records]
+    assert [r.seq for r in records] == [0, 1, 0, 0, 0]
     assert [r["type"] for r in received] == [
         "session.created",
         "a",
@@ -136,7 +134,7 @@ async def test_an_event_over_the_cap_sets_the_sticky_overflow_flag(redis_client)
     )
     assert received[0]["session_id"] == sid
     assert [r.get("server_event_seq") for r in received[1:]] == [None, None]  # live, unsequenced
-    await pubsub.aclose()
+    await listener.__aexit__()
     with pytest.raises(AssertionError):
         assert isinstance(await store.resume(sid, "tok-1", "tok-2", 1), ResumeGranted)
     assert await store.resume(sid, "tok-1", "tok-2", 1) == ResumeResync("journal_overflow")
@@ -240,11 +238,19 @@ async def test_expiry_is_claimed_once_and_only_when_due(redis_client):
 
 async def test_ack_trims_the_journal(redis_client):
     store = await opened(redis_client)
-    await publish(store, [event("a", n) for n in range(1, 6)])
-    before = int((await store.meta(SID))["journal_bytes"])
+    await publish(store, [event("a", n) for n in range(1, 3)])  # entry 1-2
+    await publish(store, [event("a", n) for n in range(3, 6)])  # entry 3-5
+    first_entry, second_entry = await journal_entries(redis_client, SID)
+    # 3 is in the middle of the second entry: the first goes whole, the second stays whole
     assert await store.ack(SID, 3) == 4
-    assert [seq for seq, _ in await store.journal(SID, 0)] == [4, 5]
-    assert int((await store.meta(SID))["journal_bytes"]) < before
+    assert await journal_entries(redis_client, SID) == [second_entry]
+    assert int((await store.meta(SID))["journal_bytes"]) == second_entry.size
+    assert (await store.meta(SID))["journal_first_seq"] == "4"
+    # a replay from the ack skips the acknowledged records the kept entry still holds
+    assert [seq for seq, _ in await store.journal(SID, 3)] == [4, 5]
+    assert await store.ack(SID, 5) == 6  # the whole second entry acknowledged: it goes
+    assert await journal_entries(redis_client, SID) == []
+    assert int((await store.meta(SID))["journal_bytes"]) == 0 < first_entry.size
     assert await store.ack(SID, 6) == -1  # past the head
     assert await store.ack("duplex-unknown", 1) == -2
     assert await store.resume(SID, "tok-1", "tok-2", 2) == ResumeResync("journal_gap")

@@ -16,6 +16,7 @@ from shared.protocol.duplex import parse_client_event
 from shared.redis.boundary import CommandRecord, ControlNotice, OpenRequest
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import split
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
 
@@ -59,8 +60,8 @@ class Live:
         notice = ControlNotice.parse(data)
         if notice is not None:
             self.notices.append(notice)
-        else:
-            self.events.append(orjson.loads(data))
+        else:  # one live message: the session's events of one publisher round
+            self.events += [orjson.loads(record.data) for record in split(data)]
 
     async def event(self, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """The first event (seen so far or coming) that `match`es."""

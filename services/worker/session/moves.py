@@ -83,7 +83,10 @@ class SessionMoves:
         self._owners[session_id] = generation
         set_owner = getattr(self.sink, "set_owner", None)
         if callable(set_owner):
-            set_owner(session_id, generation)
+            # an openai-surface session's JSON goes without server_event_seq (GA has none)
+            runner = self._runners.get(session_id)
+            openai = runner is not None and runner.session.config.openai_surface
+            set_owner(session_id, generation, stamp_seq=not openai)
 
     def owned_sessions(self) -> dict[str, int]:
         """Session -> the owner generation this worker holds it at."""

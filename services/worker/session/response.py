@@ -271,13 +271,20 @@ def audio_events(
     text: str,
     duration_ms: float,
     end_of_turn: bool,
+    *,
+    ga: bool = False,
 ) -> list[DuplexEvent]:
-    """One audio delta and its one transcript delta; updates the ledgers."""
+    """One audio delta and its one transcript delta; updates the ledgers. `ga`: the
+    openai surface's delta, built as GA has it (no metadata built only to be dropped)."""
     response.transcript += text
     response.playback.generated_ms += duration_ms
     response.playback.sent_ms = response.playback.generated_ms
     mark = {"text_chars": len(response.transcript), "audio_end_ms": response.playback.generated_ms}
     response.marks.append(mark)
+    transcript = ResponseOutputAudioTranscriptDelta(**_scoped(response), delta=text)
+    if ga:
+        # GA's delta, built directly: no metadata built only for surface.py to drop
+        return [DuplexOutputAudioDelta(**_scoped(response), delta=delta_b64), transcript]
     metadata = {
         "session_id": session_id,
         "epoch": response.fence.epoch,
@@ -295,7 +302,7 @@ def audio_events(
             sample_rate_hz=response.encoder.rate,
             metadata=metadata,
         ),
-        ResponseOutputAudioTranscriptDelta(**_scoped(response), delta=text),
+        transcript,
     ]
 
 

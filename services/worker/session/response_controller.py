@@ -286,7 +286,13 @@ class ResponseController(ResponseHistory):
         self._open_part(response)
         duration_ms = _duration_ms(encoded, response)
         for event in audio_events(
-            response, session.session_id, b64encode_audio(encoded), text, duration_ms, end_of_turn
+            response,
+            session.session_id,
+            b64encode_audio(encoded),
+            text,
+            duration_ms,
+            end_of_turn,
+            ga=session.config.openai_surface,
         ):
             self.emit(event)
 

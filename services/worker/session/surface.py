@@ -3,9 +3,10 @@
 The session runs exactly as a duplex one; only what it sends differs. `project` is called
 on every event a runner emits (`SessionManager._emitter`) for a session whose
 `config.openai_surface` is set, and returns the event as GA has it, or None when GA has
-no such event. The journal then holds the surface's own events: the API pod forwards
-them as they are (it only strips the journal's `server_event_seq`, and closes the socket
-on a closure notice instead of sending it).
+no such event. The journal then holds the surface's own events, without
+`server_event_seq` (the publisher leaves it out for this surface; the seq travels in the
+live header): the API pod forwards them as they are (it only closes the socket on a
+closure notice instead of sending it).
 
 What the projection does (docs/wire-api.md, "The openai surface"):
 
@@ -20,7 +21,8 @@ What the projection does (docs/wire-api.md, "The openai surface"):
   response ran under ("inf": none), `status_details` maps our reasons with
   `CANCELLED_REASONS` (an incomplete response's, `max_output_tokens`, is GA's own),
   `response.done` has a zero `usage`.
-- Tier 2 keys go: `format`, `sample_rate_hz`, `metadata` of audio deltas, `event` of
+- Tier 2 keys go: `format`, `sample_rate_hz`, `metadata` of audio deltas (built GA's
+  way from the start by `response.audio_events`, where the runner knows the surface), `event` of
   committed / deleted / truncated, the top-level `response_id` of response events.
 - `conversation.item.input_audio_transcription.completed` gets GA's required `usage`.
 
@@ -292,6 +294,8 @@ def _response(event: Any, session: EngineSession) -> DuplexEvent:
 
 
 def _audio_delta(event: Any, session: EngineSession) -> DuplexEvent:
+    if all(getattr(event, key, None) is None for key in ("format", "sample_rate_hz", "metadata")):
+        return event  # built GA's way already (response.audio_events with `ga`): nothing to drop
     return _replace(event, format=None, sample_rate_hz=None, metadata=None)
 
 

@@ -1,11 +1,33 @@
--- event_publish.lua: publish a batch of one session's events, in order.
--- For each journaled event: seq = ++next_seq, stamp "server_event_seq" on the
--- JSON, XADD it to the journal as entry <seq>-1, prune the oldest entries past
--- the byte cap. Every event then goes to the live channel (PUBLISH).
+-- event_publish.lua: publish a batch of one session's events, in order, in one live message,
+-- and journal them in one entry.
+-- For each journaled event: seq = next_seq + 1, optionally stamp "server_event_seq" on the
+-- JSON (the duplex surface; the openai surface's JSON goes without), and frame it as a
+-- record "<seq> <length> <type> <response id>\n<JSON>" (shared/redis/live_message.py).
+-- The call's records go to the live channel as ONE message; an unjournaled event
+-- (session.created, a refused open's error) goes alone as bare JSON, between the frames
+-- before and after it, so an open's first reply is plain JSON.
+-- The journal gets ONE entry per call (none when nothing is journaled): id
+-- "<first seq of the call>-1", fields last (the call's last seq) and data (the journaled
+-- records, framed exactly as on the live channel), so a replay splits an entry as the pump
+-- splits a live message. An entry is only cut in two when it would grow past an eighth of
+-- the byte cap (the trim's slack), so trimming whole entries never has to drop the round
+-- it just wrote unless one event alone is that large.
 -- The owning worker fences every call on its owner generation: a worker that lost the
 -- session (declared dead, the session re-placed) is refused before anything is written.
 -- With a checkpoint, the same call stores it after the events, so the checkpoint always
 -- matches the journal up to the last event of the call (a failover restores both at once).
+-- Commands: one HMGET of the meta hash, one XADD per call with a journaled event, one HSET
+-- of the counters, one (S)PUBLISH per frame (one per call unless an unjournaled event
+-- splits it).
+-- The journal's TTL is refreshed only when due: it is set to 1.5x ttl_ms and renewed once
+-- less than ttl_ms of it is left (by the caller's clock, stored as journal_expires_at), so
+-- the journal still lives at least ttl_ms past its last write. A refresh that finds the
+-- journal gone (expired) resets its byte count and first seq, so the accounting stays
+-- exact. journal_bytes is the sum of the entries' data lengths; over the byte cap, the
+-- oldest whole entries are trimmed in bulk (XLEN + XRANGE COUNT n + XDEL) down to the
+-- low-water mark, 7/8 of the cap, so trims come far apart; journal_first_seq is then the
+-- first seq of the oldest entry kept. One record larger than the whole cap makes replay
+-- impossible: the journal is dropped and journal_overflow set, for good.
 -- KEYS[1] duplex:session:{SID}              meta hash
 -- KEYS[2] duplex:session:{SID}:events       journal stream
 -- KEYS[3] duplex:session:{SID}:checkpoint   string: the session's checkpoint JSON
@@ -14,65 +36,189 @@
 -- ARGV[6] an event id for the session.resync_required notice, should the journal overflow
 -- ARGV[7] the caller's owner generation ("": not an owner; the janitor and operators)
 -- ARGV[8] a checkpoint JSON to store after the events ("": none)
--- then per event, 4 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
---   session object JSON ("" unless the event carries the session: created/updated)
+-- ARGV[9] "1": stamp server_event_seq on the JSON (duplex surface), "0": do not (openai)
+-- ARGV[10] "1": SPUBLISH (Redis Cluster: the channel hashes to the session's slot), "0": PUBLISH
+-- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
+--   session object JSON ("" unless the event carries the session: created/updated),
+--   response id ("" when none; no line break)
 -- returns one seq per event (0 = not journaled); {-1} when the session is gone;
 --         {-2} when the caller is not the session's owner (nothing written)
 local meta, journal, checkpoint = KEYS[1], KEYS[2], KEYS[3]
 local channel, max_bytes, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-if redis.call('EXISTS', meta) == 0 then
+local now, stamp = tonumber(ARGV[4]), ARGV[9] == '1'
+local publish = ARGV[10] == '1' and 'SPUBLISH' or 'PUBLISH'
+local m = redis.call('HMGET', meta, 'state', 'owner_generation', 'journal_overflow',
+  'next_seq', 'journal_bytes', 'journal_first_seq', 'journal_expires_at', 'checkpoints')
+local state = m[1]
+if not state then
   return {-1}
 end
-if ARGV[7] ~= '' and redis.call('HGET', meta, 'owner_generation') ~= ARGV[7] then
+if ARGV[7] ~= '' and m[2] ~= ARGV[7] then
   return {-2}
 end
+local overflow = m[3] == '1'
+local next_seq = tonumber(m[4]) or 0
+local bytes = tonumber(m[5]) or 0
+local first_seq = tonumber(m[6]) or 1
+local expires_at = tonumber(m[7]) or 0
+local entry_cap = math.max(math.floor(max_bytes / 8), 1)
+local updates = {}  -- the meta fields this call changes: one HSET at the end
+local frame = {}    -- framed records not yet published
+local entry = {}    -- journaled records not yet in the journal
+local entry_first, entry_last, entry_bytes = 0, 0, 0
 local seqs = {}
-for i = 9, #ARGV, 4 do
-  local journaled, etype, data, session = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+local opened, recreated, closed_now = false, false, false
+
+local function flush()
+  if #frame > 0 then
+    redis.call(publish, channel, table.concat(frame))
+    frame = {}
+  end
+end
+
+local function write_entry()
+  if #entry > 0 then
+    local data = table.concat(entry)
+    redis.call('XADD', journal, entry_first .. '-1', 'last', entry_last, 'data', data)
+    bytes = bytes + #data
+    entry, entry_bytes = {}, 0
+  end
+end
+
+-- before the call's first XADD: renew the journal's TTL if due; a journal found gone
+-- (expired) had nothing left: its byte count and first seq start over
+local function open_journal()
+  opened = true
+  if state == 'closed' or (expires_at - now >= ttl_ms and bytes > 0) then
+    return
+  end
+  if redis.call('PEXPIRE', journal, ttl_ms + math.floor(ttl_ms / 2)) == 0 then
+    recreated = true  -- the XADD creates it: its TTL is set after the events
+    bytes, first_seq = 0, next_seq + 1
+    updates['journal_first_seq'] = first_seq
+  end
+  updates['journal_expires_at'] = now + ttl_ms + math.floor(ttl_ms / 2)
+end
+
+for i = 11, #ARGV, 5 do
+  local journaled, etype, data, session, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if session ~= '' then
-    redis.call('HSET', meta, 'session', session)
+    updates['session'] = session
   end
   if etype == 'session.created' then
-    redis.call('HSET', meta, 'state', 'active')
+    state = 'active'
+    updates['state'] = state
   end
   local seq = 0
   local out = data
-  if journaled == '1' and redis.call('HGET', meta, 'journal_overflow') ~= '1' then
-    seq = redis.call('HINCRBY', meta, 'next_seq', 1)
-    out = string.sub(data, 1, -2) .. ',"server_event_seq":' .. seq .. '}'
-    if #out > max_bytes then
+  local record
+  if journaled == '1' and not overflow then
+    if not opened then
+      open_journal()
+    end
+    next_seq = next_seq + 1
+    seq = next_seq
+    updates['next_seq'] = next_seq
+    if stamp then
+      out = string.sub(data, 1, -2) .. ',"server_event_seq":' .. seq .. '}'
+    end
+    record = seq .. ' ' .. #out .. ' ' .. etype .. ' ' .. rid .. '\n' .. out
+    if #record > max_bytes then
       -- one event larger than the whole journal: replay is impossible from now on (sticky)
-      redis.call('HSET', meta, 'journal_overflow', 1, 'journal_bytes', 0)
+      overflow = true
+      bytes = 0
+      entry, entry_bytes = {}, 0
+      updates['journal_overflow'] = 1
       redis.call('DEL', journal)
-      local sid = string.match(meta, '{(.-)}')
-      local notice = '{"type":"session.resync_required","event_id":"' .. ARGV[6] ..
-        '","session_id":"' .. sid .. '","reason":"journal_overflow"}'
-      redis.call('PUBLISH', channel, notice)
+      flush()
+      redis.call(publish, channel, '{"type":"session.resync_required","event_id":"' ..
+        ARGV[6] .. '","session_id":"' .. string.match(meta, '{(.-)}') ..
+        '","reason":"journal_overflow"}')
       seq = 0
       out = data
+      record = nil
     else
-      redis.call('XADD', journal, seq .. '-1', 'type', etype, 'data', out)
-      local bytes = redis.call('HINCRBY', meta, 'journal_bytes', #out)
-      while bytes > max_bytes do
-        local oldest = redis.call('XRANGE', journal, '-', '+', 'COUNT', 1)[1]
-        redis.call('XDEL', journal, oldest[1])
-        bytes = redis.call('HINCRBY', meta, 'journal_bytes', -#oldest[2][4])
-        redis.call('HSET', meta, 'journal_first_seq', tonumber(string.match(oldest[1], '^(%d+)')) + 1)
+      if entry_bytes > 0 and entry_bytes + #record > entry_cap then
+        write_entry()  -- a round too large for one entry: the trim stays whole-entry exact
       end
-      redis.call('PEXPIRE', journal, ttl_ms)
+      if #entry == 0 then
+        entry_first = seq
+      end
+      entry_last = seq
+      entry[#entry + 1] = record
+      entry_bytes = entry_bytes + #record
     end
   end
   if etype == 'session.closed' then
     redis.call('DEL', checkpoint)  -- nothing restores a closed session
-    redis.call('HSET', meta, 'state', 'closed', 'closed_at', ARGV[4])
-    redis.call('PEXPIRE', meta, tonumber(ARGV[5]))
-    redis.call('PEXPIRE', journal, tonumber(ARGV[5]))
+    state = 'closed'
+    updates['state'], updates['closed_at'] = state, ARGV[4]
+    closed_now = true  -- the keys' short TTL is set once the journal entry is written
   end
-  redis.call('PUBLISH', channel, out)
+  if journaled == '1' then
+    frame[#frame + 1] = record or ('0 ' .. #out .. ' ' .. etype .. ' ' .. rid .. '\n' .. out)
+  else
+    flush()  -- an unjournaled event goes alone, as bare JSON, in its place in the order
+    redis.call(publish, channel, out)
+  end
   seqs[#seqs + 1] = seq
 end
-if ARGV[8] ~= '' and redis.call('HGET', meta, 'state') ~= 'closed' then
+write_entry()
+flush()
+if closed_now then
+  redis.call('PEXPIRE', meta, tonumber(ARGV[5]))
+  redis.call('PEXPIRE', journal, tonumber(ARGV[5]))
+end
+
+if opened and not overflow then
+  if bytes > max_bytes then
+    -- oldest whole entries first, down to the low-water mark; the count asked of XRANGE
+    -- is estimated from the mean entry size (a second round if the oldest were small)
+    local low_water = max_bytes - math.floor(max_bytes / 8)
+    local entries = math.max(redis.call('XLEN', journal), 1)
+    while bytes > low_water do
+      local want = math.min(math.ceil((bytes - low_water) * entries / bytes) + 1, 1000)
+      local oldest = redis.call('XRANGE', journal, '-', '+', 'COUNT', want)
+      if #oldest == 0 then
+        bytes = 0  -- an empty journal holds no bytes, whatever the count said
+        first_seq = next_seq + 1
+        break
+      end
+      local doomed = {}
+      for _, old in ipairs(oldest) do
+        if bytes <= low_water then
+          break
+        end
+        local fields = old[2]
+        doomed[#doomed + 1] = old[1]
+        bytes = bytes - #fields[4]  -- data is the second field in both entry shapes
+        -- an entry of an older worker holds one event: its id is its seq
+        first_seq = (fields[1] == 'last' and tonumber(fields[2])
+          or tonumber(string.match(old[1], '^(%d+)'))) + 1
+      end
+      redis.call('XDEL', journal, unpack(doomed))
+      entries = math.max(entries - #doomed, 1)
+    end
+    updates['journal_first_seq'] = first_seq
+  end
+  if recreated and state ~= 'closed' then
+    redis.call('PEXPIRE', journal, ttl_ms + math.floor(ttl_ms / 2))
+  end
+end
+if bytes ~= (tonumber(m[5]) or 0) then
+  updates['journal_bytes'] = bytes
+end
+
+if ARGV[8] ~= '' and state ~= 'closed' then
   redis.call('SET', checkpoint, ARGV[8])
-  redis.call('HINCRBY', meta, 'checkpoints', 1)
+  updates['checkpoints'] = (tonumber(m[8]) or 0) + 1
+end
+local fields = {}
+for field, value in pairs(updates) do
+  fields[#fields + 1] = field
+  fields[#fields + 1] = value
+end
+if #fields > 0 then
+  redis.call('HSET', meta, unpack(fields))
 end
 return seqs

@@ -45,6 +45,8 @@ end
 if redis.call('HGET', meta, 'journal_overflow') == '1' then
   return {'resync', 'journal_overflow'}
 end
+-- the oldest entry's id is the first seq it holds (one entry per publisher round), so the
+-- first seq still replayable is exact whether that entry is whole or partly acknowledged
 local first = tonumber(redis.call('HGET', meta, 'journal_first_seq'))
 local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
 if oldest then

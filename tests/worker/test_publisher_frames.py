@@ -1,0 +1,89 @@
+"""The publisher's live messages: a session's events of one round in one message, each
+with its response's id in its header, and an openai-surface session's JSON without seq;
+the openai surface's audio delta built GA's way directly (surface.py)."""
+
+import asyncio
+
+import orjson
+
+from services.worker.publisher import RedisEventPublisher
+from services.worker.session import surface
+from shared.protocol.duplex import (
+    DuplexOutputAudioDelta,
+    DuplexResponseDone,
+    RateLimitsUpdated,
+)
+from shared.redis.connection import connect
+from shared.redis.keys import KeySchema
+from shared.redis.live_message import split
+from shared.redis.store import SessionStore
+
+KEYS = KeySchema()
+SCOPE = {"response_id": "resp_1", "item_id": "item_1", "output_index": 0, "content_index": 0}
+
+
+def delta(n: int) -> DuplexOutputAudioDelta:
+    return DuplexOutputAudioDelta(**SCOPE, delta=f"AAA{n}", format="pcm16", metadata={"n": n})
+
+
+async def published_round(stamp_seq: bool) -> list:
+    """Three events emitted in one turn of the loop, published; the live messages."""
+    handle = connect(None)
+    store = SessionStore(handle.client, KEYS)
+    sid = "duplex-frames"
+    await store.open(sid, "w", "echo", "", "{}")
+    pubsub = handle.new_client().pubsub()
+    await pubsub.subscribe(KEYS.live(sid))
+    await pubsub.get_message(timeout=1)
+    publisher = RedisEventPublisher(store, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60)
+    publisher.set_owner(sid, 1, stamp_seq=stamp_seq)
+    publisher.start()
+    done = DuplexResponseDone(response={"id": "resp_1", "status": "cancelled"})  # no top-level id
+    for event in (delta(1), delta(2), done, RateLimitsUpdated(rate_limits=[])):
+        publisher.emit(sid, event)
+    await publisher.flush()
+    messages = []
+    async with asyncio.timeout(5):
+        while True:
+            message = await pubsub.get_message(timeout=0.2)
+            if message is None:
+                break
+            if message["type"] == "message":
+                messages.append(message["data"])
+    records = await store.journal_records(sid, 0)
+    await publisher.stop()
+    await pubsub.aclose()
+    await handle.close()
+    return [messages, records]
+
+
+async def test_a_round_of_one_session_is_one_message_with_response_ids_in_its_headers():
+    messages, journal = await published_round(stamp_seq=True)
+    [message] = messages
+    records = split(message)
+    assert [(r.seq, r.wire_type, r.response_id) for r in records] == [
+        (1, "response.output_audio.delta", "resp_1"),
+        (2, "response.output_audio.delta", "resp_1"),
+        (3, "response.done", "resp_1"),  # from its response object
+        (4, "rate_limits.updated", None),
+    ]
+    assert [orjson.loads(r.data)["server_event_seq"] for r in records] == [1, 2, 3, 4]
+    assert journal == records
+
+
+async def test_an_openai_surface_session_publishes_without_the_seq_in_its_json():
+    messages, journal = await published_round(stamp_seq=False)
+    records = [record for message in messages for record in split(message)]
+    assert [r.seq for r in records] == [1, 2, 3, 4]
+    assert all("server_event_seq" not in orjson.loads(r.data) for r in records)
+    assert journal == records
+
+
+def test_the_ga_audio_delta_is_what_the_projection_made_of_the_duplex_one():
+    ga = surface.ga_audio_delta(SCOPE, "AAA1")
+    projected = surface.project(delta(1), session=None)  # type: ignore[arg-type]
+    assert orjson.loads(ga.to_json()) == {
+        **orjson.loads(projected.to_json()),
+        "event_id": ga.event_id,
+    }
+    assert surface.project(ga, session=None) is ga  # already GA's: passed as it is
