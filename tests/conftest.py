@@ -50,7 +50,8 @@ async def redis_client(request):
         handle = connect(request.getfixturevalue("redis_cluster").url)
         client = handle.client
         await client.flushdb(target_nodes="primaries")
-        client.pubsub_client = handle.pubsub_client  # tests subscribe through one node
+        # the cluster client itself: tests listen with tests/redis/sharded_listener.py
+        client.pubsub_client = handle.pubsub_client
     else:
         import fakeredis
 

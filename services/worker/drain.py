@@ -98,7 +98,6 @@ class Drain:
         self._last_activity = self._last_move_at = clock()
         self._rounds = 0
         self._activity = asyncio.Event()
-        self._notices: Any = None  # the connection notices are published on
 
     # ------------------------------------------------------------ the inbox's side
 
@@ -151,10 +150,7 @@ class Drain:
             len(worker.manager.session_ids()),
             worker.settings.drain_timeout_s,
         )
-        try:
-            await self._drain(deadline)
-        finally:
-            await self.close()
+        await self._drain(deadline)
         log.info(
             "worker %s drained in %.2f s: %d sessions moved, %d closed, %d inbox entries forwarded",
             worker.worker_id,
@@ -337,17 +333,9 @@ class Drain:
         return await self._target(self.worker.manager.plugin.plugin_id, "", exclude)
 
     async def _notify(self, sid: str, notice: ControlNotice) -> None:
-        """PUBLISH the notice on the session's live channel (a cluster client has none:
-        one node's connection does it, and classic PUBLISH reaches every node)."""
-        if self._notices is None:
-            self._notices = self.worker.redis.pubsub_client()
-        await self._notices.publish(self.worker.keys.live(sid), notice.to_bytes())
-
-    async def close(self) -> None:
-        notices, self._notices = self._notices, None
-        if notices is not None and notices is not self.worker.redis.client:
-            with contextlib.suppress(Exception):
-                await notices.aclose()
+        """The notice on the session's live channel (SPUBLISH on a cluster: to the shard
+        that owns the channel, where its API pods listen)."""
+        await self.worker.redis.publish(self.worker.keys.live(sid), notice.to_bytes())
 
     def _forget(self, sid: str) -> None:
         forget = getattr(self.worker.publisher, "forget_session", None)

@@ -3,6 +3,11 @@
 URLs: `redis://host:port/db` (one Redis), `redis+cluster://host:port` (a Redis
 Cluster, any node as the seed), or unset (embedded fakeredis with Lua, for
 `duplex serve` only).
+
+Live channels on a cluster are shard channels: SPUBLISH goes to the master that owns the
+channel's slot and stays there (classic PUBLISH is copied to every node over the cluster
+bus), and the API pod listens with SSUBSCRIBE on that master
+(`shared/redis/sharded_pubsub.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class RedisHandle:
         self.client = client
         self.description = description
         self.server = server  # the FakeServer, for embedded mode
-        self.seed_url = seed_url  # a cluster node, for pub/sub
+        self.seed_url = seed_url  # the cluster node it was given (for operators)
         self.cluster = isinstance(client, RedisCluster)
 
     def new_client(self) -> Any:
@@ -37,14 +42,31 @@ class RedisHandle:
         return self.client
 
     def pubsub_client(self) -> Any:
-        """A client whose pubsub() works. On a cluster, classic PUBLISH reaches every
-        node, so one node's connection hears every channel."""
+        """The client a `LiveHub` listens through: another connection to one Redis, or on
+        a cluster the cluster client itself (the hub subscribes per shard from its nodes)."""
         if self.cluster:
-            return redis_async.Redis.from_url(self.seed_url)
+            return self.client
         return self.new_client()
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        """A message on a live channel (see `publish_live`)."""
+        return await publish_live(self.client, channel, data)
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+async def publish_live(client: Any, channel: str, data: bytes) -> int:
+    """PUBLISH on one Redis; on a cluster SPUBLISH, which the cluster client sends to the
+    owner of the channel's slot (it parses the channel as the key), so the message reaches
+    that shard's subscribers and no other node."""
+    if isinstance(client, RedisCluster):
+        return int(await client.execute_command("SPUBLISH", channel, data))
+    return int(await client.publish(channel, data))
 
 
 def redact(url: str) -> str:

@@ -21,6 +21,11 @@ RUNS = {
     "memory": (["--sessions", "20", "--full", "1"], "benchmarks.md", []),
     "redis_path": (["--opens", "3", "--events", "20"], "benchmarks.md", []),
     "cli_start": (["--runs", "1"], "operations.md", []),
+    "cluster_bus": (
+        ["--events", "50", "--sessions", "8", "--idle-seconds", "0.5", "--section", "cluster_bus"],
+        "benchmarks.md",
+        [],
+    ),
 }
 
 
@@ -51,6 +56,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "lifecycle",
         "memory",
         "redis_path",
+        "cluster_bus",
         "faults",
         "profile",
         "chaos",
