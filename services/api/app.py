@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from services.api.chat import openai_error
 from services.api.pod import ApiPod
-from services.api.realtime import bearer
+from services.api.realtime import REALTIME_PATHS, RealtimeEndpoint, bearer, realtime_route
 from services.api.security import SecurityHeaders
 from shared.redis.connection import RedisHandle, connect
 from shared.settings import ApiSettings
@@ -27,7 +28,28 @@ log = logging.getLogger(__name__)
 CONSOLE_DIR = Path(__file__).with_name("console")
 
 
-def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastAPI:
+class DuplexApp(FastAPI):
+    """FastAPI, with the Realtime WebSockets served at its door.
+
+    A socket's ASGI call lasts as long as the socket, and so does every coroutine frame
+    on the way to its handler. Through FastAPI's middleware stack, router and route that
+    was about 10 KiB per idle session (three AsyncExitStacks alone, each an empty 760-byte
+    deque, were 2.3 KiB; docs/benchmarks.md, memory). None of it applies to these sockets:
+    the error and security middleware pass WebSockets through untouched, the routes have
+    no dependencies, and the endpoint handles its own failures. The routes stay
+    registered, so the app lists them (and serves them should this door be bypassed)."""
+
+    realtime_endpoint: RealtimeEndpoint | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.realtime_endpoint
+        if endpoint is not None and (force_duplex := realtime_route(scope)) is not None:
+            await endpoint(WebSocket(scope, receive, send), force_duplex=force_duplex)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> DuplexApp:
     handle = redis or connect(settings.redis_url)
     pod = ApiPod(settings, handle)
     authorized, pod_metrics, realtime, chat_completions = (
@@ -54,22 +76,25 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> FastA
 
     # No /openapi.json: the routes are OpenAI's (docs/wire-api.md), and a public schema
     # only maps the surface for a scanner; /docs and /redoc were never served.
-    app = FastAPI(
+    app = DuplexApp(
         title="duplex-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.pod = pod
+    app.realtime_endpoint = realtime
     app.add_middleware(SecurityHeaders)
 
     def http_key(request: Request) -> str | None:
         return bearer(request.headers.get("authorization")) or request.query_params.get("api_key")
 
-    @app.websocket("/v1/realtime")
-    async def realtime_route(websocket: WebSocket) -> None:
-        await realtime(websocket, force_duplex=False)
+    def realtime_handler(force_duplex: bool) -> Callable[[WebSocket], Awaitable[None]]:
+        async def route(websocket: WebSocket) -> None:
+            await realtime(websocket, force_duplex=force_duplex)
 
-    @app.websocket("/v1/duplex")
-    async def duplex_route(websocket: WebSocket) -> None:
-        await realtime(websocket, force_duplex=True)
+        return route
+
+    # listed among the app's routes; DuplexApp serves these paths before the router
+    for path, force_duplex in REALTIME_PATHS.items():
+        app.add_api_websocket_route(path, realtime_handler(force_duplex))
 
     # the browser console (docs/console.md): static files, no build step; public like
     # /health (everything it does goes through /v1, which checks API keys)

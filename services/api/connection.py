@@ -11,8 +11,9 @@ closes the socket after a closure notice; `ws-live:<session>` is the delivery pu
 
 On the openai surface (plain /v1/realtime) the worker already emits OpenAI GA's events
 (services/worker/session/surface.py); here the client's duplex-only events are refused
-(`unknown_event`), the journal's `server_event_seq` is cut off each event sent, and a
-closure notice closes the socket without being sent (GA has no such event).
+(`unknown_event`), and a closure notice closes the socket without being sent (GA has no
+such event). The events need no rewriting here: the worker publishes an openai-surface
+session's JSON without `server_event_seq` (its seq travels in the live header only).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from typing import Any
 
@@ -32,7 +32,7 @@ from services.api.attachment import AttachFailed, Attachment, AttachmentStateErr
 from services.api.delivery import Delivery, SessionView
 from services.api.inbox_writer import InboxFull
 from services.api.metrics import ApiMetrics
-from services.api.output_queue import CLOSURE_TYPES
+from services.api.output_queue import CLOSURE_TYPES, OutItem
 from shared.protocol.duplex import (
     CLIENT_COMMAND_TIERS,
     SURFACE_DUPLEX,
@@ -57,15 +57,6 @@ log = logging.getLogger(__name__)
 PARSE_INLINE_MAX_CHARS = 256 * 1024
 #: what ends the socket on the openai surface, unsent: the closures and a lost journal
 OPENAI_ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
-#: event_publish.lua appends the seq as the last key of the event's JSON object
-_SEQ_SUFFIX = re.compile(rb',"server_event_seq":\d+\}\Z')
-
-
-def without_seq(data: bytes) -> bytes:
-    """An event's JSON without the journal's `server_event_seq` (the openai surface's
-    clients validate events against GA's types). Only the tail is searched."""
-    found = _SEQ_SUFFIX.search(data, max(0, len(data) - 48))
-    return data if found is None else data[: found.start()] + b"}"
 
 
 def duplex_only(command: Any) -> bool:
@@ -101,6 +92,9 @@ class RealtimeConnection:
         self.ws = websocket
         self.attachment = attachment
         self.delivery = delivery
+        # an append is not awaited (services/api/command_sender.py): its failure is queued
+        # for the client with the append's event_id, as the reader's own errors are
+        attachment.commands.report = delivery.send
         self.view = view
         self.metrics = metrics
         self.model = model
@@ -360,24 +354,26 @@ class RealtimeConnection:
 
     async def _writer(self) -> None:
         try:
-            while True:
-                item = await self.delivery.get()
-                if self.openai and item.wire_type in OPENAI_ENDINGS:
-                    await self.ws.close(1000, item.wire_type)  # GA has no such event
-                    return
-                data = without_seq(item.data) if self.openai else item.data
-                await self.ws.send_text(data.decode())
-                if item.wire_type == "session.created":
-                    self.attachment.created_delivered()
-                if item.wire_type in CLOSURE_TYPES:
-                    reason = (
-                        "session_replaced"
-                        if item.wire_type == "session.replaced"
-                        else item.wire_type
-                    )
-                    await self.ws.close(1000, reason)
-                    return
+            # the item lives in `_send`'s frame only: nothing holds the last one sent while
+            # the writer waits (an idle socket kept its session.created, whose JSON orjson
+            # leaves in a 16 KiB buffer: most of an idle session's memory)
+            while await self._send(await self.delivery.get()):
+                pass
         except AttachmentStateError:
             raise  # a bug, not a gone socket: run() logs it
         except Exception:
             return  # the socket is gone: the reader sees the disconnect
+
+    async def _send(self, item: OutItem) -> bool:
+        """One queued item to the client; False once the socket is closed after it."""
+        if self.openai and item.wire_type in OPENAI_ENDINGS:
+            await self.ws.close(1000, item.wire_type)  # GA has no such event
+            return False
+        await self.ws.send_text(item.data.decode())
+        if item.wire_type == "session.created":
+            self.attachment.created_delivered()
+        if item.wire_type in CLOSURE_TYPES:
+            reason = "session_replaced" if item.wire_type == "session.replaced" else item.wire_type
+            await self.ws.close(1000, reason)
+            return False
+        return True

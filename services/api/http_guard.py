@@ -15,10 +15,15 @@
    served. A pod full of sessions (or of sockets waiting out the head deadline) must
    not fail its liveness probe and be restarted, which would drop every session on it.
 
+It also upgrades WebSockets to `LeanWebSocketProtocol` (services/api/ws_protocol.py)
+when uvicorn is configured with its sans-I/O websockets protocol: the same protocol,
+without the handshake's headers and idle queues held for the socket's whole life.
+
 Written against uvicorn 0.55's `protocols/http/h11_impl.py`: it relies on
 `connection_made`, `data_received`, `on_response_complete`, `connection_lost`,
-`handle_websocket_upgrade`, `self.conn` (the h11.Connection), `self.connections`
-and `self.tasks`. tests/e2e/test_hostile_http.py checks the behaviour end to end.
+`handle_websocket_upgrade`, `self.conn` (the h11.Connection), `self.connections`,
+`self.tasks` and `self.ws_protocol_class`. tests/e2e/test_hostile_http.py checks the
+behaviour end to end.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ from typing import Any
 import h11
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
+
+from services.api.ws_protocol import LeanWebSocketProtocol
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,8 @@ class GuardedH11Protocol(H11Protocol):
         header_timeout_s: float,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        if self.ws_protocol_class is WebSocketsSansIOProtocol:
+            self.ws_protocol_class = LeanWebSocketProtocol  # less memory per idle socket
         self.header_timeout_s = header_timeout_s
         self._deadline: asyncio.TimerHandle | None = None
 

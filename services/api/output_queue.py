@@ -9,13 +9,17 @@
 - When an ordinary event does not fit, the queue is `overflowed`: later
   ordinary events are suppressed (the connection then closes the session).
 - An accepted cancel removes the still-queued audio deltas of that response.
+
+Most sockets sit idle with nothing queued, so an idle queue holds no deque and no waiter
+list (services/api/waitables.py): the deque exists while items are queued.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
+
+from services.api.waitables import Flag
 
 PRIORITY_TYPES = frozenset(
     {"error", "response.done", "rate_limits.updated", "session.resync_required"}
@@ -24,7 +28,7 @@ CLOSURE_TYPES = frozenset({"session.closed", "session.expired", "session.replace
 AUDIO_DELTA = "response.output_audio.delta"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class OutItem:
     data: bytes
     wire_type: str
@@ -32,21 +36,36 @@ class OutItem:
 
 
 class OutputQueue:
+    __slots__ = (
+        "_closure",
+        "_empty",
+        "_items",
+        "_ready",
+        "bytes",
+        "max_bytes",
+        "max_events",
+        "overflowed",
+        "reserve_bytes",
+        "reserve_events",
+    )
+
     def __init__(
         self, max_bytes: int, max_events: int, reserve_bytes: int, reserve_events: int
     ) -> None:
         self.max_bytes, self.max_events = max_bytes, max_events
         self.reserve_bytes, self.reserve_events = reserve_bytes, reserve_events
-        self._items: collections.deque[OutItem] = collections.deque()
+        self._items: collections.deque[OutItem] | None = None  # None while nothing is queued
         self._closure: OutItem | None = None
         self.bytes = 0
         self.overflowed = False
-        self._ready = asyncio.Event()
-        self._empty = asyncio.Event()  # set while nothing is queued (`drained`)
-        self._empty.set()
+        self._ready = Flag()
+        self._empty = Flag(True)  # set while nothing is queued (`drained`)
 
     def __len__(self) -> int:
-        return len(self._items) + (self._closure is not None)
+        return self._count() + (self._closure is not None)
+
+    def _count(self) -> int:
+        return len(self._items) if self._items is not None else 0
 
     def put(self, item: OutItem) -> bool:
         """Queue an item; False when it was refused (overflow or suppressed)."""
@@ -64,13 +83,15 @@ class OutputQueue:
         extra_events = self.reserve_events if priority else 0
         if (
             self.bytes + size > self.max_bytes + extra_bytes
-            or len(self._items) + 1 > self.max_events + extra_events
+            or self._count() + 1 > self.max_events + extra_events
         ):
             if not priority:
                 self.overflowed = True
             return False
         if item.wire_type == "response.done" and b'"status":"cancelled"' in item.data:
             self.drop_audio(item.response_id)
+        if self._items is None:
+            self._items = collections.deque()
         self._items.append(item)
         self.bytes += size
         self._ready.set()
@@ -79,9 +100,9 @@ class OutputQueue:
 
     def drop_audio(self, response_id: str | None) -> int:
         """Remove queued audio deltas of a cancelled response; other events keep FIFO order."""
-        if response_id is None:
+        if response_id is None or self._items is None:
             return 0
-        kept = collections.deque()
+        kept: collections.deque[OutItem] = collections.deque()
         dropped = 0
         for item in self._items:
             if item.wire_type == AUDIO_DELTA and item.response_id == response_id:
@@ -89,14 +110,17 @@ class OutputQueue:
                 dropped += 1
             else:
                 kept.append(item)
-        self._items = kept
+        self._items = kept or None
+        self._note_if_empty()
         return dropped
 
     async def get(self) -> OutItem:
         """The next item; the closure notice comes after everything queued before it."""
         while True:
-            if self._items:
+            if self._items is not None:
                 item = self._items.popleft()
+                if not self._items:
+                    self._items = None  # freed: an idle queue holds no deque
                 self.bytes -= len(item.data)
                 self._note_if_empty()
                 return item
@@ -112,5 +136,5 @@ class OutputQueue:
         await self._empty.wait()
 
     def _note_if_empty(self) -> None:
-        if not self._items and self._closure is None:
+        if self._items is None and self._closure is None:
             self._empty.set()

@@ -9,6 +9,10 @@ After it: the query's `duplex`, `autostart` and `resume` flags, then the connect
 Two surfaces share the route: `/v1/realtime` without `?duplex=1` is OpenAI's Realtime GA
 API ("openai": GA's events, defaults and reasons, nothing of ours), `?duplex=1` and
 `/v1/duplex` are the duplex protocol (docs/wire-api.md, Connecting).
+
+The app (services/api/app.py, `DuplexApp`) hands those routes' sockets to the endpoint
+at its door (`realtime_route`), past FastAPI's middleware, router and per-request
+machinery.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import logging
 from collections.abc import Callable
 
 import orjson
+from starlette.datastructures import Headers, QueryParams
+from starlette.types import Scope
 from starlette.websockets import WebSocket
 
 from services.api.connection import RealtimeConnection
@@ -33,6 +39,9 @@ KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 #: builds the connection of an accepted socket (ApiPod.connection)
 ConnectionFactory = Callable[..., RealtimeConnection]
+#: the Realtime WebSocket routes, and whether each serves the duplex surface whatever
+#: the query says
+REALTIME_PATHS = {"/v1/realtime": False, "/v1/duplex": True}
 
 
 def bearer(header: str | None) -> str | None:
@@ -67,29 +76,43 @@ class RealtimeEndpoint:
         self.connection = connection
 
     async def __call__(self, websocket: WebSocket, force_duplex: bool) -> None:
+        connection = await self._admit(websocket, force_duplex)
+        if connection is None:
+            return
+        self.metrics.active_sessions.inc()
+        try:
+            await connection.run()
+        finally:
+            self.metrics.active_sessions.dec()
+
+    async def _admit(self, websocket: WebSocket, force_duplex: bool) -> RealtimeConnection | None:
+        """The door: the connection of an accepted socket, or None when it was refused
+        (and closed). Its own frame, so what it read of the request is let go once the
+        socket is admitted; the headers and query are read from the scope, not through
+        `websocket.headers`, which would keep parsed copies on the socket for its life.
+        Nothing reads a socket's request headers after this: they are dropped."""
+        headers = Headers(scope=websocket.scope)
+        query = QueryParams(websocket.scope["query_string"])
         subprotocols = [
-            p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p
+            p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p
         ]
-        key = bearer(websocket.headers.get("authorization")) or websocket.query_params.get(
-            "api_key"
-        )
+        key = bearer(headers.get("authorization")) or query.get("api_key")
         for protocol in subprotocols:
             if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
                 key = protocol[len(KEY_SUBPROTOCOL_PREFIX) :]
         # both refusals come before accept(): the client gets HTTP 403, no session exists
         if not self.authorized(key):
             await websocket.close(code=1008, reason="invalid or missing API key")
-            return
-        origin = websocket.headers.get("origin")
+            return None
+        origin = headers.get("origin")
         if not origin_allowed(
-            origin, websocket.headers.get("host"), self.allowed_origins, self.authorized.enabled
+            origin, headers.get("host"), self.allowed_origins, self.authorized.enabled
         ):
             log.info("WebSocket from Origin %r refused (DUPLEX_ALLOWED_ORIGINS)", origin[:200])
             await websocket.close(code=1008, reason="origin not allowed")
-            return
+            return None
         accept = next((p for p in subprotocols if p == "realtime"), None)
         await websocket.accept(subprotocol=accept)
-        query = websocket.query_params
         duplex = True if force_duplex else flag(query.get("duplex"), False)
         if duplex is None:
             body = {
@@ -103,7 +126,7 @@ class RealtimeEndpoint:
             }
             await websocket.send_text(orjson.dumps(body).decode())
             await websocket.close(1000)
-            return
+            return None
         autostart = flag(query.get("autostart"), True)
         resume = flag(query.get("resume"), False)
         connection = self.connection(
@@ -114,8 +137,18 @@ class RealtimeEndpoint:
             api_key=key,
         )
         connection.use_surface(SURFACE_DUPLEX if duplex else SURFACE_OPENAI)
-        self.metrics.active_sessions.inc()
-        try:
-            await connection.run()
-        finally:
-            self.metrics.active_sessions.dec()
+        # Read here only: the scope lives as long as the socket, and its copy of the request
+        # headers was about 0.9 KiB of every idle session (docs/benchmarks.md, memory).
+        websocket.scope["headers"] = []
+        return connection
+
+
+def realtime_route(scope: Scope) -> bool | None:
+    """For a WebSocket on one of `REALTIME_PATHS`: whether that route serves the duplex
+    surface whatever the query says. None for any other scope."""
+    if scope["type"] != "websocket":
+        return None
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):  # matched as the router does: below the root path
+        path = path[len(root) :]
+    return REALTIME_PATHS.get(path)
