@@ -80,7 +80,8 @@ async def test_an_openai_surface_session_publishes_without_the_seq_in_its_json()
 
 
 def test_the_ga_audio_delta_is_what_the_projection_made_of_the_duplex_one():
-    ga = surface.ga_audio_delta(SCOPE, "AAA1")
+    # what response.audio_events builds on the openai surface (ga=True)
+    ga = DuplexOutputAudioDelta(**SCOPE, delta="AAA1")
     projected = surface.project(delta(1), session=None)  # type: ignore[arg-type]
     assert orjson.loads(ga.to_json()) == {
         **orjson.loads(projected.to_json()),
