@@ -1,6 +1,8 @@
 """The janitor's jobs (services/api/janitor.py), built from the parts it uses (no pod): an
 expired lease is journaled and closed through the WorkerClient, a dead API pod's sessions
-enter disconnect grace, a dead worker's sessions end with worker_lost."""
+enter disconnect grace, a dead worker's sessions end with worker_lost, its events following
+the session's surface (an openai-surface session's error goes out without
+`server_event_seq`)."""
 
 import time
 
@@ -15,9 +17,10 @@ from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.redis.connection import RedisHandle
+from shared.redis.live_message import openai_surface
 from shared.redis.placement import WorkerDirectory
-from shared.redis.store import SessionStore
-from tests.api.parts import KEYS, active_session, inbox
+from shared.redis.store import PublishItem, SessionStore
+from tests.api.parts import JOURNAL, KEYS, active_session, inbox
 
 
 @pytest.fixture
@@ -80,3 +83,24 @@ async def test_a_dead_workers_sessions_end_with_worker_lost(janitor):
     assert (await janitor.store.meta("duplex-w"))["state"] == "closed"
     assert await janitor.client.exists(KEYS.worker("w9"), KEYS.worker_sessions("w9")) == 0
     assert await janitor.client.zscore(KEYS.workers(), "w9") is None
+
+
+def test_the_surface_is_read_from_the_config_in_the_hash():
+    assert openai_surface({"config": '{"model":"echo","duplex_surface":"openai"}'})
+    assert not openai_surface({"config": '{"model":"echo"}'})
+    assert not openai_surface({"config": "not json"}) and not openai_surface({})
+
+
+@pytest.mark.parametrize(
+    "config, seq_in_json", [("{}", True), ('{"duplex_surface":"openai"}', False)]
+)
+async def test_a_lost_sessions_error_follows_its_surface(janitor, config, seq_in_json):
+    sid = "duplex-lost"
+    await janitor.store.open(sid, "w-dead", "echo", "", config)
+    created = PublishItem(b'{"type":"session.created"}', "session.created", False, b"{}")
+    await janitor.store.publish(sid, [created], **JOURNAL)
+    assert await janitor._close_lost("w-dead", sid, await janitor.store.meta(sid))
+    records = await janitor.store.journal_records(sid, 0)
+    assert [r.wire_type for r in records] == ["error", "session.closed"]
+    assert [r.seq for r in records] == [1, 2]
+    assert [("server_event_seq" in orjson.loads(r.data)) for r in records] == [seq_in_json] * 2
