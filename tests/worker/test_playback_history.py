@@ -1,5 +1,7 @@
 """Playback acks, truncation, and what enters history under both commit policies."""
 
+import math
+
 import pytest
 
 from harness.sessions import appends, make_harness, send_all, sine
@@ -90,6 +92,34 @@ async def test_conversation_item_truncate(harness_pair):
         {"type": "conversation.item.truncate", "item_id": "item_nope", "audio_end_ms": 1}
     )
     assert (await session.recv()).code == "item_not_found"
+
+
+async def test_truncate_accepts_the_length_rounded_up_to_a_whole_millisecond(harness_pair):
+    """audio_end_ms is whole ms; an item of 780.8 ms takes 781 (the Agents SDK's clamp)."""
+    session = await harness_pair.open()
+    await send_all(session, appends(sine(16000, 0.7808), 16000))
+    await session.send({"type": "input.commit"})
+    done = (await session.until("rate_limits.updated"))[-2]
+    item_id = done.response["output"][0]["id"]
+    await session.send({"type": "playback.ack", "played_ms": 0})
+    generated = (await session.until("playback.acknowledged"))[-1].event["playback"]
+    generated_ms = generated["generated_ms"]
+    assert generated_ms != int(generated_ms)  # the case: a fractional length
+    whole = math.ceil(generated_ms)
+    await session.send(
+        {"type": "conversation.item.truncate", "item_id": item_id, "audio_end_ms": whole + 1}
+    )
+    assert (await session.recv()).code == "bad_event"
+    await session.send(
+        {"type": "conversation.item.truncate", "item_id": item_id, "audio_end_ms": whole}
+    )
+    truncated = (await session.until("conversation.item.truncated"))[-1]
+    assert truncated.audio_end_ms == whole
+    # nothing was cut: history keeps the whole transcript
+    item = await retrieve(session, item_id)
+    assert (
+        item["content"][0]["transcript"] == done.response["output"][0]["content"][0]["transcript"]
+    )
 
 
 async def test_cancel_keeps_the_played_prefix():

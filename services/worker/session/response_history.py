@@ -18,6 +18,7 @@ on the session's runner task.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -85,12 +86,16 @@ class ResponseHistory:
             raise DuplexSessionError(
                 "bad_event", f"item {command.item_id!r} has no assistant audio"
             )
-        if command.audio_end_ms > response.playback.generated_ms + 1e-6:
+        generated_ms = response.playback.generated_ms
+        # audio_end_ms is whole milliseconds on the wire and the item's length is not: clients
+        # (the Agents SDK among them) clamp to the length rounded up, so that much still fits
+        if command.audio_end_ms > math.ceil(generated_ms - 1e-6):
             raise DuplexSessionError(
-                "bad_event", f"audio_end_ms is past the item's {response.playback.generated_ms} ms"
+                "bad_event", f"audio_end_ms is past the item's {generated_ms} ms"
             )
         # the client heard exactly this much: history keeps that prefix
-        response.playback.played_ms = response.playback.committed_ms = float(command.audio_end_ms)
+        heard_ms = min(float(command.audio_end_ms), generated_ms)
+        response.playback.played_ms = response.playback.committed_ms = heard_ms
         self.history_item(response, item_status(response))
         self.emit(
             DuplexConversationItemTruncated(
