@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--plugin", default=None, help="model plugin (default echo)")
     serve.add_argument("--max-sessions", type=int, default=None)
     serve.add_argument("--llm-model", default=None, help="assistant: a local model dir for vLLM")
+    _model_arguments(serve)
     api = commands.add_parser("api", help="a stateless API pod (needs DUPLEX_REDIS_URL)")
     api.add_argument("--host", default=None)
     api.add_argument("--port", type=int, default=None)
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--worker-id", default=None)
     worker.add_argument("--max-sessions", type=int, default=None)
     worker.add_argument("--llm-model", default=None, help="assistant: a local model dir for vLLM")
+    _model_arguments(worker)
     sessions = commands.add_parser(
         "sessions", help="inspect live sessions over Redis (DUPLEX_REDIS_URL)"
     )
@@ -62,6 +64,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plugin_option(text: str) -> tuple[str, str]:
+    """One `--plugin-option KEY=VALUE` (argparse refuses a malformed one, clearly)."""
+    from shared.settings import parse_plugin_options
+
+    try:
+        ((key, value),) = parse_plugin_options([text]).items()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return key, value
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="a local checkpoint directory for the plugin (moshi); env DUPLEX_MODEL_DIR",
+    )
+    parser.add_argument(
+        "--plugin-option",
+        action="append",
+        type=_plugin_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option for the plugin (repeatable; moshi: preset, device, voice_prompt_dir, "
+        "...); env DUPLEX_PLUGIN_OPTIONS=k=v,k2=v2",
+    )
+
+
+def _worker_settings(args: argparse.Namespace, **more: Any):
+    from shared.settings import WorkerSettings
+
+    return WorkerSettings.from_env(
+        plugin=args.plugin,
+        max_sessions=args.max_sessions,
+        llm_model=args.llm_model,
+        model_dir=args.model_dir,
+        extra_plugin_options=dict(args.plugin_option),
+        **more,
+    )
+
+
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run a process's main coroutine on uvloop when it is installed (it is a dependency on
     Linux and macOS): bench/latency measured the event loop's own bookkeeping and socket
@@ -84,29 +127,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("sessions", "workers"):
         return _admin(args)  # before importing the servers: admin commands read Redis only
     from services import serve
-    from shared.settings import ApiSettings, WorkerSettings
+    from shared.settings import ApiSettings, PluginOptionsError
 
     try:
         if args.command == "serve":
             api = ApiSettings.from_env(host=args.host, port=args.port)
-            worker = WorkerSettings.from_env(
-                plugin=args.plugin, max_sessions=args.max_sessions, llm_model=args.llm_model
-            )
-            run_event_loop(serve.run_serve(api, worker))
+            run_event_loop(serve.run_serve(api, _worker_settings(args)))
         elif args.command == "api":
             run_event_loop(
                 serve.run_api(ApiSettings.from_env(host=args.host or "0.0.0.0", port=args.port))
             )
         elif args.command == "worker":
-            settings = WorkerSettings.from_env(
-                plugin=args.plugin,
-                worker_id=args.worker_id,
-                max_sessions=args.max_sessions,
-                llm_model=args.llm_model,
-            )
-            run_event_loop(serve.run_worker(settings))
+            run_event_loop(serve.run_worker(_worker_settings(args, worker_id=args.worker_id)))
     except KeyboardInterrupt:
         pass
+    except PluginOptionsError as exc:
+        print(f"duplex {args.command}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

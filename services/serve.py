@@ -17,7 +17,6 @@ import uvicorn
 
 from services.api.app import create_app
 from services.api.http_guard import GuardedH11Protocol
-from services.worker.metrics import WorkerMetrics
 from services.worker.process import WorkerProcess
 from shared.loop_lag import LoopLagMonitor
 from shared.redis.connection import RedisHandle, connect
@@ -80,7 +79,7 @@ async def _until_signal() -> None:
 
 def _worker_loop_lag(worker: WorkerProcess, warn_after_s: float | None) -> LoopLagMonitor:
     """The worker's loop-lag monitor, its metric on the worker's GET /metrics."""
-    metrics = WorkerMetrics()
+    metrics = worker.metrics
     if worker.health is not None:
         worker.health.registry = metrics.registry
     return LoopLagMonitor(f"worker {worker.worker_id}", metrics.loop_lag, warn_after_s)

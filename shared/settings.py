@@ -10,7 +10,7 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 ENV_PREFIX = "DUPLEX_"
 #: how long a closed session's keys stay readable (a late resume gets session_resume_expired)
@@ -130,6 +130,10 @@ class WorkerSettings(RedisSettings):
     #: SIGTERM: how long a response in flight may run on before it is cancelled and its
     #: session moves to another worker (the chart derives terminationGracePeriodSeconds)
     drain_timeout_s: float = 20.0
+    #: a local checkpoint directory for plugins that load one (moshi): their `model_dir`
+    model_dir: str | None = None
+    #: more plugin options, KEY -> VALUE (`--plugin-option`, DUPLEX_PLUGIN_OPTIONS)
+    extra_plugin_options: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the session policy (its max_sessions is this worker's `max_sessions`)
     session: SessionPolicy = dataclasses.field(default_factory=SessionPolicy)
 
@@ -142,6 +146,9 @@ class WorkerSettings(RedisSettings):
         options = {"asr": self.assistant_asr}
         if self.llm_model:
             options["llm_model"] = self.llm_model
+        if self.model_dir:
+            options["model_dir"] = self.model_dir
+        options.update(self.extra_plugin_options)
         return options
 
     @classmethod
@@ -161,9 +168,36 @@ class WorkerSettings(RedisSettings):
             values["assistant_asr"] = asr
         if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
             values["drain_timeout_s"] = float(drain)
+        if model_dir := _env("MODEL_DIR", env=env):
+            values["model_dir"] = model_dir
+        options = parse_plugin_options(
+            (_env("PLUGIN_OPTIONS", env=env) or "").split(","), "DUPLEX_PLUGIN_OPTIONS"
+        )
+        # the command line's options (`--plugin-option`) are added over the environment's
+        options.update(overrides.pop("extra_plugin_options", None) or {})
+        values["extra_plugin_options"] = options
         values["session"] = SessionPolicy.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+class PluginOptionsError(ValueError):
+    """A plugin option that is not KEY=VALUE (the command line or DUPLEX_PLUGIN_OPTIONS)."""
+
+
+def parse_plugin_options(pairs: Iterable[str], source: str = "--plugin-option") -> dict[str, str]:
+    """KEY=VALUE strings -> {KEY: VALUE} (blank entries skipped; a later KEY wins). Raises
+    `PluginOptionsError` naming `source` for an entry without `=` or with an empty KEY."""
+    options: dict[str, str] = {}
+    for pair in pairs:
+        if not pair.strip():
+            continue
+        key, equals, value = pair.partition("=")
+        key = key.strip()
+        if not equals or not key:
+            raise PluginOptionsError(f"{source}: {pair.strip()!r} is not KEY=VALUE")
+        options[key] = value.strip()
+    return options
 
 
 @dataclasses.dataclass(repr=False)

@@ -88,3 +88,22 @@ def test_admin_usage_errors_and_an_unreachable_redis_are_clear(redis_server):
     assert unreachable.returncode == EXIT_NOT_AVAILABLE
     assert unreachable.stderr.startswith(f"cannot reach Redis ({closed_port})")
     assert "Traceback" not in unreachable.stderr
+
+
+def test_model_dir_and_plugin_options_on_worker_and_serve():
+    from services.cli import build_parser
+
+    for command in ("worker", "serve"):
+        options = ["--plugin-option", "preset=personaplex", "--plugin-option", "device=cuda:1"]
+        args = build_parser().parse_args([command, "--model-dir", "/m", *options])
+        assert args.model_dir == "/m"
+        assert dict(args.plugin_option) == {"preset": "personaplex", "device": "cuda:1"}
+
+
+def test_a_malformed_plugin_option_is_refused_clearly():
+    result = run("worker", "--plugin", "echo", "--plugin-option", "preset")
+    assert result.returncode == 2
+    assert "--plugin-option: 'preset' is not KEY=VALUE" in result.stderr
+    result = run("worker", "--plugin", "echo", env={"DUPLEX_PLUGIN_OPTIONS": "=x"})
+    assert result.returncode == 2
+    assert "DUPLEX_PLUGIN_OPTIONS: '=x' is not KEY=VALUE" in result.stderr

@@ -95,3 +95,22 @@ def test_one_session_policy_for_both_process_kinds():
     assert ApiSettings.from_env({}).session == SessionPolicy()
     with pytest.raises(ValueError, match="disconnect_grace_s"):
         ApiSettings.from_env({"DUPLEX_DISCONNECT_GRACE_S": "0"})
+
+
+def test_model_dir_and_plugin_options_reach_the_plugin():
+    env = {
+        "DUPLEX_MODEL_DIR": "/models/moshiko",
+        "DUPLEX_PLUGIN_OPTIONS": "preset=moshi, device=cpu,",
+    }
+    settings = WorkerSettings.from_env(env, extra_plugin_options={"device": "cuda", "x": "a=b"})
+    options = settings.plugin_options()
+    assert options["model_dir"] == "/models/moshiko"
+    # the command line's options go over the environment's; a value may hold "="
+    assert (options["preset"], options["device"], options["x"]) == ("moshi", "cuda", "a=b")
+    assert "model_dir" not in WorkerSettings.from_env({}).plugin_options()
+
+
+@pytest.mark.parametrize("bad", ["preset", "=cpu", "preset=moshi,oops"])
+def test_a_malformed_plugin_option_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match=r"DUPLEX_PLUGIN_OPTIONS: .* is not KEY=VALUE"):
+        WorkerSettings.from_env({"DUPLEX_PLUGIN_OPTIONS": bad})

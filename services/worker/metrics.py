@@ -1,14 +1,61 @@
 """Prometheus metrics of one worker process (`GET /metrics` on its health port).
 
 A worker's work is measured where it is published (Redis, the API pods' metrics);
-this registry holds what only the process itself can see: its event loop's lag.
+this registry holds what only the process itself can see: its event loop's lag, and the
+clock of a frame-clocked model's tick-batched stage (`stages/tick_batched.py`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from shared.loop_lag import lag_histogram
+
+#: a tick's step time: a Mimi frame is 80 ms, so the interesting range is 1 ms - 0.5 s
+TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.25, 0.5)
+#: input buffered ahead of the clock: about one frame is healthy, seconds is a client ahead
+LAG_BUCKETS = (0.0, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+
+class TickMetrics:
+    """The tick-batched stage's clock, labelled with the model (`model`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.duration = Histogram(
+            "duplex_tick_duration_seconds",
+            "Time of one batched model step (all slots, one frame)",
+            ["model"],
+            buckets=TICK_BUCKETS,
+            registry=registry,
+        )
+        self.deadline_misses = Counter(
+            "duplex_tick_deadline_misses_total",
+            "Ticks whose step ended after the next frame was due (the grid resyncs)",
+            ["model"],
+            registry=registry,
+        )
+        self.silence_frames = Counter(
+            "duplex_tick_silence_frames_total",
+            "Frames stepped on silence because a session's input had not arrived",
+            ["model"],
+            registry=registry,
+        )
+        self.input_lag = Histogram(
+            "duplex_tick_input_lag_seconds",
+            "Input buffered ahead of the clock, per session per tick",
+            ["model"],
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+        self.slots = Gauge(
+            "duplex_tick_slots", "Slots of the model's batch", ["model"], registry=registry
+        )
+        self.slots_active = Gauge(
+            "duplex_tick_slots_active",
+            "Slots held by a session (stepped as active)",
+            ["model"],
+            registry=registry,
+        )
 
 
 class WorkerMetrics:
@@ -16,6 +63,8 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         #: duplex_event_loop_lag_seconds, the same metric as the API pod's
         self.loop_lag = lag_histogram(self.registry)
+        #: duplex_tick_*: only a frame-clocked plugin's worker has samples of these
+        self.tick = TickMetrics(self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

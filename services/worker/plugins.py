@@ -1,17 +1,23 @@
-"""Model plugins by name (`duplex worker --plugin NAME`)."""
+"""Model plugins by name (`duplex worker --plugin NAME`), and the stage of a frame-clocked
+one (`build_frame_stage`)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from shared.contracts import DuplexModelPlugin
+from services.worker.metrics import TickMetrics
+from services.worker.stages.tick_batched import TickBatchedStagePort
+from shared.contracts import DuplexModelPlugin, FrameClockedPlugin
 
 #: name -> "module:Class". A full "module:Class" also works as a name.
 KNOWN_PLUGINS = {
     "echo": "plugins.echo:EchoPlugin",
     "assistant": "plugins.assistant:AssistantPlugin",
+    # Moshi and PersonaPlex (frame-clocked); needs torch and `moshi`: the .venv-moshi venv
+    "moshi": "plugins.moshi:MoshiPlugin",
 }
 
 
@@ -33,3 +39,14 @@ def load_plugin(
 
         built["text_stage"] = VllmStagePort.for_model(model, max_num_seqs=max_sessions)
     return plugin_class.from_options(built)
+
+
+async def build_frame_stage(
+    plugin: FrameClockedPlugin, max_sessions: int, metrics: TickMetrics | None = None
+) -> TickBatchedStagePort:
+    """The worker's one tick-batched stage of a frame-clocked plugin. The model is built
+    (its weights loaded) on a thread of its own, so the event loop goes on meanwhile."""
+    model = await asyncio.to_thread(plugin.frame_model, max_sessions)
+    if model.slots < 1:
+        raise ValueError(f"{plugin.plugin_id}: its model has no slot ({model.slots})")
+    return TickBatchedStagePort.for_plugin(plugin, model, metrics)

@@ -25,10 +25,11 @@ from services.worker.drain import Drain
 from services.worker.health import HealthServer
 from services.worker.host import WorkerHost
 from services.worker.inbox_reader import InboxReader
-from services.worker.plugins import load_plugin
+from services.worker.metrics import WorkerMetrics
+from services.worker.plugins import build_frame_stage, load_plugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
-from shared.contracts import DuplexSessionError, SessionRuntimeConfig
+from shared.contracts import DuplexSessionError, FrameClockedPlugin, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
 from shared.redis.boundary import (
     ChatReply,
@@ -66,6 +67,8 @@ class WorkerProcess(WorkerHost):
             settings.plugin, settings.plugin_options(), max_sessions=settings.max_sessions
         )
         self.runtime = runtime or settings.session_policy()
+        #: GET /metrics on the health port (services/serve.py hands its registry over)
+        self.metrics = WorkerMetrics()
         self.publisher = RedisEventPublisher(
             self.store,
             max_bytes=self.runtime.resume_replay_max_bytes_per_session,
@@ -73,14 +76,10 @@ class WorkerProcess(WorkerHost):
             closed_ttl_s=settings.closed_ttl_s,
             sessions_key=self.keys.worker_sessions(settings.worker_id),
         )
-        self.manager = SessionManager(self.plugin, self.runtime, self.publisher)
-        self.registration = WorkerRegistration(
-            worker_id=settings.worker_id,
-            model=self.plugin.plugin_id,
-            max_sessions=self.runtime.max_sessions,
-            capabilities=self.manager.capabilities.to_realtime(),
-            version=VERSION,
-        )
+        # a frame-clocked model is loaded in `start` (off the loop), its manager with it
+        self.manager: SessionManager = None  # type: ignore[assignment]
+        if not isinstance(self.plugin, FrameClockedPlugin):
+            self._serve_with(SessionManager(self.plugin, self.runtime, self.publisher))
         self.inbox = self.keys.inbox(settings.worker_id)
         self.order = CommandOrder()  # which commands apply when (redelivery, moves)
         self._order_lock = asyncio.Lock()  # released commands reach the manager in order
@@ -106,9 +105,29 @@ class WorkerProcess(WorkerHost):
     def worker_id(self) -> str:
         return self.settings.worker_id
 
+    def _serve_with(self, manager: SessionManager) -> None:
+        self.manager = manager
+        self.registration = WorkerRegistration(
+            worker_id=self.settings.worker_id,
+            model=self.plugin.plugin_id,
+            max_sessions=self.runtime.max_sessions,
+            capabilities=manager.capabilities.to_realtime(),
+            version=VERSION,
+        )
+
+    async def _load_frame_model(self, plugin: FrameClockedPlugin) -> None:
+        """The one tick-batched stage of a frame-clocked model; admission by its slots: the
+        worker takes at most min(max_sessions, the model's slots) sessions."""
+        port = await build_frame_stage(plugin, self.runtime.max_sessions, self.metrics.tick)
+        slots = min(self.runtime.max_sessions, port.model.slots)
+        self.runtime = dataclasses.replace(self.runtime, max_sessions=slots)
+        self._serve_with(SessionManager(plugin, self.runtime, self.publisher, port=port))
+
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        if self.manager is None and isinstance(self.plugin, FrameClockedPlugin):
+            await self._load_frame_model(self.plugin)
         client = self.redis.client
         await self.store.scripts.ensure_loaded(client)
         with contextlib.suppress(redis_errors.ResponseError):  # BUSYGROUP: it exists
@@ -162,7 +181,8 @@ class WorkerProcess(WorkerHost):
             await self.health.stop()
         with contextlib.suppress(Exception):
             await self.reader.ack_pending(check_empty=True)
-        await self.manager.shutdown("shutdown")
+        if self.manager is not None:  # None: a frame-clocked model that never loaded
+            await self.manager.shutdown("shutdown")
         await self.publisher.stop()
         with contextlib.suppress(Exception):
             await ownership.leave(self)

@@ -7,6 +7,7 @@ from shared.contracts.config import (
     SessionRuntimeConfig,
     TurnDetection,
 )
+from shared.contracts.frame_model import FrameClockedPlugin, FrameModel, FrameOutput
 from shared.contracts.host import DuplexSessionError, OpenResult, SessionEventSink, SessionHost
 from shared.contracts.plugin import (
     CommittedTurn,
@@ -37,6 +38,9 @@ __all__ = [
     "DuplexRuntimeConfigError",
     "DuplexSessionConfig",
     "DuplexSessionError",
+    "FrameClockedPlugin",
+    "FrameModel",
+    "FrameOutput",
     "FunctionCall",
     "OpenResult",
     "OutputSink",

@@ -1,0 +1,171 @@
+"""A deterministic frame-clocked model for tests, without torch: `EchoFrameModel` and its
+plugin `EchoFramePlugin` (`duplex worker --plugin harness.frame_models:EchoFramePlugin`),
+and `ManualClock`, a clock the tests move themselves.
+
+The model speaks back each slot's input `delay_frames` frames later: a frame whose
+delayed input has energy (RMS over `SPEECH_RMS`) is a speaking frame carrying that input
+as its audio and "." as its text; any other frame is quiet (zeros, no text). A slot's
+output depends on its own input only, so the model is batch-invariant by construction;
+`steps[slot]` counts the steps a slot was active in, so a test can check that inactive
+slots do not advance, and `batches` records how many slots each step served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from services.worker.stages.tick_clock import TickClock
+from shared.contracts import FrameClockedPlugin, FrameModel, FrameOutput
+
+#: RMS above which a frame is speech
+SPEECH_RMS = 0.01
+RATE = 24_000
+FRAME_SAMPLES = 1920  # 80 ms at 24 kHz, Mimi's frame
+
+
+class EchoFrameModel(FrameModel):
+    input_sample_rate_hz = RATE
+    output_sample_rate_hz = RATE
+
+    def __init__(
+        self, slots: int, *, delay_frames: int = 2, frame_samples: int = FRAME_SAMPLES
+    ) -> None:
+        self.slots = slots
+        self.frame_samples = frame_samples
+        self.delay_frames = delay_frames
+        self.steps = [0] * slots
+        self.opened: list[bool] = [False] * slots
+        self.options: list[dict[str, Any] | None] = [None] * slots
+        self.resets = [0] * slots
+        self.batches: list[int] = []  # active slots of each step
+        self.closed = False
+        #: called at each step, on the model thread (a test's slow step)
+        self.on_step: Callable[[], None] | None = None
+        self._history = [self._fresh() for _ in range(slots)]
+
+    def _fresh(self) -> deque[np.ndarray]:
+        silence = np.zeros(self.frame_samples, np.float32)
+        return deque([silence] * self.delay_frames, maxlen=self.delay_frames + 1)
+
+    def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
+        if self.opened[slot]:
+            raise RuntimeError(f"slot {slot} is already open")
+        self.opened[slot] = True
+        self.options[slot] = dict(options)
+        self.steps[slot] = 0
+        self._history[slot] = self._fresh()
+
+    def reset_slot(self, slot: int) -> None:
+        self.resets[slot] += 1
+        self._history[slot] = self._fresh()
+
+    def close_slot(self, slot: int) -> None:
+        self.opened[slot] = False
+        self.options[slot] = None
+
+    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+        if self.on_step is not None:
+            self.on_step()
+        assert frames.shape == (self.slots, self.frame_samples) and frames.dtype == np.float32
+        self.batches.append(int(active.sum()))
+        outputs: list[FrameOutput | None] = []
+        for slot in range(self.slots):
+            if not active[slot]:
+                outputs.append(None)
+                continue
+            if not self.opened[slot]:
+                raise RuntimeError(f"slot {slot} stepped before open_slot")
+            self.steps[slot] += 1
+            history = self._history[slot]
+            history.append(frames[slot].copy())
+            said = history.popleft()
+            speaking = float(np.sqrt(np.mean(said**2))) > SPEECH_RMS
+            if speaking:
+                outputs.append(FrameOutput(said, ".", True))
+            else:
+                outputs.append(FrameOutput(np.zeros(self.frame_samples, np.float32)))
+        return outputs
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class EchoFramePlugin(FrameClockedPlugin):
+    """The plugin of `EchoFrameModel`. Options (`--plugin-option`): `slots` (the model's
+    batch, below the worker's max sessions), `delay_frames`."""
+
+    plugin_id = "frame_echo"
+    input_sample_rate_hz: ClassVar[int] = RATE
+    output_sample_rate_hz: ClassVar[int] = RATE
+    listen_after_frames: ClassVar[int] = 3
+
+    def __init__(self, slots: int | None = None, delay_frames: int = 2) -> None:
+        self.slots = slots
+        self.delay_frames = delay_frames
+        self.models: list[EchoFrameModel] = []
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> EchoFramePlugin:
+        slots = options.get("slots")
+        return cls(
+            slots=int(slots) if slots is not None else None,
+            delay_frames=int(options.get("delay_frames", 2)),
+        )
+
+    def frame_model(self, max_sessions: int) -> EchoFrameModel:
+        slots = min(max_sessions, self.slots) if self.slots else max_sessions
+        model = EchoFrameModel(slots, delay_frames=self.delay_frames)
+        self.models.append(model)
+        return model
+
+
+class ManualClock(TickClock):
+    """Time that moves only when the test says: `advance` wakes the sleepers it passes;
+    `skew` moves it without waking anyone (a slow step, from any thread)."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.time + seconds, next(self._order), future))
+        await future
+
+    async def next_sleeper(self) -> float:
+        """The due time of the first sleeper, once one sleeps (the tick waits for its
+        next frame): a test then moves time exactly there (`advance_to`)."""
+        while not self._sleepers:
+            await asyncio.sleep(0.001)
+        return self._sleepers[0][0]
+
+    async def advance_to(self, when: float) -> None:
+        await self.advance(max(0.0, when - self.time))
+
+    def skew(self, seconds: float) -> None:
+        self.time += seconds
+
+    async def advance(self, seconds: float) -> None:
+        self.time += seconds
+        while self._sleepers and self._sleepers[0][0] <= self.time + 1e-9:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+        await asyncio.sleep(0)
+
+
+def tone(frames: int, amplitude: float = 0.3, frame_samples: int = FRAME_SAMPLES) -> np.ndarray:
+    """`frames` frames of a 440 Hz tone at 24 kHz (speech to the model)."""
+    t = np.arange(frames * frame_samples) / RATE
+    return (amplitude * np.sin(2 * np.pi * 440 * t)).astype(np.float32)

@@ -1,0 +1,383 @@
+"""`TickBatchedStagePort`: one batched model step per frame for every session of a worker.
+
+A frame-clocked model (`shared/contracts/frame_model.py`) is served by one port per
+worker. Each session holds a slot (a row of the batch) from its first `ensure` to its
+`cleanup`; its one long-lived stream request (`submit_initial`, payload: the session's
+runtime config) opens the slot in the model, and its converted input is `feed`-ed to the
+slot's buffer as the runner applies it.
+
+The tick: one task; every `frame_ms`, on a fixed grid, it takes one frame per open slot
+(a zero frame, counted, when a whole frame has not arrived: the clock never waits for a
+slow client), runs `model.step` on the model thread, and fans the outputs out. The next
+tick is due one period after the previous due time; a step that ends past the next due
+time is a deadline miss, and the grid points it overran are skipped (no burst of steps
+to catch up). With no slot open the task waits on an event, not on the clock.
+
+Every `FrameModel` method runs on one dedicated thread (a 1-thread executor), so a step
+never overlaps an open, reset or close, and those run between steps in call order.
+
+Turn taking is the model's (`FrameOutput.speaking`): a listening slot's frames are not
+sent; the first speaking frame and every frame after it go to the session as "audio"
+outputs stamped with the slot's request id and fence; `listen_after_frames` quiet frames,
+or `max_response_frames` frames, end the response with a "listen" output. `abort` resets
+the sessions it names (barge-in, cancel) and drops whatever their step in flight made;
+an `ensure` with a newer epoch re-stamps the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from services.worker.metrics import TickMetrics
+from services.worker.stages.tick_clock import SlotState, TickClock
+from shared.contracts import (
+    DuplexFence,
+    DuplexSessionError,
+    FrameClockedPlugin,
+    FrameModel,
+    FrameOutput,
+    OutputSink,
+    StageCleanupError,
+    StageOutput,
+    StagePlan,
+    StagePort,
+    parse_stage_request_id,
+    stage_request_id,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: input a slot holds ahead of the clock before the oldest is cut (2 s at 80 ms)
+MAX_BUFFERED_FRAMES = 25
+#: the error code of a model step that raised
+STEP_FAILED = "runtime_data_plane_stream_failed"
+
+
+class TickBatchedStagePort(StagePort):
+    def __init__(
+        self,
+        model: FrameModel,
+        *,
+        listen_after_frames: int = FrameClockedPlugin.listen_after_frames,
+        max_response_frames: int = FrameClockedPlugin.max_response_frames,
+        model_name: str = "frame_model",
+        metrics: TickMetrics | None = None,
+        clock: TickClock | None = None,
+        max_buffered_frames: int = MAX_BUFFERED_FRAMES,
+    ) -> None:
+        if listen_after_frames < 1 or max_response_frames < 1 or max_buffered_frames < 1:
+            raise ValueError("listen_after_frames, max_response_frames and buffers must be >= 1")
+        self.model = model
+        self.listen_after_frames = listen_after_frames
+        self.max_response_frames = max_response_frames
+        self.model_name = model_name
+        self.clock = clock or TickClock()
+        self.period_s = model.frame_ms / 1000
+        self.max_buffered_samples = max_buffered_frames * model.frame_samples
+        self._metrics = metrics
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-frame-model")
+        self._sinks: dict[str, OutputSink] = {}
+        self._slots: dict[str, SlotState] = {}
+        self._closing: dict[str, int] = {}  # session -> slot whose close_slot failed
+        self._free = list(range(model.slots))
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._ticked = asyncio.Event()
+        # stats(): counters since start
+        self.ticks = 0
+        self.deadline_misses = 0
+        self.silence_frames = 0
+        self.dropped_input_frames = 0.0
+        self.last_tick_s = 0.0
+        self.max_tick_s = 0.0
+        if metrics is not None:
+            metrics.slots.labels(model_name).set(model.slots)
+            metrics.slots_active.labels(model_name).set(0)
+
+    @classmethod
+    def for_plugin(
+        cls,
+        plugin: FrameClockedPlugin,
+        model: FrameModel,
+        metrics: TickMetrics | None = None,
+        clock: TickClock | None = None,
+    ) -> TickBatchedStagePort:
+        return cls(
+            model,
+            listen_after_frames=plugin.listen_after_frames,
+            max_response_frames=plugin.max_response_frames,
+            model_name=plugin.plugin_id,
+            metrics=metrics,
+            clock=clock,
+        )
+
+    # ------------------------------------------------------------ StagePort
+
+    def bind(self, session_id: str, sink: OutputSink) -> None:
+        self._sinks[session_id] = sink
+
+    async def ensure(self, fence: DuplexFence, role: str) -> str:
+        """A slot for the session at its first ensure; a newer epoch re-stamps it."""
+        slot = self._slots.get(fence.session_id)
+        if slot is None:
+            if not self._free:
+                raise DuplexSessionError(
+                    "resource_exhausted",
+                    f"duplex_session_capacity_exhausted: limit={self.model.slots} "
+                    f"(every slot of {self.model_name} is held)",
+                )
+            slot = SlotState(
+                self._free.pop(0),
+                fence.session_id,
+                self.model.frame_samples,
+                self.max_buffered_samples,
+            )
+            self._slots[fence.session_id] = slot
+            self._set_active_gauge()
+        request_id = stage_request_id(fence, role)
+        if slot.fence is None or fence.epoch > slot.fence.epoch:
+            slot.fence, slot.request_id = fence, request_id
+        return request_id
+
+    async def submit_initial(self, plan: StagePlan) -> None:
+        """The session's stream: open its slot in the model (`plan.payload`: its options)."""
+        slot = self._slot(plan.fence.session_id)
+        if plan.fence.epoch >= (slot.fence.epoch if slot.fence else 0):
+            slot.fence, slot.request_id = plan.fence, plan.request_id
+        options = dict(plan.payload or {})
+        if slot.opened:  # a second stream request of one session starts it over
+            await self._on_model(self.model.reset_slot, slot.index)
+            slot.listen()
+            return
+        await self._on_model(self.model.open_slot, slot.index, options)
+        slot.opened = True
+        self._start()
+        self._wake.set()
+
+    def feed(self, session_id: str, samples: np.ndarray) -> None:
+        """The session's converted input (mono float32 at the model's input rate)."""
+        slot = self._slots.get(session_id)
+        if slot is None:
+            return  # closed meanwhile: nothing to step it for
+        dropped = slot.feed(samples)
+        if dropped:
+            self.dropped_input_frames += dropped / self.model.frame_samples
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        """Barge-in or cancel: each named session's slot starts over (`reset_slot`) and
+        listens; its buffered input and its step in flight are dropped."""
+        for request_id in request_ids:
+            try:
+                session_id, _, _ = parse_stage_request_id(request_id)
+            except ValueError:
+                continue
+            slot = self._slots.get(session_id)
+            if slot is None:
+                continue
+            slot.generation += 1
+            slot.aborted_request_id = request_id  # silent until an ensure re-stamps it
+            slot.listen()
+            slot.clear_input()
+            if slot.opened:
+                await self._on_model(self.model.reset_slot, slot.index)
+
+    async def cleanup(self, session_id: str) -> None:
+        self._sinks.pop(session_id, None)
+        slot = self._slots.pop(session_id, None)
+        if slot is not None:
+            slot.generation += 1
+            if not slot.opened:
+                self._free.append(slot.index)
+                self._set_active_gauge()
+                return
+            self._closing[session_id] = slot.index
+        index = self._closing.get(session_id)
+        if index is None:
+            return
+        try:
+            await self._on_model(self.model.close_slot, index)
+        except Exception as exc:
+            raise StageCleanupError(f"close_slot({index}) of {session_id} failed: {exc}") from exc
+        del self._closing[session_id]
+        self._free.append(index)
+        self._set_active_gauge()
+
+    async def shutdown(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._on_model(self.model.close)
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ inspection
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def slot_of(self, session_id: str) -> int | None:
+        slot = self._slots.get(session_id)
+        return None if slot is None else slot.index
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start, for benchmarks and tests."""
+        return {
+            "ticks": self.ticks,
+            "deadline_misses": self.deadline_misses,
+            "silence_frames": self.silence_frames,
+            "dropped_input_frames": self.dropped_input_frames,
+            "last_tick_s": self.last_tick_s,
+            "max_tick_s": self.max_tick_s,
+            "frame_s": self.period_s,
+            "slots": self.model.slots,
+            "slots_active": sum(1 for slot in self._slots.values() if slot.opened),
+            "silence_frames_by_session": {
+                sid: slot.silence_frames for sid, slot in self._slots.items()
+            },
+        }
+
+    async def wait_ticks(self, count: int) -> None:
+        """Until `count` ticks have run since start."""
+        while self.ticks < count:
+            await self._ticked.wait()
+
+    # ------------------------------------------------------------ the tick
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"tick:{self.model_name}")
+
+    async def _run(self) -> None:
+        due: float | None = None
+        while True:
+            if not any(slot.opened for slot in self._slots.values()):
+                self._wake.clear()
+                await self._wake.wait()  # idle: no slot to step
+                due = None
+                continue
+            if due is None:
+                due = self.clock.now() + self.period_s  # a frame of input arrives first
+            delay = due - self.clock.now()
+            if delay > 0:
+                await self.clock.sleep(delay)
+                if not any(slot.opened for slot in self._slots.values()):
+                    continue  # the last slot closed while the tick waited for its frame
+            try:
+                ended = await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug of one tick must not stop the clock of every session
+                log.exception("tick of %s failed", self.model_name)
+                ended = self.clock.now()
+            due = self._next_due(due, ended)
+
+    def _next_due(self, due: float, ended: float) -> float:
+        """One period on; past a miss, the next grid point after the step's end."""
+        deadline = due + self.period_s
+        if ended <= deadline:
+            return deadline
+        self.deadline_misses += 1
+        if self._metrics is not None:
+            self._metrics.deadline_misses.labels(self.model_name).inc()
+        return due + self.period_s * math.ceil((ended - due) / self.period_s)
+
+    async def _tick(self) -> float:
+        model = self.model
+        frames = np.zeros((model.slots, model.frame_samples), np.float32)
+        active = np.zeros(model.slots, bool)
+        stepped: list[tuple[SlotState, int]] = []
+        silence = 0
+        for slot in self._slots.values():
+            if not slot.opened:
+                continue
+            active[slot.index] = True
+            if not slot.take_frame(frames[slot.index]):
+                silence += 1
+            stepped.append((slot, slot.generation))
+            if self._metrics is not None:
+                lag = slot.buffered / model.input_sample_rate_hz
+                self._metrics.input_lag.labels(self.model_name).observe(lag)
+        started = self.clock.now()
+        try:
+            outputs = await self._on_model(model.step, frames, active)
+        except Exception as exc:
+            log.exception("%s: model step failed", self.model_name)
+            outputs = [None] * model.slots
+            self._fail(stepped, f"model step failed: {exc}")
+        ended = self.clock.now()
+        self._count(ended - started, silence)
+        for slot, generation in stepped:
+            output = outputs[slot.index]
+            # aborted or closed while the step ran: nothing it made for this slot is sent
+            if output is not None and generation == slot.generation:
+                self._fan_out(slot, output)
+        return ended
+
+    def _count(self, duration: float, silence: int) -> None:
+        self.ticks += 1
+        self.silence_frames += silence
+        self.last_tick_s = duration
+        self.max_tick_s = max(self.max_tick_s, duration)
+        if self._metrics is not None:
+            self._metrics.duration.labels(self.model_name).observe(duration)
+            if silence:
+                self._metrics.silence_frames.labels(self.model_name).inc(silence)
+        ticked, self._ticked = self._ticked, asyncio.Event()
+        ticked.set()
+
+    def _fan_out(self, slot: SlotState, output: FrameOutput) -> None:
+        send, ends = slot.on_frame(
+            bool(output.speaking), self.listen_after_frames, self.max_response_frames
+        )
+        sink = self._sinks.get(slot.session_id)
+        if not send or sink is None or slot.request_id is None or slot.fence is None:
+            return
+        if slot.request_id == slot.aborted_request_id:
+            return  # nothing of an aborted request is sent (the runner re-stamps at once)
+        audio = np.asarray(output.audio, dtype=np.float32).reshape(-1)
+        if audio.size:
+            rate = self.model.output_sample_rate_hz
+            sink(StageOutput(slot.request_id, slot.fence, "audio", audio, rate, output.text))
+        elif output.text:  # words in a frame without sound yet (a model's acoustic delay)
+            sink(StageOutput(slot.request_id, slot.fence, "text", text=output.text))
+        if ends:
+            sink(StageOutput(slot.request_id, slot.fence, "listen"))
+
+    def _fail(self, stepped: list[tuple[SlotState, int]], message: str) -> None:
+        """A failed step fails the responses in progress; the slots listen again."""
+        for slot, _ in stepped:
+            sink = self._sinks.get(slot.session_id)
+            if slot.responding and sink is not None and slot.request_id and slot.fence:
+                failed = StageOutput(slot.request_id, slot.fence, "error", message=message)
+                failed.error_code = STEP_FAILED
+                sink(failed)
+            slot.listen()
+
+    # ------------------------------------------------------------ helpers
+
+    def _slot(self, session_id: str) -> SlotState:
+        slot = self._slots.get(session_id)
+        if slot is None:
+            raise DuplexSessionError("unknown_session", f"no slot for session {session_id}")
+        return slot
+
+    def _set_active_gauge(self) -> None:
+        if self._metrics is not None:
+            held = len(self._slots) + len(self._closing)
+            self._metrics.slots_active.labels(self.model_name).set(held)
+
+    async def _on_model(self, method: Callable[..., T], *args: Any) -> T:
+        """`method` on the model thread (never two at once, in call order)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, method, *args)

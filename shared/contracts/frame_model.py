@@ -1,0 +1,158 @@
+"""`FrameModel` and `FrameClockedPlugin`: native full-duplex models, stepped per frame.
+
+A native full-duplex model (Moshi, PersonaPlex) hears and speaks on every audio frame
+(80 ms for Mimi at 12.5 Hz). Serving many sessions of one is not one runner per request:
+the worker's tick-batched stage (`services/worker/stages/tick_batched.py`) runs ONE
+batched model step per frame for every session on the worker. Each session holds a
+slot (a row of the batch) from open to close; a frame whose input has not arrived is
+stepped on silence, so the clock never waits for a slow client.
+
+The plugin provides the model behind this ABC and never sees the clock, the slots'
+owners or the sessions: `step` gets a batch of input frames and returns one output per
+slot. Every method of a `FrameModel` is blocking and runs on the stage's one model
+thread (never on the event loop, never two at once), so a model needs no lock.
+
+Turn taking is the model's: each output frame says whether the model speaks in it
+(`FrameOutput.speaking`). The stage turns runs of speaking frames into responses and a
+run of quiet frames back into listening; barge-in and cancel reset one slot
+(`reset_slot`), never the batch.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shared.contracts.config import DuplexCapabilities, SessionRuntimeConfig
+from shared.contracts.plugin import (
+    DuplexModelPlugin,
+    DuplexRuntimeConfigError,
+    ResponsePlanRequest,
+)
+from shared.contracts.stages import StagePlan, StagePort
+
+
+@dataclasses.dataclass
+class FrameOutput:
+    """What one slot's model step produced."""
+
+    #: one frame of the model's voice, mono float32 at the model's output rate (empty
+    #: while the model has produced no audio yet, e.g. during its acoustic delay)
+    audio: np.ndarray
+    #: the words this frame adds to what the model says ("" for none)
+    text: str = ""
+    #: the model speaks in this frame (model-native turn taking)
+    speaking: bool = False
+
+
+class FrameModel(abc.ABC):
+    """A frame-clocked model with `slots` sessions stepped in one batch.
+
+    Slots are numbered 0..slots-1. A slot is opened before its first step, reset on a
+    barge-in or cancel, and closed when its session ends; a closed slot is stepped as
+    inactive (`active[slot]` False) and its state must not change, nor change anyone
+    else's output: a session's outputs are the same whoever shares the batch.
+    """
+
+    #: samples of one input frame at `input_sample_rate_hz`
+    frame_samples: int
+    input_sample_rate_hz: int
+    output_sample_rate_hz: int
+    #: sessions one batched step serves
+    slots: int
+
+    @property
+    def frame_ms(self) -> float:
+        """The model's clock: one step every `frame_ms`."""
+        return self.frame_samples * 1000 / self.input_sample_rate_hz
+
+    @abc.abstractmethod
+    def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
+        """A fresh conversation in `slot`. `options` is the session's runtime config as
+        the plugin prepared it (`prepare_runtime_config`: a persona, a voice prompt)."""
+
+    @abc.abstractmethod
+    def reset_slot(self, slot: int) -> None:
+        """Barge-in or cancel: `slot` goes back to the state `open_slot` left it in;
+        every other slot is untouched."""
+
+    @abc.abstractmethod
+    def close_slot(self, slot: int) -> None:
+        """The session of `slot` ended: the slot is free for another."""
+
+    @abc.abstractmethod
+    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+        """One batched step. `frames`: float32 [slots, frame_samples] (zeros where the
+        input was late or the slot is inactive); `active`: bool [slots]. Returns one
+        output per slot, None for the inactive ones."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model's resources when the worker stops."""
+
+
+class FrameClockedPlugin(DuplexModelPlugin):
+    """A plugin whose model is a `FrameModel`: the worker serves it with its
+    tick-batched stage, not a stage port of the plugin's own, and the model, not a
+    committed turn, starts every response (`plan_response` is never called)."""
+
+    #: quiet frames after which a speaking model is listening again: its response ends
+    listen_after_frames: ClassVar[int] = 6
+    #: a response longer than this many frames ends, and the next speaking frame opens
+    #: another (a model that never stops would otherwise hold one response forever)
+    max_response_frames: ClassVar[int] = 750
+    #: the model's frame in ms, for the capabilities (`chunk_period_ms`) before the model
+    #: is loaded; the stage's clock is the loaded model's own `FrameModel.frame_ms`
+    frame_period_ms: ClassVar[int] = 80
+
+    def capabilities(self, max_sessions: int) -> DuplexCapabilities:
+        """A model-native, full-duplex model: it decides when it speaks; barge-in and
+        cancel reset its slot; a session restored elsewhere opens a fresh slot (the
+        model's state does not move), so resume works, with the model's memory lost."""
+        return DuplexCapabilities(
+            supports_model_native_turn_policy=True,
+            supports_barge_in=True,
+            supports_playback_ack=True,
+            supports_session_lease=True,
+            supports_session_resume=True,
+            supports_model_internal_state=True,
+            supports_realtime_endpoint=True,
+            supports_independent_io_streams=True,
+            supports_multi_session=max_sessions > 1,
+            supports_multi_session_same_replica=max_sessions > 1,
+            session_admission_mode="engine_managed",
+            chunk_period_ms=self.frame_period_ms,
+            target_barge_in_latency_ms=self.frame_period_ms,
+        )
+
+    def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:
+        """`auto_response: false` (a turn-based session) is refused: the model, not a
+        committed turn, starts every response. Overrides call this."""
+        super().validate_client_extra_body(extra_body)
+        if extra_body.get("auto_response", True) is False:
+            raise DuplexRuntimeConfigError(
+                "invalid_duplex_runtime_config",
+                f"{self.plugin_id} is model-native: it decides itself when it speaks, "
+                "so extra_body.auto_response cannot be false",
+                param="extra_body.auto_response",
+            )
+
+    @abc.abstractmethod
+    def frame_model(self, max_sessions: int) -> FrameModel:
+        """Build (load) the model with at most `max_sessions` slots. Called once per
+        worker process; blocking (it loads weights)."""
+
+    def create_stage_port(self, runtime: SessionRuntimeConfig) -> StagePort:
+        raise TypeError(
+            f"{self.plugin_id} is frame-clocked: the worker serves it with its tick-batched "
+            "stage (services/worker/stages/tick_batched.py)"
+        )
+
+    def plan_response(self, request: ResponsePlanRequest) -> StagePlan:
+        raise TypeError(f"{self.plugin_id} decides itself when it speaks: nothing to plan")
+
+
+__all__ = ["FrameClockedPlugin", "FrameModel", "FrameOutput"]

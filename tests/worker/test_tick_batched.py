@@ -1,0 +1,267 @@
+"""The tick-batched stage on a clock the tests move (`ManualClock`): one batched step per
+frame for every open slot, silence for late input, deadline misses and the grid, slots
+given and freed, turn taking, abort of one slot, and its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from harness.frame_models import FRAME_SAMPLES, EchoFrameModel, ManualClock, tone
+from services.worker.metrics import TickMetrics
+from services.worker.stages.tick_batched import TickBatchedStagePort
+from shared.contracts import DuplexFence, DuplexSessionError, StageOutput, StagePlan
+
+
+class Rig:
+    def __init__(self, slots: int = 4, **port_options) -> None:
+        self.clock = ManualClock()
+        self.model = EchoFrameModel(slots, delay_frames=2)
+        self.registry = CollectorRegistry()
+        self.port = TickBatchedStagePort(
+            self.model,
+            model_name="frame_echo",
+            metrics=TickMetrics(self.registry),
+            clock=self.clock,
+            **{"listen_after_frames": 3, **port_options},
+        )
+        self.outputs: dict[str, list[StageOutput]] = {}
+        self.step_times: list[float] = []
+        self.model.on_step = lambda: self.step_times.append(self.clock.now())
+
+    async def open(self, session_id: str, epoch: int = 0) -> str:
+        fence = DuplexFence(session_id, epoch, 0)
+        self.outputs[session_id] = []
+        self.port.bind(session_id, self.outputs[session_id].append)
+        request_id = await self.port.ensure(fence, "stage0")
+        await self.port.submit_initial(StagePlan(request_id, fence, "stage0", {"voice": "v"}))
+        return request_id
+
+    async def tick(self, count: int = 1) -> None:
+        """Move time to each next tick and wait until it has run."""
+        for _ in range(count):
+            target = self.port.ticks + 1
+            await self.clock.advance_to(await self.clock.next_sleeper())
+            await asyncio.wait_for(self.port.wait_ticks(target), 5)
+
+    def kinds(self, session_id: str) -> list[str]:
+        return [output.kind for output in self.outputs[session_id]]
+
+
+@pytest.fixture
+async def rig():
+    made = Rig()
+    yield made
+    await made.port.shutdown()
+
+
+async def test_one_batched_step_per_tick_serves_every_open_slot(rig):
+    for sid in ("a", "b", "c"):
+        await rig.open(sid)
+    for _ in range(5):
+        for sid in ("a", "b", "c"):
+            rig.port.feed(sid, tone(1))
+        await rig.tick()
+    assert rig.model.batches == [3] * 5  # one step per tick, every session in it
+    assert rig.model.steps == [5, 5, 5, 0]  # the free slot never advanced
+    assert rig.port.stats()["silence_frames"] == 0
+    # each session hears itself back after the model's 2-frame delay, as its own
+    for sid in ("a", "b", "c"):
+        assert rig.kinds(sid) == ["audio"] * 3
+        assert {o.fence.session_id for o in rig.outputs[sid]} == {sid}
+
+
+async def test_late_input_is_stepped_as_silence_and_the_grid_holds(rig):
+    await rig.open("a")
+    await rig.open("b")
+    for _ in range(2):
+        rig.port.feed("a", tone(1))
+        rig.port.feed("b", tone(1))
+        await rig.tick()
+    for _ in range(3):  # b's client goes quiet on the wire: nothing arrives for it
+        rig.port.feed("a", tone(1))
+        await rig.tick()
+    stats = rig.port.stats()
+    assert stats["silence_frames"] == 3
+    assert stats["silence_frames_by_session"] == {"a": 0, "b": 3}
+    assert rig.model.batches == [2] * 5  # b is still stepped, on zeros
+    assert rig.step_times == pytest.approx([0.08 * k for k in range(1, 6)])
+    assert b'duplex_tick_silence_frames_total{model="frame_echo"} 3.0' in generate_latest(
+        rig.registry
+    )
+
+
+async def test_a_partial_frame_waits_for_the_rest(rig):
+    await rig.open("a")
+    rig.port.feed("a", tone(1)[: FRAME_SAMPLES // 2])
+    await rig.tick()
+    assert rig.port.stats()["silence_frames"] == 1
+    rig.port.feed("a", tone(1)[: FRAME_SAMPLES // 2])
+    await rig.tick()
+    assert rig.port.stats()["silence_frames"] == 1  # the two halves made one frame
+
+
+async def test_a_step_past_its_deadline_is_counted_and_the_grid_resyncs(rig):
+    await rig.open("a")
+    await rig.tick(2)  # steps at 0.08, 0.16
+    rig.model.on_step = lambda: (rig.step_times.append(rig.clock.now()), rig.clock.skew(0.2))
+    await rig.tick()  # the step at 0.24 ends at 0.44, past its deadline 0.32
+    rig.model.on_step = lambda: rig.step_times.append(rig.clock.now())
+    await rig.tick(2)
+    assert rig.port.stats()["deadline_misses"] == 1
+    # no burst at 0.32 and 0.40: the next step is the first grid point after 0.44
+    assert rig.step_times == pytest.approx([0.08, 0.16, 0.24, 0.48, 0.56])
+    text = generate_latest(rig.registry).decode()
+    assert 'duplex_tick_deadline_misses_total{model="frame_echo"} 1.0' in text
+    assert 'duplex_tick_duration_seconds_count{model="frame_echo"} 5.0' in text
+
+
+async def test_the_tick_idles_with_no_slot_open(rig):
+    await rig.open("a")
+    await rig.tick(2)
+    await rig.port.cleanup("a")
+    await rig.clock.advance(10)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert rig.port.stats()["ticks"] == 2
+    assert rig.clock._sleepers == []  # nothing waits on the clock: the task waits for a slot
+    await rig.open("b")  # the next open starts the grid again
+    await rig.tick()
+    assert rig.port.stats()["ticks"] == 3
+
+
+async def test_opening_and_closing_mid_stream_leaves_the_others_alone():
+    speech = [tone(1, 0.3 + 0.05 * k) for k in range(8)]
+
+    async def a_alone() -> list[np.ndarray]:
+        rig = Rig()
+        await rig.open("a")
+        for frame in speech:
+            rig.port.feed("a", frame)
+            await rig.tick()
+        await rig.port.shutdown()
+        return [o.audio for o in rig.outputs["a"] if o.kind == "audio"]
+
+    alone = await a_alone()
+    rig = Rig()
+    await rig.open("a")
+    for k, frame in enumerate(speech):
+        if k == 2:
+            await rig.open("b")
+        if k == 5:
+            await rig.port.cleanup("b")
+        rig.port.feed("a", frame)
+        if rig.port.slot_of("b") is not None:
+            rig.port.feed("b", tone(1, 0.9))
+        await rig.tick()
+    shared = [o.audio for o in rig.outputs["a"] if o.kind == "audio"]
+    await rig.port.shutdown()
+    assert len(shared) == len(alone) == 6
+    for mine, theirs in zip(shared, alone, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert rig.model.batches == [1, 1, 2, 2, 2, 1, 1, 1]
+    assert rig.model.opened[1] is False  # b's slot was closed in the model
+
+
+async def test_slots_are_given_at_ensure_and_freed_at_cleanup():
+    rig = Rig(slots=2)
+    await rig.open("a")
+    await rig.open("b")
+    with pytest.raises(DuplexSessionError) as refused:
+        await rig.port.ensure(DuplexFence("c", 0, 0), "stage0")
+    assert refused.value.code == "resource_exhausted"
+    assert "duplex_session_capacity_exhausted" in refused.value.message
+    assert rig.port.free_slots == 0
+    text = generate_latest(rig.registry).decode()
+    assert 'duplex_tick_slots{model="frame_echo"} 2.0' in text
+    assert 'duplex_tick_slots_active{model="frame_echo"} 2.0' in text
+    await rig.port.cleanup("a")
+    assert rig.port.free_slots == 1
+    await rig.open("c")
+    assert rig.port.slot_of("c") == 0  # a's slot, opened fresh
+    assert rig.model.options[0] == {"voice": "v"}
+    await rig.port.shutdown()
+    assert rig.model.closed
+
+
+async def test_abort_resets_one_slot_and_drops_what_it_was_saying(rig):
+    request_a = await rig.open("a")
+    await rig.open("b")
+    for _ in range(3):
+        rig.port.feed("a", tone(1))
+        rig.port.feed("b", tone(1))
+        await rig.tick()
+    assert rig.kinds("a") == rig.kinds("b") == ["audio"]
+    rig.port.feed("a", tone(4))  # buffered, then dropped by the abort
+    await rig.port.abort([request_a])
+    assert rig.model.resets == [1, 0, 0, 0]
+    for _ in range(3):
+        rig.port.feed("b", tone(1))
+        await rig.tick()
+    # a's model starts over on silence (its buffered speech is gone): it listens
+    assert rig.kinds("a") == ["audio"]
+    assert rig.kinds("b") == ["audio"] * 4
+    assert rig.port.stats()["silence_frames_by_session"]["a"] == 3
+
+
+async def test_an_ensure_with_a_newer_epoch_restamps_the_stream(rig):
+    request = await rig.open("a")
+    newer = await rig.port.ensure(DuplexFence("a", 3, 1), "stage0")
+    older = await rig.port.ensure(DuplexFence("a", 2, 0), "stage0")
+    assert newer != request and older != newer
+    for _ in range(3):
+        rig.port.feed("a", tone(1))
+        await rig.tick()
+    (output,) = rig.outputs["a"]
+    assert (output.request_id, output.fence.epoch) == (newer, 3)
+
+
+async def test_quiet_frames_end_a_response_with_listen(rig):
+    await rig.open("a")
+    frames = [tone(1)] * 3 + [np.zeros(FRAME_SAMPLES, np.float32)] * 6
+    for frame in frames:
+        rig.port.feed("a", frame)
+        await rig.tick()
+    # 2 frames of delay, 3 speaking, then 3 quiet ones sent and "listen"; the rest unsent
+    assert rig.kinds("a") == ["audio"] * 6 + ["listen"]
+    assert [o.text for o in rig.outputs["a"][:6]] == ["."] * 3 + [""] * 3
+
+
+async def test_a_response_at_max_response_frames_ends_and_the_next_one_opens():
+    rig = Rig(max_response_frames=4)
+    await rig.open("a")
+    for _ in range(12):
+        rig.port.feed("a", tone(1))
+        await rig.tick()
+    await rig.port.shutdown()
+    # 10 speaking frames: 4, listen, 4, listen, 2 (still speaking)
+    assert rig.kinds("a") == ["audio"] * 4 + ["listen"] + ["audio"] * 4 + ["listen"] + ["audio"] * 2
+
+
+async def test_a_client_far_ahead_of_the_clock_is_cut_back():
+    rig = Rig(max_buffered_frames=4)
+    await rig.open("a")
+    rig.port.feed("a", tone(10))
+    stats = rig.port.stats()
+    assert stats["dropped_input_frames"] == 6
+    await rig.tick(5)
+    assert rig.port.stats()["silence_frames"] == 1  # 4 frames were kept, the 5th is silence
+    text = generate_latest(rig.registry).decode()
+    await rig.port.shutdown()
+    assert 'duplex_tick_input_lag_seconds_count{model="frame_echo"} 5.0' in text
+
+
+async def test_nothing_is_sent_under_an_aborted_request_until_a_newer_ensure(rig):
+    request = await rig.open("a")
+    await rig.port.abort([request])
+    for _ in range(3):
+        rig.port.feed("a", tone(1))
+        await rig.tick()
+    assert rig.outputs["a"] == []  # the model spoke again, under the aborted request: unsent
+    newer = await rig.port.ensure(DuplexFence("a", 1, 0), "stage0")
+    rig.port.feed("a", tone(1))
+    await rig.tick()
+    assert [(o.kind, o.request_id) for o in rig.outputs["a"]] == [("audio", newer)]
