@@ -22,6 +22,7 @@ import numpy as np
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
+from services.worker.session.native_stream import refuse_response_create
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.tool_calls import check_item, check_response_tools, tool_output_turn
 from shared.contracts import (
@@ -170,6 +171,8 @@ async def _create_response(ctx: SessionContext, command: CreateResponse, reserve
         private_keys=ctx.plugin.private_runtime_config_keys,
         openai_surface=openai,
     )
+    if ctx.responses.native is not None:
+        raise refuse_response_create()  # the model decides when it speaks (native_stream.py)
     if session.model_native:
         options.check_native()
     check_response_tools(options)

@@ -1,5 +1,5 @@
-"""`InputController`: the user's side of a session: appends, server VAD, speech started and
-stopped, and the commit of a turn.
+"""`InputController`: the user's side of a session: appends (a model-native stream's fed
+to its model as applied: native_stream.py), server VAD, speech, the commit of a turn.
 
 Invariant: every method here runs on the session's runner task (or in its `stop`, after
 that task has ended); it is the only code that writes the input ledger and the input
@@ -131,9 +131,8 @@ class InputController:
         self.queue.put(CommitWork(command, self.session.input_generation, self._take_mark()))
 
     def schedule_in_order(self, command: DuplexCommand) -> None:
-        """Run `command` after the input work queued before it: response.create must
-        see the turn committed just before it, input text must not join an earlier
-        commit, a clear must not drop an earlier commit."""
+        """Run `command` after the input work queued before it: response.create must see the
+        turn committed just before it, text not join an earlier commit, a clear not drop one."""
         self.queue.put(InOrder(command, self._take_mark()))
 
     def is_stale(self, generation: int) -> bool:
@@ -161,6 +160,8 @@ class InputController:
         if session.input.first_mark is None and ready.mark != NO_MARK and result.samples.size:
             session.input.first_mark = ready.mark
         session.input.append(result.samples)
+        if self.responses.native is not None:
+            self.responses.native.feed(result.samples)
         if not self.pipeline.has_vad and result.speech and session.input.speech_started_ms is None:
             self.speech_started(start_ms)
         if result.speech and session.active is not None and not self.pipeline.has_vad:
@@ -172,8 +173,7 @@ class InputController:
                 session.input.trim_before(event.audio_ms)
                 self.speech_started(event.audio_ms)
                 if session.active is not None:
-                    self.responses.report_overlap("barge_in", "server_vad_utterance_active")
-                    await self.responses.advance_epoch("barge_in")
+                    await self.responses.speech_over_response()
             else:
                 self.speech_stopped(event.audio_ms)
                 td = session.config.turn_detection

@@ -30,6 +30,7 @@ import numpy as np
 
 from services.worker.session import surface
 from services.worker.session.engine_session import EngineSession
+from services.worker.session.native_stream import NativeStream
 from services.worker.session.response import (
     CANCELLED,
     COMPLETED,
@@ -50,6 +51,7 @@ from services.worker.session.response_history import ResponseHistory
 from services.worker.session.tool_calls import hold_call, plan_tools, with_calls
 from shared.contracts import (
     CommittedTurn,
+    DuplexFence,
     DuplexModelPlugin,
     DuplexSessionError,
     ResponseCreateOptions,
@@ -86,15 +88,17 @@ class ResponseController(ResponseHistory):
         self.port = port
         self.emit = emit
         self.dropped_stale_outputs = 0
+        #: a model-native stream (a frame-clocked plugin): its model starts the responses
+        self.native: NativeStream | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     async def start_response(
         self, turn: CommittedTurn, options: ResponseCreateOptions, event_id: str | None
     ) -> None:
+        if self.native is not None:
+            return  # a committed turn plans nothing: the model starts responses (native_stream)
         session = self.session
-        openai = session.config.openai_surface
-        metadata = surface.response_metadata(options) if openai else None
         if session.active is not None:
             if not _interrupts(session):
                 return  # GA: with interrupt_response false a turn does not cut the response
@@ -104,24 +108,7 @@ class ResponseController(ResponseHistory):
         session.unanswered_items = 0
         fence = dataclasses.replace(session.fence, turn_id=turn.turn_id)
         request_id = await self.port.ensure(fence, self.plugin.stage_roles[0])
-        output_format = options.output_audio_format or session.config.output_audio_format
-        response = ActiveResponse(
-            response_id=new_response_id(),
-            fence=fence,
-            request_id=request_id,
-            encoder=OutputAudioEncoder(output_format, self.plugin.output_sample_rate_hz),
-            modalities=options.output_modalities(session.config),
-            metadata=metadata,
-            # the cut at max_output_tokens is GA's (the openai surface); on the duplex
-            # surface the limit only reaches the plugin (an LLM's own), as before
-            max_output_tokens=options.output_token_limit(session.config) if openai else None,
-        )
-        session.active = response
-        session.remember(response)
-        session.turn_state = "assistant_generating"
-        self.emit(created_event(response))
-        if not openai:
-            self.announce(response)  # contract 1.2: the item opens with the response
+        response = self.begin(fence, request_id, options)
         tools, tool_choice = plan_tools(session.config, options)
         request = ResponsePlanRequest(
             fence=fence,
@@ -150,6 +137,34 @@ class ResponseController(ResponseHistory):
             log.exception("session %s: stage submit failed", session.session_id)
             self.fail(response, STAGE_FAILED, f"stage submit failed: {exc}", event_id)
 
+    def begin(
+        self, fence: DuplexFence, request_id: str, options: ResponseCreateOptions
+    ) -> ActiveResponse:
+        """A response becomes the active one: response.created (and on the duplex surface
+        its item). Planned to a turn (`start_response`) or opened by a model-native
+        stream's first speaking frame (`on_stage_output`)."""
+        session = self.session
+        openai = session.config.openai_surface
+        output_format = options.output_audio_format or session.config.output_audio_format
+        response = ActiveResponse(
+            response_id=new_response_id(),
+            fence=fence,
+            request_id=request_id,
+            encoder=OutputAudioEncoder(output_format, self.plugin.output_sample_rate_hz),
+            modalities=options.output_modalities(session.config),
+            metadata=surface.response_metadata(options) if openai else None,
+            # the cut at max_output_tokens is GA's (the openai surface); on the duplex
+            # surface the limit only reaches the plugin (an LLM's own), as before
+            max_output_tokens=options.output_token_limit(session.config) if openai else None,
+        )
+        session.active = response
+        session.remember(response)
+        session.turn_state = "assistant_generating"
+        self.emit(created_event(response))
+        if not openai:
+            self.announce(response)  # contract 1.2: the item opens with the response
+        return response
+
     def announce(self, response: ActiveResponse) -> None:
         """The response's message item enters history and is announced: at the start on
         the duplex surface, at its first output on the openai surface (GA: a response
@@ -170,6 +185,15 @@ class ResponseController(ResponseHistory):
             self.finish(response, CANCELLED, reason)
             session.turn_state = "barge_in" if reason == "barge_in" else "idle"
             await self.port.abort([response.request_id])
+        if self.native is not None:
+            await self.native.restamp()  # the model's next speech opens a new response
+
+    async def speech_over_response(self) -> None:
+        """Server VAD heard the user start speaking over the active response: a barge-in,
+        except in a model-native stream, whose model hears the overlap and decides."""
+        self.report_overlap("barge_in", "server_vad_utterance_active")
+        if self.native is None:
+            await self.advance_epoch("barge_in")
 
     async def stop_at_limit(self, response: ActiveResponse) -> None:
         """The response's words reached its max_output_tokens: it ends `incomplete` and its
@@ -178,6 +202,8 @@ class ResponseController(ResponseHistory):
         self.session.epoch += 1
         self.finish(response, INCOMPLETE, MAX_OUTPUT_TOKENS)
         await self.port.abort([response.request_id])
+        if self.native is not None:
+            await self.native.restamp()
 
     async def close(self, reason: str) -> None:
         """The session stops: a response still active ends with the cancelled chain."""
@@ -234,6 +260,9 @@ class ResponseController(ResponseHistory):
         response = self.session.active
         if output is None:
             return
+        if response is None and self.native is not None and self.native.opens(output):
+            # the model speaks: a model-native response opens on its stream's fence
+            response = self.begin(output.fence, output.request_id, ResponseCreateOptions())
         if (
             response is None
             or output.fence != response.fence
@@ -253,7 +282,7 @@ class ResponseController(ResponseHistory):
                 await self.stop_at_limit(response)
         elif output.kind == "function_call":
             hold_call(response, output.function_call)  # emitted when the response completes
-        elif output.kind == "done":
+        elif output.kind == "done" or (output.kind == "listen" and self.native is not None):
             tail = b"" if response.text_only else response.encoder.flush()
             if tail:
                 self.emit_encoded(response, tail, "", end_of_turn=True)
@@ -315,6 +344,8 @@ class ResponseController(ResponseHistory):
         session, response = self.session, self.session.active
         if response is None or session.overlap_reported == response.response_id:
             return
+        if self.native is not None:  # the model hears the overlap and decides, never a cancel
+            action, reason = "listen", "model_native"
         session.overlap_reported = response.response_id
         self.emit(
             OverlapDecision(

@@ -35,6 +35,7 @@ from services.worker.session.input_queue import (
     InOrder,
     start_task,
 )
+from services.worker.session.native_stream import NativeStream, OpenStream, is_native_stream
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.transcription import PartialPool, PartialTranscript
 from shared.contracts import (
@@ -99,6 +100,8 @@ class SessionRunner:
         self._dispatched = 0  # commands in the mailbox, not yet handled
         self._waiters: set[asyncio.Future[None]] = set()  # settle / cancel_active callers
         self.responses = ResponseController(session, plugin, port, self.emit)
+        if is_native_stream(plugin):  # a frame-clocked model: one stream, its model speaks
+            self.responses.native = NativeStream(session, plugin, port)
         self.input = InputController(
             session, plugin, pipeline, executor, self.responses, self.emit, self.submit
         )
@@ -123,6 +126,8 @@ class SessionRunner:
         self.port.bind(self.session.session_id, self.on_stage_output)
         if first_event is not None:
             self.emit(first_event)
+        if self.responses.native is not None:
+            self.submit(OpenStream())  # before any command: the model hears from the start
         # Not a SupervisedLoop: `_run` turns the failure of any one item into an error
         # event and goes on, so only `stop` ends it; a restart would have nothing to redo.
         self._task = start_task(self._run(), f"session-runner:{self.session.session_id}")
@@ -240,6 +245,8 @@ class SessionRunner:
             self.input.on_partial(item)
         elif isinstance(item, IdleDue):
             await self.input.on_idle_due(item)
+        elif isinstance(item, OpenStream) and self.responses.native is not None:
+            await self.responses.native.open()
         else:
             mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
             try:

@@ -1,0 +1,119 @@
+"""`NativeStream`: a session of a frame-clocked plugin is one model-native stream.
+
+A native full-duplex model hears every frame and decides itself when it speaks
+(`shared/contracts/frame_model.py`). Its session holds a slot of the worker's tick-batched
+stage (`services/worker/stages/tick_batched.py`) for its whole life, and one long-lived
+stream request on it:
+
+- at start (open and restore) the stream is ensured and submitted, with the session's
+  runtime config as its payload: the slot opens fresh in the model. At a restore on
+  another worker it opens fresh too: the model's state never moves between workers
+  (checkpoints carry nothing of it);
+- every converted append is fed to the slot as the runner applies it (`feed`), so input
+  reaches the model in order and an input.cancel's dropped appends never reach it;
+- the stage's frames open responses: an "audio" (or "text") output with no active
+  response opens one on the current epoch (`opens`), later frames are its deltas, and a
+  "listen" output completes it (`ResponseController.on_stage_output`);
+- user speech over a response is reported (`overlap.decision`, action "listen", reason
+  "model_native") and never cancels it: the model hears the overlap and decides;
+- an epoch advance (barge_in, response.cancel, output_audio_buffer.clear, input.cancel)
+  aborts the response's stream request (the stage resets this one slot) and `restamp`s the
+  stream under the new fence, so the model's next speech opens a new response;
+- response.create is refused (`unsupported_native_response_options`) and a commit never
+  plans a response: the user's turn item is committed, and the model answers when it will.
+
+The session's own input ledger is what a client's commit takes as the user's item; a
+stream that is never committed would grow it without bound (and run into the session's
+input budget), so `feed` keeps only the latest `TURN_WINDOW_MS` of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from services.worker.session.engine_session import EngineSession
+from shared.contracts import (
+    DuplexModelPlugin,
+    DuplexSessionError,
+    FrameClockedPlugin,
+    StageOutput,
+    StagePlan,
+    StagePort,
+)
+
+log = logging.getLogger(__name__)
+
+#: the user audio a model-native session keeps for a client's commit (its latest 30 s)
+TURN_WINDOW_MS = 30_000
+#: trimmed when it is this much over the window (not at every append: a trim copies)
+TRIM_SLACK_MS = 10_000
+#: the error code of a stream that could not start
+STREAM_FAILED = "runtime_data_plane_stream_failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenStream:
+    """The runner's first mailbox item in a model-native session: start the stream."""
+
+
+def is_native_stream(plugin: DuplexModelPlugin) -> bool:
+    return isinstance(plugin, FrameClockedPlugin)
+
+
+class NativeStream:
+    def __init__(self, session: EngineSession, plugin: DuplexModelPlugin, port: StagePort) -> None:
+        self.session = session
+        self.plugin = plugin
+        self.port = port
+        self.role = plugin.stage_roles[0]
+        self.request_id: str | None = None
+
+    async def open(self) -> None:
+        """Ensure and submit the stream under the session's fence (the slot opens)."""
+        session = self.session
+        try:
+            request_id = await self.port.ensure(session.fence, self.role)
+            plan = StagePlan(request_id, session.fence, self.role, dict(session.runtime_config))
+            await self.port.submit_initial(plan)
+        except DuplexSessionError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: the model stream did not start", session.session_id)
+            message = f"the model stream did not start: {exc}"
+            raise DuplexSessionError(STREAM_FAILED, message) from exc
+        self.request_id = request_id
+
+    async def restamp(self) -> None:
+        """After an epoch advance: the stream goes on under the new fence."""
+        self.request_id = await self.port.ensure(self.session.fence, self.role)
+
+    def feed(self, samples: np.ndarray) -> None:
+        """An applied append: to the model's slot, and the ledger kept within its window."""
+        feed = getattr(self.port, "feed", None)
+        if feed is not None:
+            feed(self.session.session_id, samples)
+        ledger = self.session.input
+        if ledger.samples * 1000 > (TURN_WINDOW_MS + TRIM_SLACK_MS) * ledger.sample_rate_hz:
+            ledger.trim_before(ledger.stream_ms - TURN_WINDOW_MS)
+
+    def opens(self, output: StageOutput) -> bool:
+        """Whether a stage output with no active response opens one: the model's speech,
+        stamped with the session's current epoch (an older one's is stale)."""
+        fence = output.fence
+        return (
+            output.kind in ("audio", "text")
+            and fence is not None
+            and fence.session_id == self.session.session_id
+            and fence.epoch == self.session.epoch
+        )
+
+
+def refuse_response_create() -> DuplexSessionError:
+    return DuplexSessionError(
+        "unsupported_native_response_options",
+        "response.create is not taken in a model-native session: the model decides when it "
+        "speaks (its speech opens the responses)",
+    )

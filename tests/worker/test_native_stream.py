@@ -1,0 +1,248 @@
+"""A frame-clocked plugin's session through the SessionManager and its runner: the model's
+speech opens model-native responses and its quiet ends them, barge-in cancels and resets
+its slot, VAD overlap does not cancel, response.create is refused, a commit plans nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from harness.frame_models import RATE, EchoFramePlugin, ManualClock, tone
+from harness.sessions import appends, types
+from services.worker.session.manager import SessionManager
+from services.worker.session.native_stream import TURN_WINDOW_MS
+from services.worker.stages.tick_batched import TickBatchedStagePort
+from shared.client.inline import InlineDuplexClient, InlineEventRouter
+from shared.contracts import DuplexSessionError, SessionRuntimeConfig
+from shared.protocol.duplex import BargeIn, CancelResponse, Commit, CreateResponse
+from tests.worker.session_parts import LoudnessVad
+
+QUIET = np.zeros(1920, np.float32)
+#: server VAD at round numbers (tests/worker/conftest.py's), for a 24 kHz model
+VAD = {
+    "turn_detection": {
+        "type": "server_vad",
+        "prefix_padding_ms": 0,
+        "min_speech_duration_ms": 64,
+        "silence_duration_ms": 64,
+    }
+}
+
+
+class Rig:
+    def __init__(self, slots: int = 4, max_sessions: int = 4) -> None:
+        self.plugin = EchoFramePlugin(slots=slots)
+        self.model = self.plugin.frame_model(max_sessions)
+        self.clock = ManualClock()
+        self.port = TickBatchedStagePort.for_plugin(self.plugin, self.model, clock=self.clock)
+        self.router = InlineEventRouter()
+        runtime = SessionRuntimeConfig(max_sessions=max_sessions)
+        self.manager = SessionManager(
+            self.plugin, runtime, self.router, port=self.port, vad_backend=LoudnessVad
+        )
+        self.client = InlineDuplexClient(self.manager, self.router)
+
+    async def open(self, session: dict | None = None):
+        opened = await self.client.open(session or {})
+        await self.manager.runner(opened.session_id).settle_input()  # its stream is open
+        return opened
+
+    async def say(self, opened, *frames: np.ndarray) -> None:
+        """Frames of input, applied (fed to the slot) before the clock moves."""
+        for command in appends(np.concatenate(frames), RATE, chunk_ms=80):
+            await opened.send(command)
+        await self.manager.runner(opened.session_id).settle_input()
+
+    async def tick(self, count: int = 1) -> None:
+        for _ in range(count):
+            target = self.port.ticks + 1
+            await self.clock.advance_to(await self.clock.next_sleeper())
+            await asyncio.wait_for(self.port.wait_ticks(target), 5)
+
+    async def settle(self, opened) -> None:
+        """The stage outputs of the ticks so far are applied (they precede the barrier)."""
+        await self.manager.runner(opened.session_id).settle_input()
+
+
+@pytest.fixture
+async def rig():
+    made = Rig()
+    yield made
+    await made.manager.shutdown()
+
+
+async def test_the_model_speaking_opens_a_response_and_its_quiet_completes_it(rig):
+    session = await rig.open()
+    await rig.say(session, tone(3), QUIET, QUIET, QUIET, QUIET, QUIET)
+    await rig.tick(8)  # 2 frames of delay, 3 speaking, 3 quiet: "listen"
+    events = await session.until("rate_limits.updated")
+    assert types(events) == [
+        "input_audio_buffer.speech_started",
+        "response.created",
+        "conversation.item.added",
+        "conversation.item.created",
+        "response.output_item.added",
+        "response.speak",
+        "response.content_part.added",
+        *["response.output_audio.delta", "response.output_audio_transcript.delta"] * 6,
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+        "rate_limits.updated",
+    ]
+    done = events[-2]
+    assert done.response["status"] == "completed"
+    assert events[-6].transcript == "..."  # one "." per speaking frame
+    assert done.response["metadata"]["playback"]["generated_ms"] == pytest.approx(480)
+
+
+async def test_barge_in_cancels_resets_the_slot_and_the_next_speech_opens_a_new_response(rig):
+    session = await rig.open()
+    other = await rig.open()
+    await rig.say(session, tone(6))
+    await rig.say(other, tone(6))
+    await rig.tick(4)  # both speak from the 3rd tick
+    first = (await session.until("response.output_audio.delta"))[-1]
+    await session.send(BargeIn(event_id="b1"))
+    cancelled = await session.until("response.done")
+    assert cancelled[-1].response["status"] == "cancelled"
+    assert cancelled[-1].response["status_details"]["reason"] == "barge_in"
+    await rig.settle(session)  # the barge-in's handling (its abort) has ended
+    slot = rig.port.slot_of(session.session_id)
+    assert rig.model.resets[slot] == 1
+    assert sum(rig.model.resets) == 1  # the other session's slot was not touched
+    await rig.say(session, tone(3))
+    await rig.tick(3)
+    created = (await session.until("response.created"))[-1]
+    assert created.response_id != cancelled[-1].response_id
+    assert created.response["metadata"]["duplex_event"]["epoch"] == 1
+    assert first.response_id == cancelled[-1].response_id
+    # the other session's response went on through all of it
+    others = [e for e in other.pending() if e.wire_type == "response.output_audio.delta"]
+    assert len(others) == 5 and {e.response_id for e in others} == {others[0].response_id}
+
+
+async def test_response_cancel_resets_the_slot_too(rig):
+    session = await rig.open()
+    await rig.say(session, tone(4))
+    await rig.tick(3)
+    await session.until("response.output_audio.delta")
+    await session.send(CancelResponse(event_id="c1"))
+    done = (await session.until("response.done"))[-1]
+    assert done.response["status"] == "cancelled"
+    await rig.settle(session)
+    assert rig.model.resets == [1, 0, 0, 0]
+
+
+async def test_speech_over_the_response_is_reported_and_does_not_cancel_it():
+    rig = Rig()
+    try:
+        session = await rig.open(VAD)
+        await rig.say(session, tone(2), QUIET, QUIET, QUIET)
+        await rig.tick(3)  # the model speaks from the 3rd tick on
+        await session.until("response.output_audio.delta")
+        await rig.say(session, tone(3))  # the user talks over it: server VAD hears speech
+        await rig.tick(4)
+        events = await session.until("rate_limits.updated")  # the model stopped on its own
+        decisions = [e for e in events if e.wire_type == "overlap.decision"]
+        assert len(decisions) == 1
+        assert (decisions[0].action, decisions[0].reason) == ("listen", "model_native")
+        assert events[-2].response["status"] == "completed"
+        assert "input_audio_buffer.speech_started" in types(events)
+    finally:
+        await rig.manager.shutdown()
+
+
+async def test_response_create_is_refused(rig):
+    session = await rig.open()
+    await session.send(CreateResponse(event_id="r1"))
+    error = (await session.until("error"))[-1]
+    assert error.code == "unsupported_native_response_options"
+    assert "the model decides when it speaks" in error.message
+
+
+async def test_a_commit_commits_the_turn_and_plans_no_response(rig):
+    session = await rig.open()
+    await rig.say(session, tone(2))
+    await session.send(Commit(event_id="c1"))
+    await rig.settle(session)
+    events = session.pending()
+    assert "input_audio_buffer.committed" in types(events)
+    assert "response.created" not in types(events)
+    assert rig.manager.runner(session.session_id).session.active is None
+
+
+async def test_auto_response_false_is_refused_at_open_and_at_update(rig):
+    with pytest.raises(DuplexSessionError) as refused:
+        await rig.client.open({"extra_body": {"auto_response": False}})
+    assert refused.value.code == "invalid_duplex_runtime_config"
+    assert rig.manager.slots_in_use == 0
+    session = await rig.open()
+    await session.send(
+        {"type": "session.update", "session": {"extra_body": {"auto_response": False}}}
+    )
+    error = (await session.until("error"))[-1]
+    assert error.code == "invalid_duplex_runtime_config"
+
+
+async def test_admission_is_refused_when_the_model_slots_are_taken():
+    rig = Rig(slots=2, max_sessions=4)
+    try:
+        await rig.open()
+        await rig.open()
+        with pytest.raises(DuplexSessionError) as refused:
+            await rig.client.open({})
+        assert refused.value.code == "resource_exhausted"
+        assert rig.manager.slots_in_use == 2
+        first = rig.manager.session_ids()[0]
+        await rig.manager.close(first)
+        assert rig.port.free_slots == 1  # close freed its slot
+        await rig.open()
+    finally:
+        await rig.manager.shutdown()
+    assert rig.model.closed
+
+
+async def test_a_stream_never_committed_keeps_only_its_window_of_input(rig):
+    session = await rig.open()
+    seconds = (TURN_WINDOW_MS + 15_000) // 1000
+    frames = [QUIET] * (seconds * 1000 // 80)
+    await rig.say(session, *frames)
+    ledger = rig.manager.runner(session.session_id).session.input
+    assert ledger.stream_ms == len(frames) * 80  # all of it was applied
+    assert ledger.samples * 1000 // RATE <= TURN_WINDOW_MS + 10_000
+
+
+async def test_a_restored_session_opens_a_fresh_slot_and_speaks_again(rig):
+    session = await rig.open()
+    await rig.say(session, tone(4))
+    await rig.tick(3)
+    await session.until("response.output_audio.delta")  # mid-response when the worker goes
+    checkpoint = rig.manager.snapshot(session.session_id)
+    other = Rig()
+    try:
+        await other.manager.restore(
+            session.session_id, checkpoint, owner_generation=2, reason="worker_lost"
+        )
+        runner = other.manager.runner(session.session_id)
+        await runner.settle_input()
+        slot = other.port.slot_of(session.session_id)
+        assert other.model.opened[slot] and other.model.steps[slot] == 0  # fresh, not moved
+        queue = other.router.queue(session.session_id)
+        failed = [queue.get_nowait() for _ in range(queue.qsize())]
+        (done,) = [e for e in failed if e.wire_type == "response.done"]
+        assert done.response["status"] == "failed"  # the lost worker's response
+        for command in appends(tone(3), RATE, chunk_ms=80):
+            await other.manager.submit(session.session_id, command)
+        await runner.settle_input()
+        await other.tick(3)
+        await runner.settle_input()
+        kinds = [queue.get_nowait().wire_type for _ in range(queue.qsize())]
+        assert "response.created" in kinds and "response.output_audio.delta" in kinds
+    finally:
+        await other.manager.shutdown()
