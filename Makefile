@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-vllm lint venv redis-server chromium chart-check bench clean
+.PHONY: serve test test-vllm test-moshi lint venv redis-server chromium chart-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,32 @@ $(VLLM_STAMP): pyproject.toml Makefile
 test-vllm: $(VLLM_STAMP) redis-server
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm $(PYTEST_ARGS)
 
+# The Moshi family plugin (plugins/moshi) in its own venv: kyutai's `moshi` package pins
+# torch<2.10 (and numpy<2.3, aiohttp<3.12, sounddevice, bitsandbytes for its demo server),
+# while PyPI's torch 2.9 for Linux drags about 3 GB of CUDA wheels. The model code runs on
+# torch 2.13.0+cpu (the machine's wheel cache), so `moshi` goes in with --no-deps plus the
+# few packages its model code imports (huggingface_hub at the top of moshi.models.loaders),
+# held to moshi's own ranges (only torch is outside them; about a minute to install).
+# The tests build a tiny random checkpoint; nothing is downloaded (HF_HUB_OFFLINE=1).
+MOSHI_VENV  := .venv-moshi
+MOSHI_STAMP := $(MOSHI_VENV)/.installed
+MOSHI       := moshi==0.2.13
+MOSHI_TORCH := torch==2.13.0+cpu
+MOSHI_DEPS  := 'einops>=0.7,<1' 'safetensors>=0.4,<0.8' 'sentencepiece>=0.2,<0.3' \
+               'huggingface_hub>=0.24,<1' 'numpy>=1.26,<2.3'
+
+$(MOSHI_STAMP): pyproject.toml Makefile
+	test -x $(MOSHI_VENV)/bin/python || $(PYTHON) -m venv $(MOSHI_VENV)
+	$(MOSHI_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MOSHI_VENV)/bin/python -m pip install --quiet '$(MOSHI_TORCH)' $(MOSHI_DEPS)
+	$(MOSHI_VENV)/bin/python -m pip install --quiet --no-deps '$(MOSHI)'
+	$(MOSHI_VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(MOSHI_VENV)/bin/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
+	touch $(MOSHI_STAMP)
+
+test-moshi: $(MOSHI_STAMP) redis-server
+	HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m pytest tests/moshi $(PYTEST_ARGS)
+
 # Every benchmark program in turn (about 10 minutes); each rewrites its section of
 # docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.
 BENCHES := redis_path lifecycle latency capacity memory faults checkpoints chaos fuzz models cli_start
@@ -110,7 +136,7 @@ bench: venv redis-server
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(FRAMEWORKS_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) .pytest_cache .ruff_cache .hypothesis
 
 # The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents,
 # the OpenAI Agents SDK and Pipecat. Their pins (tests/frameworks/requirements/) resolve

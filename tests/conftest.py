@@ -10,6 +10,9 @@ from harness.sessions import make_harness
 
 # tests/vllm needs vLLM, which lives in its own venv (`make test-vllm`)
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+# tests/moshi needs torch and kyutai's moshi, which live in their own venv (`make test-moshi`)
+if not importlib.util.find_spec("moshi"):
+    collect_ignore.append("moshi")
 
 
 @pytest.fixture

@@ -1,0 +1,366 @@
+"""`MoshiFrameModel`: Mimi + the Moshi LM + `LMGen` in batched streaming, one row per slot.
+
+One `step` is what kyutai's server (moshi/server.py) does for its one conversation per 80 ms
+frame, done for every slot at once: Mimi encodes the frame of user audio to codes, `LMGen`
+steps the LM on them and returns the model's text token and audio tokens, Mimi decodes those
+to 1920 samples at 24 kHz, and the text token becomes words through the checkpoint's
+sentencepiece tokenizer.
+
+Slots share one batch but never each other's state. Every moshi `StreamingModule` keeps its
+state per batch row and honours an execution mask (`set_exec_mask`: a masked row's KV cache,
+offsets and convolution buffers are left as they were) and a reset mask (`reset_streaming`:
+only those rows start over). So an inactive slot is stepped with exec_mask False (computed,
+then thrown away) and `open_slot`/`reset_slot` reset one row. `LMGen` runs with
+`support_out_of_sync=True`: its usual "None until the acoustic delay has passed" counts steps
+for the whole batch, while here each row has its own start; a row still in its delay gets
+`ungenerated` (-2) tokens instead, and that slot outputs empty audio. Mimi's decoder runs
+masked to the rows that have audio tokens, so a slot's decoder starts with its first tokens,
+as kyutai's server's does.
+
+Batch invariance: with greedy decoding (temperatures 0) a slot's tokens do not depend on who
+shares the batch (tests/moshi prove it on the tiny model). moshi samples with torch's global
+generator over the whole batch, so sampled outputs are reproducible for a given batch but not
+invariant to its other rows; the tests use greedy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import sentencepiece
+import torch
+from moshi.models.compression import MimiModel
+from moshi.models.lm import LMGen, LMModel
+
+from plugins.moshi.checkpoint import MoshiCheckpoint
+from shared.contracts.frame_model import FrameModel, FrameOutput
+
+#: frames a slot still counts as speaking after its last word. Moshi's text stream is sparse:
+#: one token per word piece at the start of the word, padding while the word is voiced and in
+#: the short gaps between words. Without a hold the word's own audio (the frames after its
+#: token) would be cut off at the stage, which forwards only speaking frames.
+SPEAKING_HOLD_FRAMES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFrame:
+    """One frame of a prompt stepped before a slot's conversation: the user stream's codes,
+    and the model's own text token and audio codes to force (None: the model's own)."""
+
+    user_codes: tuple[int, ...]
+    text_token: int | None = None
+    model_codes: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass
+class _Forcing:
+    """This step's forced tokens: `text`/`audio` apply where their mask is True."""
+
+    text_mask: torch.Tensor  # [slots] bool
+    text: torch.Tensor  # [slots] long
+    audio_mask: torch.Tensor  # [slots] bool
+    audio: torch.Tensor  # [slots, dep_q] long
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """`LMGen`'s sampling; a temperature of 0 is greedy (argmax) for that stream."""
+
+    temperature: float = 0.8
+    temperature_text: float = 0.7
+    top_k: int = 250
+    top_k_text: int = 25
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 and self.temperature_text == 0
+
+
+def default_threads() -> int:
+    """CPU threads for torch: the worker's event loop and the stage's model thread share the
+    machine, so not all cores (and at most 8: more does not help a one-frame step)."""
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+class MoshiFrameModel(FrameModel):
+    input_sample_rate_hz = 24_000
+    output_sample_rate_hz = 24_000
+
+    def __init__(
+        self,
+        lm: LMModel,
+        mimi: MimiModel,
+        tokenizer: sentencepiece.SentencePieceProcessor,
+        slots: int,
+        sampling: SamplingSettings = SamplingSettings(),
+        speaking_hold_frames: int = SPEAKING_HOLD_FRAMES,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        if int(mimi.sample_rate) != self.input_sample_rate_hz:
+            raise ValueError(f"Mimi runs at {mimi.sample_rate} Hz, not 24000")
+        self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer
+        self.slots = slots
+        self.device = lm.device
+        self.frame_samples = int(mimi.sample_rate / mimi.frame_rate)
+        self.sampling = sampling
+        self.speaking_hold_frames = speaking_hold_frames
+        self.lm_gen = LMGen(
+            lm,
+            use_sampling=not sampling.greedy,
+            temp=sampling.temperature,
+            temp_text=sampling.temperature_text,
+            top_k=sampling.top_k,
+            top_k_text=sampling.top_k_text,
+            support_out_of_sync=True,
+            on_text_hook=self._force_text,
+            on_audio_hook=self._force_audio,
+        )
+        #: a preset's prompt for a slot's options (PersonaPlex: voice, persona), stepped
+        #: before the conversation one frame per tick alongside the others' steps (never a
+        #: stall of the batch): meanwhile the slot's user stream is the prompt's, its text
+        #: and audio tokens are forced, and it outputs no audio
+        self.prompt_builder: Callable[[Mapping[str, Any]], list[PromptFrame]] | None = None
+        self._slot_prompt: list[list[PromptFrame]] = [[] for _ in range(slots)]
+        self._prompts: list[list[PromptFrame]] = [[] for _ in range(slots)]
+        self._prompt_previous: list[tuple[int, ...] | None] = [None] * slots
+        self._forcing: _Forcing | None = None
+        self._silent_ids = {lm.text_padding_token_id, lm.end_of_text_padding_id}
+        self._vocab = tokenizer.vocab_size()
+        self.mimi.streaming_forever(slots)
+        self.lm_gen.streaming_forever(slots)
+        self._open = np.zeros(slots, dtype=bool)
+        #: a fresh slot's first encoded frame carries Mimi's left padding: kyutai's server
+        #: resets the encoder after it so the next frame is padded again; so do we, per slot
+        self._fresh = np.zeros(slots, dtype=bool)
+        #: frames since the slot's last word (starts past the hold: not speaking)
+        self._quiet = np.full(slots, speaking_hold_frames + 1, dtype=np.int64)
+        self.slot_options: list[Mapping[str, Any]] = [{} for _ in range(slots)]
+        self.last_tokens = np.full((slots, 1 + lm.dep_q), -2, dtype=np.int64)
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: MoshiCheckpoint,
+        slots: int,
+        device: str = "cpu",
+        sampling: SamplingSettings | None = None,
+        threads: int | None = None,
+    ) -> MoshiFrameModel:
+        """The checkpoint's LM, Mimi and tokenizer on `device` (bf16 LM on CUDA, float32 on
+        CPU, where bf16 matmuls are slow), with `slots` rows."""
+        torch_device = torch.device(device)
+        if torch_device.type == "cpu":
+            torch.set_num_threads(threads or default_threads())
+        dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
+        lm = checkpoint.load_lm(torch_device, dtype)
+        mimi = checkpoint.load_mimi(torch_device)
+        tokenizer = checkpoint.load_tokenizer()
+        if sampling is None:
+            sampling = sampling_from_config(checkpoint.info.lm_gen_config)
+        model = cls(lm, mimi, tokenizer, slots, sampling)
+        model.warm_up()
+        return model
+
+    def warm_up(self, frames: int = 3) -> None:
+        """A few steps on silence in every slot, then every slot reset and closed: torch's
+        first steps are slow (lazy kernels, allocations), and the first tick would be late."""
+        zeros = np.zeros((self.slots, self.frame_samples), dtype=np.float32)
+        for slot in range(self.slots):
+            self.open_slot(slot, {})
+        for _ in range(frames):
+            self.step(zeros, np.ones(self.slots, dtype=bool))
+        for slot in range(self.slots):
+            self.reset_slot(slot)
+            self.close_slot(slot)
+
+    # ------------------------------------------------------------ slots
+
+    def _mask(self, slot: int) -> torch.Tensor:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} out of range 0..{self.slots - 1}")
+        mask = torch.zeros(self.slots, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        return mask
+
+    def _restart(self, slot: int) -> None:
+        mask = self._mask(slot)
+        self.lm_gen.reset_streaming(mask)
+        self.mimi.reset_streaming(mask)
+        self._fresh[slot] = True
+        self._quiet[slot] = self.speaking_hold_frames + 1
+        # a reset goes back to where open_slot left the slot: its prompt is stepped again
+        self._prompts[slot] = list(self._slot_prompt[slot])
+        self._prompt_previous[slot] = None
+
+    def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
+        self._check(slot)
+        prompt = self.prompt_builder(options) if self.prompt_builder else []
+        self._slot_prompt[slot] = list(prompt)
+        self._restart(slot)
+        self._open[slot] = True
+        self.slot_options[slot] = dict(options)
+
+    def reset_slot(self, slot: int) -> None:
+        if not self._open[self._check(slot)]:
+            raise ValueError(f"slot {slot} is not open")
+        self._restart(slot)
+
+    def close_slot(self, slot: int) -> None:
+        self._open[self._check(slot)] = False
+        self.slot_options[slot] = {}
+        self._slot_prompt[slot] = []
+        self._prompts[slot] = []
+
+    def _check(self, slot: int) -> int:
+        self._mask(slot)
+        return slot
+
+    # ------------------------------------------------------------ the step
+
+    @torch.no_grad()
+    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+        active = np.asarray(active, dtype=bool)
+        if frames.shape != (self.slots, self.frame_samples) or active.shape != (self.slots,):
+            raise ValueError(
+                f"step wants frames [{self.slots}, {self.frame_samples}] and active "
+                f"[{self.slots}], got {frames.shape} and {active.shape}"
+            )
+        if (active & ~self._open).any():
+            raise ValueError(f"slots {np.flatnonzero(active & ~self._open).tolist()} are not open")
+        if not active.any():
+            return [None] * self.slots
+        mask = torch.from_numpy(active).to(self.device)
+        audio_in = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32))
+        audio_in = audio_in.to(self.device)[:, None, :]
+
+        self.mimi.set_exec_mask(mask)
+        codes = self.mimi.encode(audio_in)  # [slots, codebooks, 1]
+        fresh = active & self._fresh
+        if fresh.any():
+            self.mimi.reset_streaming(torch.from_numpy(fresh).to(self.device))
+            self._fresh[fresh] = False
+
+        user_codes = codes[:, :, :1]
+        prompting = np.array([bool(active[s] and self._prompts[s]) for s in range(self.slots)])
+        if prompting.any():
+            user_codes, self._forcing = self._prompt_step(user_codes, prompting)
+        self.lm_gen.set_exec_mask(mask)
+        try:
+            tokens = self.lm_gen.step(user_codes)  # [slots, 1 + dep_q, 1]
+        finally:
+            self._forcing = None
+        assert tokens is not None  # support_out_of_sync: never None
+        audio_tokens = tokens[:, 1:, :]
+        # a slot speaks once its acoustic delay is over and its prompt (if any) is done
+        ready = (audio_tokens >= 0).all(dim=2).all(dim=1) & mask
+        ready &= ~torch.from_numpy(prompting).to(self.device)
+        pcm: np.ndarray | None = None
+        if ready.any():
+            self.mimi.set_exec_mask(ready)
+            decoded = self.mimi.decode(torch.where(audio_tokens >= 0, audio_tokens, 0))
+            pcm = decoded[:, 0, :].float().cpu().numpy()
+        ready_np = ready.cpu().numpy()
+        #: this step's tokens per slot [slots, 1 + dep_q] (text, then audio; -2: none yet)
+        self.last_tokens = tokens[:, :, 0].cpu().numpy()
+        text_ids = self.last_tokens[:, 0].tolist()
+
+        outputs: list[FrameOutput | None] = []
+        for slot in range(self.slots):
+            if not active[slot]:
+                outputs.append(None)
+            elif not ready_np[slot] or pcm is None:
+                # the model's acoustic delay: nothing generated for this slot yet
+                outputs.append(FrameOutput(audio=np.zeros(0, dtype=np.float32)))
+            else:
+                words = self.words(text_ids[slot])
+                self._quiet[slot] = 0 if words else self._quiet[slot] + 1
+                speaking = bool(self._quiet[slot] <= self.speaking_hold_frames)
+                outputs.append(FrameOutput(audio=pcm[slot].copy(), text=words, speaking=speaking))
+        return outputs
+
+    # ------------------------------------------------------------ prompts
+
+    def prompt_frames_left(self, slot: int) -> int:
+        return len(self._prompts[self._check(slot)])
+
+    def _prompt_step(
+        self, user_codes: torch.Tensor, prompting: np.ndarray
+    ) -> tuple[torch.Tensor, _Forcing]:
+        """This step's user codes and forced tokens for the slots still in their prompt.
+        Forced audio goes into LMGen's cache in its delayed layout: codebook k of this step
+        is frame t - delays[k] of the prompt's audio (kyutai's delays are 0 or 1)."""
+        user_codes = user_codes.clone()
+        slots, dep_q = self.slots, self.lm.dep_q
+        text_mask = torch.zeros(slots, dtype=torch.bool)
+        text = torch.zeros(slots, dtype=torch.long)
+        audio_mask = torch.zeros(slots, dtype=torch.bool)
+        audio = torch.zeros(slots, dep_q, dtype=torch.long)
+        delays = self.lm.delays[1 : 1 + dep_q]
+        for slot in np.flatnonzero(prompting):
+            frame = self._prompts[slot].pop(0)
+            needed = user_codes.shape[1]
+            user_codes[slot, :, 0] = torch.tensor(frame.user_codes[:needed], device=self.device)
+            if frame.text_token is not None:
+                text_mask[slot], text[slot] = True, frame.text_token
+            if frame.model_codes is not None:
+                previous = self._prompt_previous[slot] or frame.model_codes
+                audio_mask[slot] = True
+                for k in range(dep_q):
+                    audio[slot, k] = (frame.model_codes if delays[k] == 0 else previous)[k]
+                self._prompt_previous[slot] = frame.model_codes
+        device = self.device
+        forcing = _Forcing(
+            text_mask.to(device), text.to(device), audio_mask.to(device), audio.to(device)
+        )
+        return user_codes, forcing
+
+    def _force_text(self, text_token: torch.Tensor) -> None:
+        """LMGen's text hook gets the sampled tokens [slots] before they are fed to the
+        depformer and written to its cache: forcing in place forces both."""
+        if (forcing := self._forcing) is not None:
+            text_token.copy_(torch.where(forcing.text_mask, forcing.text, text_token))
+
+    def _force_audio(self, audio_tokens: torch.Tensor) -> None:
+        """LMGen's audio hook gets the depformer's tokens [slots, dep_q] before the cache."""
+        if (forcing := self._forcing) is not None:
+            audio_tokens.copy_(
+                torch.where(forcing.audio_mask[:, None], forcing.audio, audio_tokens)
+            )
+
+    # ------------------------------------------------------------ text
+
+    def words(self, token: int) -> str:
+        """The text a text token adds: "" for padding and the tokenizer's control pieces."""
+        if token in self._silent_ids or not 0 <= token < self._vocab:
+            return ""
+        if self.tokenizer.is_control(token) or self.tokenizer.is_unknown(token):
+            return ""
+        return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
+
+    def close(self) -> None:
+        self._open[:] = False
+
+
+def sampling_from_config(lm_gen_config: Mapping[str, Any]) -> SamplingSettings:
+    """A checkpoint's `lm_gen_config` (LMGen kwargs: temp, temp_text, top_k, top_k_text)."""
+    defaults = SamplingSettings()
+    return SamplingSettings(
+        temperature=float(lm_gen_config.get("temp", defaults.temperature)),
+        temperature_text=float(lm_gen_config.get("temp_text", defaults.temperature_text)),
+        top_k=int(lm_gen_config.get("top_k", defaults.top_k)),
+        top_k_text=int(lm_gen_config.get("top_k_text", defaults.top_k_text)),
+    )
+
+
+__all__ = [
+    "SPEAKING_HOLD_FRAMES",
+    "MoshiFrameModel",
+    "SamplingSettings",
+    "default_threads",
+    "sampling_from_config",
+]

@@ -1,0 +1,103 @@
+"""The Moshi plugin end to end: redis-server, `duplex api` and `duplex worker --plugin moshi
+--model-dir DIR` as real processes of this venv (harness/processes.py runs the `duplex` next
+to this interpreter), the tiny random checkpoint, and a WebSocket client on
+`/v1/realtime?duplex=1` streaming 24 kHz pcm16: the model hears, decides to speak (its random
+text stream is words on most frames) and its Mimi-decoded voice comes back as audio deltas;
+a barge-in cancels that response (the stage resets the session's slot)."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from harness.processes import start_api, start_worker
+from harness.redis_server import free_port
+from shared.client.duplex_client import DuplexClient
+from shared.protocol.duplex import float_to_pcm16
+from tests.moshi.conftest import user_audio
+
+RATE = 24_000
+OPTIONS = "device=cpu,temperature=0,temperature_text=0,threads=1"
+
+
+def wait_for_worker(worker, port: int, timeout: float = 120) -> None:
+    """The worker's /health/ready: its model is loaded and it is registered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.process.poll() is not None:
+            raise RuntimeError(f"worker exited early:\n{worker.logs()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"worker not ready after {timeout}s:\n{worker.logs()}")
+
+
+@pytest.fixture(scope="module")
+def moshi_cluster(redis_server, tiny_dir):
+    prefix = f"duplex-moshi-{uuid.uuid4().hex[:8]}"
+    health = free_port()
+    worker = start_worker(
+        redis_server.url,
+        prefix,
+        "moshi-worker",
+        "moshi",
+        DUPLEX_MODEL_DIR=str(tiny_dir),
+        DUPLEX_PLUGIN_OPTIONS=OPTIONS,
+        DUPLEX_MAX_SESSIONS="2",
+        DUPLEX_WORKER_HEALTH_PORT=str(health),
+        HF_HUB_OFFLINE="1",
+    )
+    api = start_api(redis_server.url, prefix, "moshi-api")
+    try:
+        wait_for_worker(worker, health)
+        api.wait_ready()
+        yield api, health, worker
+    finally:
+        api.stop()
+        worker.stop()
+
+
+async def send_pcm(client: DuplexClient, samples: np.ndarray) -> None:
+    pcm = float_to_pcm16(samples)
+    step = RATE // 25 * 2  # 40 ms appends
+    for start in range(0, len(pcm), step):
+        await client.append_audio(pcm[start : start + step], format="pcm16", sample_rate_hz=RATE)
+
+
+async def test_a_moshi_session_speaks_back_and_a_barge_in_cancels(moshi_cluster):
+    api, health, _ = moshi_cluster
+    client = DuplexClient([api.base], heartbeat_s=None)
+    await client.connect({})
+    try:
+        capabilities = client.session["capabilities"]
+        assert capabilities["implementation_level"] == "model_native_duplex"
+        await send_pcm(client, user_audio(7, 25).reshape(-1))  # 2 s of user audio
+        events = await client.until("response.output_audio.delta", timeout=60)
+        kinds = [e.wire_type for e in events]
+        assert "response.created" in kinds
+        audio = base64.b64decode(events[-1].delta)
+        assert len(audio) > 0
+        response_id = events[-1].response_id
+        more = await client.until("response.output_audio.delta", timeout=30)
+        assert more[-1].response_id == response_id
+
+        await client.send({"type": "barge_in"})
+        done = (await client.until("response.done", timeout=30))[-1]
+        assert done.response_id == response_id
+        assert done.response["status"] == "cancelled"
+        # the slot was reset, not the worker: the model speaks again, in a new response
+        await send_pcm(client, user_audio(8, 12).reshape(-1))
+        created = (await client.until("response.created", timeout=60))[-1]
+        assert created.response_id != response_id
+    finally:
+        await client.close()
+    metrics = httpx.get(f"http://127.0.0.1:{health}/metrics", timeout=5).text
+    assert 'duplex_tick_duration_seconds_count{model="moshi"}' in metrics
