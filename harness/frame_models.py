@@ -126,6 +126,10 @@ class EchoFramePlugin(FrameClockedPlugin):
         return model
 
 
+#: how long a test waits for the tick to sleep again before it fails
+SLEEPER_WAIT_S = 30.0
+
+
 class ManualClock(TickClock):
     """Time that moves only when the test says: `advance` wakes the sleepers it passes;
     `skew` moves it without waking anyone (a slow step, from any thread)."""
@@ -146,8 +150,9 @@ class ManualClock(TickClock):
     async def next_sleeper(self) -> float:
         """The due time of the first sleeper, once one sleeps (the tick waits for its
         next frame): a test then moves time exactly there (`advance_to`)."""
-        while not self._sleepers:
-            await asyncio.sleep(0.001)
+        async with asyncio.timeout(SLEEPER_WAIT_S):  # a stalled tick fails the test, not hangs
+            while not self._sleepers:
+                await asyncio.sleep(0.001)
         return self._sleepers[0][0]
 
     async def advance_to(self, when: float) -> None:

@@ -21,6 +21,7 @@ builds runners with its `_new_runner`; it imports nothing of `manager.py`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -222,13 +223,19 @@ class SessionMoves:
                     session.active,
                     WORKER_LOST,
                     f"the worker serving this response was lost ({reason}); "
-                    "the session goes on here: create the response again",
+                    + (
+                        "the session goes on here: the model speaks again when it will"
+                        if runner.responses.native is not None
+                        else "the session goes on here: create the response again"
+                    ),
                 )
             runner.start()
         except BaseException:
             # not served here after all (the caller refuses it): no slot or owner is kept
             self._runners.pop(session_id, None)
             self._owners.pop(session_id, None)
+            with contextlib.suppress(Exception):  # the stage slot `ensure` took, given back
+                await self.port.cleanup(session_id)
             raise
         log.info(
             "session %s restored (%s, owner generation %d, applied %s)",

@@ -96,6 +96,9 @@ class NativeStream:
         if feed is not None:
             feed(self.session.session_id, samples)
         ledger = self.session.input
+        # the stream's input is never replayed into a model (its state never moves): a
+        # checkpoint's `applied` must not go back to the stream's first append (before_turn)
+        ledger.first_mark = None
         if ledger.samples * 1000 > (TURN_WINDOW_MS + TRIM_SLACK_MS) * ledger.sample_rate_hz:
             ledger.trim_before(ledger.stream_ms - TURN_WINDOW_MS)
 

@@ -181,12 +181,14 @@ class ResponseController(ResponseHistory):
             return  # speech over the response does not cancel it (interrupt_response false)
         session.epoch += 1
         response = session.active
-        if response is not None:
-            self.finish(response, CANCELLED, reason)
-            session.turn_state = "barge_in" if reason == "barge_in" else "idle"
-            await self.port.abort([response.request_id])
-        if self.native is not None:
-            await self.native.restamp()  # the model's next speech opens a new response
+        try:
+            if response is not None:
+                self.finish(response, CANCELLED, reason)
+                session.turn_state = "barge_in" if reason == "barge_in" else "idle"
+                await self.port.abort([response.request_id])
+        finally:
+            if self.native is not None:  # even when the abort failed: else the stream is mute
+                await self.native.restamp()  # the model's next speech opens a new response
 
     async def speech_over_response(self) -> None:
         """Server VAD heard the user start speaking over the active response: a barge-in,
@@ -201,9 +203,11 @@ class ResponseController(ResponseHistory):
         would reuse the stage request id, and nothing of this one may reach it."""
         self.session.epoch += 1
         self.finish(response, INCOMPLETE, MAX_OUTPUT_TOKENS)
-        await self.port.abort([response.request_id])
-        if self.native is not None:
-            await self.native.restamp()
+        try:
+            await self.port.abort([response.request_id])
+        finally:
+            if self.native is not None:
+                await self.native.restamp()
 
     async def close(self, reason: str) -> None:
         """The session stops: a response still active ends with the cancelled chain."""

@@ -89,6 +89,8 @@ class TickBatchedStagePort(StagePort):
         self._sinks: dict[str, OutputSink] = {}
         self._slots: dict[str, SlotState] = {}
         self._closing: dict[str, int] = {}  # session -> slot whose close_slot failed
+        #: session -> its close_slot in flight: a second cleanup meanwhile awaits the same
+        self._close_calls: dict[str, asyncio.Future[None]] = {}
         self._free = list(range(model.slots))
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -159,7 +161,12 @@ class TickBatchedStagePort(StagePort):
             await self._on_model(self.model.reset_slot, slot.index)
             slot.listen()
             return
-        await self._on_model(self.model.open_slot, slot.index, options)
+        # submitted now and shielded: a caller cancelled meanwhile (its session closed) leaves
+        # the open running, and `cleanup` closes what it opened, after it on the model thread
+        slot.opening = asyncio.get_running_loop().run_in_executor(
+            self._thread, self.model.open_slot, slot.index, options
+        )
+        await asyncio.shield(slot.opening)
         slot.opened = True
         self._start()
         self._wake.set()
@@ -175,7 +182,8 @@ class TickBatchedStagePort(StagePort):
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Barge-in or cancel: each named session's slot starts over (`reset_slot`) and
-        listens; its buffered input and its step in flight are dropped."""
+        listens; what its step in flight made is dropped. Its buffered input is kept: on a
+        barge-in that is the speech that interrupted the model, which it must still hear."""
         for request_id in request_ids:
             try:
                 session_id, _, _ = parse_stage_request_id(request_id)
@@ -187,7 +195,6 @@ class TickBatchedStagePort(StagePort):
             slot.generation += 1
             slot.aborted_request_id = request_id  # silent until an ensure re-stamps it
             slot.listen()
-            slot.clear_input()
             if slot.opened:
                 await self._on_model(self.model.reset_slot, slot.index)
 
@@ -196,7 +203,10 @@ class TickBatchedStagePort(StagePort):
         slot = self._slots.pop(session_id, None)
         if slot is not None:
             slot.generation += 1
-            if not slot.opened:
+            if slot.opening is not None and not slot.opening.done():
+                with contextlib.suppress(BaseException):  # the open in flight ends first
+                    await asyncio.shield(slot.opening)
+            if not _opened_in_model(slot):
                 self._free.append(slot.index)
                 self._set_active_gauge()
                 return
@@ -204,13 +214,22 @@ class TickBatchedStagePort(StagePort):
         index = self._closing.get(session_id)
         if index is None:
             return
+        call = self._close_calls.get(session_id)
+        if call is None:  # one close_slot, whoever else cleans the session up meanwhile
+            call = asyncio.get_running_loop().run_in_executor(
+                self._thread, self.model.close_slot, index
+            )
+            self._close_calls[session_id] = call
         try:
-            await self._on_model(self.model.close_slot, index)
+            await asyncio.shield(call)
         except Exception as exc:
             raise StageCleanupError(f"close_slot({index}) of {session_id} failed: {exc}") from exc
-        del self._closing[session_id]
-        self._free.append(index)
-        self._set_active_gauge()
+        finally:
+            if call.done() and self._close_calls.get(session_id) is call:
+                del self._close_calls[session_id]  # a failed one is tried again by the next
+        if self._closing.pop(session_id, None) is not None:
+            self._free.append(index)
+            self._set_active_gauge()
 
     async def shutdown(self) -> None:
         task, self._task = self._task, None
@@ -346,7 +365,9 @@ class TickBatchedStagePort(StagePort):
             return
         if slot.request_id == slot.aborted_request_id:
             return  # nothing of an aborted request is sent (the runner re-stamps at once)
-        audio = np.asarray(output.audio, dtype=np.float32).reshape(-1)
+        # a copy: a model may reuse its output buffer at the next step, before the runner
+        # has encoded this frame
+        audio = np.array(output.audio, dtype=np.float32).reshape(-1)
         if audio.size:
             rate = self.model.output_sample_rate_hz
             sink(StageOutput(slot.request_id, slot.fence, "audio", audio, rate, output.text))
@@ -381,3 +402,14 @@ class TickBatchedStagePort(StagePort):
     async def _on_model(self, method: Callable[..., T], *args: Any) -> T:
         """`method` on the model thread (never two at once, in call order)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
+
+
+def _opened_in_model(slot: SlotState) -> bool:
+    """Whether the model holds `slot` open: its `open_slot` ran to its end."""
+    opening = slot.opening
+    return (
+        opening is not None
+        and opening.done()
+        and not opening.cancelled()
+        and opening.exception() is None
+    )

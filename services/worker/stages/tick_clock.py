@@ -40,6 +40,8 @@ class SlotState:
     fence: DuplexFence | None = None
     #: `open_slot` ran: the slot is stepped as active
     opened: bool = False
+    #: the slot's `open_slot` on the model thread (None: never submitted)
+    opening: asyncio.Future[None] | None = None
     #: bumped by an abort or a close: the outputs of a step gathered before are dropped
     generation: int = 0
     #: the request an abort named: no output is sent under it again
@@ -80,9 +82,6 @@ class SlotState:
         rest = audio[self.frame_samples :]
         self.chunks, self.buffered = ([rest] if rest.size else []), rest.size
         return True
-
-    def clear_input(self) -> None:
-        self.chunks, self.buffered = [], 0
 
     # ------------------------------------------------------------ turn taking
 
