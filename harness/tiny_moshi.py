@@ -14,14 +14,13 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sentencepiece
-import torch
-from moshi.models import loaders
-from safetensors.torch import save_file
+if TYPE_CHECKING:
+    import torch
 
-from plugins.moshi.checkpoint import MIMI_OVERRIDES_KEY, deep_merge
+# torch, moshi and sentencepiece live in .venv-moshi only: they are imported where used, so
+# the main venv can import harness (and bench/tick_batched can tell whether they exist)
 
 SENTENCES = [
     "hello there how are you today",
@@ -89,6 +88,8 @@ TINY_LM: dict[str, Any] = {
 
 def train_tokenizer(path: Path) -> int:
     """A sentencepiece model of `SENTENCES` at `path`; returns its vocabulary size."""
+    import sentencepiece
+
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(SENTENCES),
@@ -110,6 +111,8 @@ def train_tokenizer(path: Path) -> int:
 def _randomize_quantizer(mimi: torch.nn.Module, generator: torch.Generator) -> None:
     """moshi's codebooks start as zeros (k-means fills them in training): random ones here,
     so that different audio gets different codes."""
+    import torch
+
     for name, buffer in mimi.named_buffers():
         if name.endswith("embedding_sum"):
             buffer.copy_(torch.randn(buffer.shape, generator=generator))
@@ -119,6 +122,12 @@ def _randomize_quantizer(mimi: torch.nn.Module, generator: torch.Generator) -> N
 
 def make_tiny_moshi(directory: Path, seed: int = 1234, **config_extra: Any) -> Path:
     """Write the tiny checkpoint into `directory` (created) and return it."""
+    import torch
+    from moshi.models import loaders
+    from safetensors.torch import save_file
+
+    from plugins.moshi.checkpoint import MIMI_OVERRIDES_KEY, deep_merge
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     text_card = train_tokenizer(directory / loaders.TEXT_TOKENIZER_NAME)

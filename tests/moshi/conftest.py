@@ -1,4 +1,4 @@
-"""The Moshi plugin's tests, on the tiny random checkpoint of tiny_moshi.py.
+"""The Moshi plugin's tests, on the tiny random checkpoint of harness/tiny_moshi.py.
 
 Runs only where torch and `moshi` are installed (`make test-moshi` builds `.venv-moshi`);
 tests/conftest.py leaves this folder out elsewhere. Greedy decoding throughout: moshi samples
@@ -12,8 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
+from harness.tiny_moshi import make_tiny_moshi
 from plugins.moshi import MoshiPlugin
-from tests.moshi.tiny_moshi import make_tiny_moshi
 
 GREEDY = {"device": "cpu", "temperature": "0", "temperature_text": "0", "threads": "1"}
 
