@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -37,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from services.worker.metrics import TickMetrics
-from services.worker.stages.tick_clock import SlotState, TickClock
+from services.worker.stages.tick_clock import SlotState, TickClock, TickCounters
 from shared.contracts import (
     DuplexFence,
     DuplexSessionError,
@@ -95,13 +96,7 @@ class TickBatchedStagePort(StagePort):
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._ticked = asyncio.Event()
-        # stats(): counters since start
-        self.ticks = 0
-        self.deadline_misses = 0
-        self.silence_frames = 0
-        self.dropped_input_frames = 0.0
-        self.last_tick_s = 0.0
-        self.max_tick_s = 0.0
+        self.counters = TickCounters()  # since start: stats()
         if metrics is not None:
             metrics.slots.labels(model_name).set(model.slots)
             metrics.slots_active.labels(model_name).set(0)
@@ -153,7 +148,8 @@ class TickBatchedStagePort(StagePort):
 
     async def submit_initial(self, plan: StagePlan) -> None:
         """The session's stream: open its slot in the model (`plan.payload`: its options)."""
-        slot = self._slot(plan.fence.session_id)
+        if (slot := self._slots.get(plan.fence.session_id)) is None:
+            raise DuplexSessionError("unknown_session", f"no slot for {plan.fence.session_id}")
         if plan.fence.epoch >= (slot.fence.epoch if slot.fence else 0):
             slot.fence, slot.request_id = plan.fence, plan.request_id
         options = dict(plan.payload or {})
@@ -178,7 +174,7 @@ class TickBatchedStagePort(StagePort):
             return  # closed meanwhile: nothing to step it for
         dropped = slot.feed(samples)
         if dropped:
-            self.dropped_input_frames += dropped / self.model.frame_samples
+            self.counters.dropped_input_frames += dropped / self.model.frame_samples
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Barge-in or cancel: each named session's slot starts over (`reset_slot`) and
@@ -206,7 +202,7 @@ class TickBatchedStagePort(StagePort):
             if slot.opening is not None and not slot.opening.done():
                 with contextlib.suppress(BaseException):  # the open in flight ends first
                     await asyncio.shield(slot.opening)
-            if not _opened_in_model(slot):
+            if not slot.opened_in_model:
                 self._free.append(slot.index)
                 self._set_active_gauge()
                 return
@@ -253,23 +249,26 @@ class TickBatchedStagePort(StagePort):
     def stats(self) -> dict[str, Any]:
         """Counters since start, for benchmarks and tests."""
         return {
-            "ticks": self.ticks,
-            "deadline_misses": self.deadline_misses,
-            "silence_frames": self.silence_frames,
-            "dropped_input_frames": self.dropped_input_frames,
-            "last_tick_s": self.last_tick_s,
-            "max_tick_s": self.max_tick_s,
+            **dataclasses.asdict(self.counters),
             "frame_s": self.period_s,
             "slots": self.model.slots,
             "slots_active": sum(1 for slot in self._slots.values() if slot.opened),
             "silence_frames_by_session": {
-                sid: slot.silence_frames for sid, slot in self._slots.items()
+                s.session_id: s.silence_frames for s in self._slots.values()
             },
         }
 
+    @property
+    def ticks(self) -> int:
+        return self.counters.ticks
+
+    @property
+    def last_tick_s(self) -> float:
+        return self.counters.last_tick_s
+
     async def wait_ticks(self, count: int) -> None:
         """Until `count` ticks have run since start."""
-        while self.ticks < count:
+        while self.counters.ticks < count:
             await self._ticked.wait()
 
     # ------------------------------------------------------------ the tick
@@ -307,7 +306,7 @@ class TickBatchedStagePort(StagePort):
         deadline = due + self.period_s
         if ended <= deadline:
             return deadline
-        self.deadline_misses += 1
+        self.counters.deadline_misses += 1
         if self._metrics is not None:
             self._metrics.deadline_misses.labels(self.model_name).inc()
         return due + self.period_s * math.ceil((ended - due) / self.period_s)
@@ -345,10 +344,7 @@ class TickBatchedStagePort(StagePort):
         return ended
 
     def _count(self, duration: float, silence: int) -> None:
-        self.ticks += 1
-        self.silence_frames += silence
-        self.last_tick_s = duration
-        self.max_tick_s = max(self.max_tick_s, duration)
+        self.counters.count(duration, silence)
         if self._metrics is not None:
             self._metrics.duration.labels(self.model_name).observe(duration)
             if silence:
@@ -381,18 +377,18 @@ class TickBatchedStagePort(StagePort):
         for slot, _ in stepped:
             sink = self._sinks.get(slot.session_id)
             if slot.responding and sink is not None and slot.request_id and slot.fence:
-                failed = StageOutput(slot.request_id, slot.fence, "error", message=message)
-                failed.error_code = STEP_FAILED
-                sink(failed)
+                sink(
+                    StageOutput(
+                        slot.request_id,
+                        slot.fence,
+                        "error",
+                        error_code=STEP_FAILED,
+                        message=message,
+                    )
+                )
             slot.listen()
 
     # ------------------------------------------------------------ helpers
-
-    def _slot(self, session_id: str) -> SlotState:
-        slot = self._slots.get(session_id)
-        if slot is None:
-            raise DuplexSessionError("unknown_session", f"no slot for session {session_id}")
-        return slot
 
     def _set_active_gauge(self) -> None:
         if self._metrics is not None:
@@ -402,14 +398,3 @@ class TickBatchedStagePort(StagePort):
     async def _on_model(self, method: Callable[..., T], *args: Any) -> T:
         """`method` on the model thread (never two at once, in call order)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
-
-
-def _opened_in_model(slot: SlotState) -> bool:
-    """Whether the model holds `slot` open: its `open_slot` ran to its end."""
-    opening = slot.opening
-    return (
-        opening is not None
-        and opening.done()
-        and not opening.cancelled()
-        and opening.exception() is None
-    )

@@ -28,6 +28,25 @@ class TickClock:
 
 
 @dataclasses.dataclass
+class TickCounters:
+    """A stage's counters since start (`TickBatchedStagePort.stats`)."""
+
+    ticks: int = 0
+    deadline_misses: int = 0
+    silence_frames: int = 0
+    dropped_input_frames: float = 0.0
+    last_tick_s: float = 0.0
+    max_tick_s: float = 0.0
+
+    def count(self, duration: float, silence: int) -> None:
+        """One tick whose step took `duration` and stepped `silence` late frames."""
+        self.ticks += 1
+        self.silence_frames += silence
+        self.last_tick_s = duration
+        self.max_tick_s = max(self.max_tick_s, duration)
+
+
+@dataclasses.dataclass
 class SlotState:
     """One session's slot. Written on the event loop only (the tick, ensure, feed)."""
 
@@ -82,6 +101,17 @@ class SlotState:
         rest = audio[self.frame_samples :]
         self.chunks, self.buffered = ([rest] if rest.size else []), rest.size
         return True
+
+    @property
+    def opened_in_model(self) -> bool:
+        """The model holds this slot open: its `open_slot` ran to its end."""
+        opening = self.opening
+        return (
+            opening is not None
+            and opening.done()
+            and not opening.cancelled()
+            and opening.exception() is None
+        )
 
     # ------------------------------------------------------------ turn taking
 
