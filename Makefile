@@ -79,6 +79,9 @@ chart-check: venv $(HELM)
 	$(HELM) template duplex helm/duplex | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
 	$(HELM) template duplex helm/duplex -f helm/duplex/ci/production-values.yaml \
 	  | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
+	$(HELM) lint --strict helm/duplex -f helm/duplex/ci/moshi-values.yaml
+	$(HELM) template duplex helm/duplex -f helm/duplex/ci/moshi-values.yaml \
+	  | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
 
 test: venv redis-server chromium lint chart-check
 	DUPLEX_HELM=$(HELM) $(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -134,6 +137,9 @@ BENCHES := redis_path lifecycle latency capacity memory faults checkpoints chaos
 
 bench: venv redis-server
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
+	@# the tick stage with the tiny Moshi too where .venv-moshi exists (the echo model alone else)
+	@echo "== bench.tick_batched"; \
+	  $(if $(wildcard $(MOSHI_STAMP)),$(MOSHI_VENV)/bin/python,$(BIN)/python) -m bench.tick_batched
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -26,6 +26,11 @@ RUNS = {
         "benchmarks.md",
         [],
     ),
+    "tick_batched": (
+        ["--levels", "1,2", "--seconds", "0.5", "--models", "echo"],
+        "benchmarks.md",
+        [],
+    ),
 }
 
 
@@ -64,6 +69,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "fuzz",
         "exhaustion",
         "models",
+        "tick_batched",
         "cli_start",
     ],
 )
