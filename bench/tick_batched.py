@@ -112,8 +112,8 @@ def moshi_kind(threads: int) -> ModelKind | str:
     """The tiny Moshi model, or why it cannot be built in this interpreter."""
     try:
         import torch
-        from harness.tiny_moshi import make_tiny_moshi
 
+        from harness.tiny_moshi import make_tiny_moshi
         from plugins.moshi import MoshiPlugin
     except ImportError as missing:
         return f"skipped: {missing} (run with .venv-moshi/bin/python)"
