@@ -48,6 +48,8 @@ class EchoFrameModel(FrameModel):
         self.closed = False
         #: called at each step, on the model thread (a test's slow step)
         self.on_step: Callable[[], None] | None = None
+        #: called at each open_slot, on the model thread (a test's open that fails)
+        self.on_open: Callable[[int, Mapping[str, Any]], None] | None = None
         self._history = [self._fresh() for _ in range(slots)]
 
     def _fresh(self) -> deque[np.ndarray]:
@@ -55,6 +57,8 @@ class EchoFrameModel(FrameModel):
         return deque([silence] * self.delay_frames, maxlen=self.delay_frames + 1)
 
     def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
+        if self.on_open is not None:
+            self.on_open(slot, options)
         if self.opened[slot]:
             raise RuntimeError(f"slot {slot} is already open")
         self.opened[slot] = True

@@ -10,9 +10,18 @@ import pytest
 
 from plugins.moshi import MoshiPlugin
 from plugins.moshi.personaplex import SILENCE_FRAMES, checkpoint_preset, wrap_with_system_tags
-from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
+from services.worker.session.manager import SessionManager
+from services.worker.stages.tick_batched import TickBatchedStagePort
+from shared.client.inline import InlineDuplexClient, InlineEventRouter
+from shared.contracts import (
+    DuplexRuntimeConfigError,
+    DuplexSessionConfig,
+    DuplexSessionError,
+    SessionRuntimeConfig,
+)
 from tests.moshi.conftest import GREEDY, user_audio
 from tests.moshi.test_frame_model import alone, run
+from tests.worker.session_parts import LoudnessVad
 
 SILENCE = [5, 6]
 SINE = [7, 8]
@@ -150,3 +159,27 @@ def test_reset_steps_the_prompt_again(plugin):
     assert model.prompt_frames_left(0) == total
     model.close_slot(0)
     assert model.prompt_frames_left(0) == 0
+
+
+async def test_a_voice_too_short_to_encode_refuses_the_open_and_frees_the_slot(plex_dir):
+    """The voice file exists (the open's config check passes) but holds less than a frame:
+    the model's open_slot refuses it, and so does the open; no mute session is left."""
+    write_wav(plex_dir / "voices" / "BLIP.wav", 0.01)
+    plugin = MoshiPlugin.from_options({"model_dir": str(plex_dir), **GREEDY})
+    model = plugin.frame_model(2)
+    port = TickBatchedStagePort.for_plugin(plugin, model)
+    router = InlineEventRouter()
+    manager = SessionManager(
+        plugin, SessionRuntimeConfig(max_sessions=2), router, port=port, vad_backend=LoudnessVad
+    )
+    client = InlineDuplexClient(manager, router)
+    try:
+        with pytest.raises(DuplexSessionError) as refused:
+            await client.open({"voice": "BLIP"})
+        assert refused.value.code == "invalid_duplex_runtime_config"
+        assert refused.value.param == "voice" and "too short" in refused.value.message
+        assert manager.session_ids() == [] and port.free_slots == 2
+        opened = await client.open({"voice": "TINYF0", "instructions": PERSONA})
+        assert port.slot_of(opened.session_id) is not None and port.free_slots == 1
+    finally:
+        await manager.shutdown()

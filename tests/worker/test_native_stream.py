@@ -15,7 +15,7 @@ from services.worker.session.manager import SessionManager
 from services.worker.session.native_stream import TURN_WINDOW_MS
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
-from shared.contracts import DuplexSessionError, SessionRuntimeConfig
+from shared.contracts import DuplexRuntimeConfigError, DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import BargeIn, CancelResponse, Commit, CreateResponse
 from tests.worker.session_parts import LoudnessVad
 
@@ -244,5 +244,66 @@ async def test_a_restored_session_opens_a_fresh_slot_and_speaks_again(rig):
         await runner.settle_input()
         kinds = [queue.get_nowait().wire_type for _ in range(queue.qsize())]
         assert "response.created" in kinds and "response.output_audio.delta" in kinds
+    finally:
+        await other.manager.shutdown()
+
+
+def _fails_to_open(error: Exception):
+    def on_open(slot, options):
+        raise error
+
+    return on_open
+
+
+@pytest.mark.parametrize(
+    "error, code, param",
+    [
+        (RuntimeError("out of GPU memory"), "runtime_data_plane_stream_failed", None),
+        (
+            DuplexRuntimeConfigError(
+                "invalid_duplex_runtime_config", "voice prompt BLIP.wav is too short", param="voice"
+            ),
+            "invalid_duplex_runtime_config",
+            "voice",
+        ),
+    ],
+)
+async def test_a_stream_that_cannot_start_refuses_the_open_and_gives_its_slot_back(
+    rig, error, code, param
+):
+    rig.model.on_open = _fails_to_open(error)
+    with pytest.raises(DuplexSessionError) as refused:
+        await rig.client.open({})
+    assert refused.value.code == code and refused.value.param == param
+    assert "out of GPU memory" in refused.value.message or "too short" in refused.value.message
+    # no session is served mute: nothing registered, the slot is free again
+    assert rig.manager.session_ids() == [] and rig.manager.slots_in_use == 0
+    assert rig.port.free_slots == rig.model.slots and not any(rig.model.opened)
+    rig.model.on_open = None
+    session = await rig.open()
+    await rig.say(session, tone(3), QUIET, QUIET, QUIET, QUIET, QUIET)
+    await rig.tick(8)
+    assert "response.done" in types(await session.until("response.done"))
+
+
+async def test_a_restore_whose_stream_cannot_start_is_refused_and_keeps_no_slot(rig):
+    session = await rig.open()
+    checkpoint = rig.manager.snapshot(session.session_id)
+    other = Rig()
+    other.model.on_open = _fails_to_open(RuntimeError("out of GPU memory"))
+    try:
+        with pytest.raises(DuplexSessionError) as refused:
+            await other.manager.restore(
+                session.session_id, checkpoint, owner_generation=2, reason="worker_lost"
+            )
+        assert refused.value.code == "runtime_data_plane_stream_failed"
+        assert other.manager.session_ids() == [] and other.manager.slots_in_use == 0
+        assert other.port.free_slots == other.model.slots
+        assert other.router.queue(session.session_id).empty()  # nothing said for it here
+        other.model.on_open = None
+        await other.manager.restore(
+            session.session_id, checkpoint, owner_generation=2, reason="worker_lost"
+        )
+        assert other.model.opened[other.port.slot_of(session.session_id)]
     finally:
         await other.manager.shutdown()

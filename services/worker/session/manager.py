@@ -149,7 +149,7 @@ class SessionManager(SessionMoves, SessionHost):
                 input=InputLedger(self.plugin.input_sample_rate_hz),
             )
             runner = self._new_runner(engine_session, pipeline)
-            await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
+            await self._ensure_stage(runner)  # a native model's slot opens here
             self._runners[session_id] = runner
         finally:
             self._opening -= 1

@@ -5,8 +5,9 @@ A native full-duplex model hears every frame and decides itself when it speaks
 stage (`services/worker/stages/tick_batched.py`) for its whole life, and one long-lived
 stream request on it:
 
-- at start (open and restore) the stream is ensured and submitted, with the session's
-  runtime config as its payload: the slot opens fresh in the model. At a restore on
+- before the session is served (open and restore) the stream is ensured and submitted,
+  with the session's runtime config as its payload: the slot opens fresh in the model, or
+  the session is refused. At a restore on
   another worker it opens fresh too: the model's state never moves between workers
   (checkpoints carry nothing of it);
 - every converted append is fed to the slot as the runner applies it (`feed`), so input
@@ -29,7 +30,6 @@ input budget), so `feed` keeps only the latest `TURN_WINDOW_MS` of it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import numpy as np
@@ -37,6 +37,7 @@ import numpy as np
 from services.worker.session.engine_session import EngineSession
 from shared.contracts import (
     DuplexModelPlugin,
+    DuplexRuntimeConfigError,
     DuplexSessionError,
     FrameClockedPlugin,
     StageOutput,
@@ -54,9 +55,6 @@ TRIM_SLACK_MS = 10_000
 STREAM_FAILED = "runtime_data_plane_stream_failed"
 
 
-@dataclasses.dataclass(frozen=True)
-class OpenStream:
-    """The runner's first mailbox item in a model-native session: start the stream."""
 
 
 def is_native_stream(plugin: DuplexModelPlugin) -> bool:
@@ -72,7 +70,10 @@ class NativeStream:
         self.request_id: str | None = None
 
     async def open(self) -> None:
-        """Ensure and submit the stream under the session's fence (the slot opens)."""
+        """Ensure and submit the stream under the session's fence: the model opens the
+        session's slot. The manager awaits it before the session is served (an open or a
+        restore), so a stream that cannot start refuses the session instead of leaving it
+        mute; the caller gives the slot back (`port.cleanup`)."""
         session = self.session
         try:
             request_id = await self.port.ensure(session.fence, self.role)
@@ -80,6 +81,8 @@ class NativeStream:
             await self.port.submit_initial(plan)
         except DuplexSessionError:
             raise
+        except DuplexRuntimeConfigError as exc:  # what the model refused at its open (a voice)
+            raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
         except Exception as exc:
             log.exception("session %s: the model stream did not start", session.session_id)
             message = f"the model stream did not start: {exc}"

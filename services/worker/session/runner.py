@@ -35,7 +35,7 @@ from services.worker.session.input_queue import (
     InOrder,
     start_task,
 )
-from services.worker.session.native_stream import NativeStream, OpenStream, is_native_stream
+from services.worker.session.native_stream import NativeStream, is_native_stream
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.transcription import PartialPool, PartialTranscript
 from shared.contracts import (
@@ -126,8 +126,6 @@ class SessionRunner:
         self.port.bind(self.session.session_id, self.on_stage_output)
         if first_event is not None:
             self.emit(first_event)
-        if self.responses.native is not None:
-            self.submit(OpenStream())  # before any command: the model hears from the start
         # Not a SupervisedLoop: `_run` turns the failure of any one item into an error
         # event and goes on, so only `stop` ends it; a restart would have nothing to redo.
         self._task = start_task(self._run(), f"session-runner:{self.session.session_id}")
@@ -245,8 +243,6 @@ class SessionRunner:
             self.input.on_partial(item)
         elif isinstance(item, IdleDue):
             await self.input.on_idle_due(item)
-        elif isinstance(item, OpenStream) and self.responses.native is not None:
-            await self.responses.native.open()
         else:
             mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
             try:
