@@ -50,6 +50,8 @@ TEXT_PADDING = 3
 MAX_PERSONA_TOKENS = 400
 VOICE_SUFFIXES = (".wav", ".pt")
 TARGET_DBFS = -24.0
+#: Mimi's frame (12.5 Hz), before a model is attached to tell its own
+MIMI_FRAME_S = 0.08
 
 
 def checkpoint_preset(checkpoint: MoshiCheckpoint) -> str:
@@ -96,6 +98,28 @@ def read_wav(path: Path, rate_hz: int) -> np.ndarray:
     if rms > 0:
         audio = audio * (10 ** (TARGET_DBFS / 20) / rms)
     return np.clip(audio, -1.0, 1.0).astype(np.float32)
+
+
+def check_voice_wav(path: Path, min_seconds: float) -> None:
+    """What a voice file's header tells without decoding it: 16-bit PCM, at least one
+    frame long. Checked when a session opens, so the model's slot open does not fail on
+    it after `session.created`."""
+    try:
+        with wave.open(str(path), "rb") as wav:
+            if wav.getsampwidth() != 2:
+                raise ValueError("not 16-bit PCM")
+            seconds = wav.getnframes() / wav.getframerate()
+    except (OSError, EOFError, ValueError, ZeroDivisionError, wave.Error) as error:
+        raise DuplexRuntimeConfigError(
+            "invalid_duplex_runtime_config", f"voice prompt {path.name}: {error}", param="voice"
+        ) from error
+    if seconds < min_seconds:
+        raise DuplexRuntimeConfigError(
+            "invalid_duplex_runtime_config",
+            f"voice prompt {path.name} is too short ({seconds * 1000:.0f} ms: at least one "
+            f"{min_seconds * 1000:.0f} ms frame)",
+            param="voice",
+        )
 
 
 class PersonaPlexPreset:
@@ -170,8 +194,19 @@ class PersonaPlexPreset:
                 f"{MAX_PERSONA_TOKENS} (one 80 ms frame each before the conversation)",
                 param="instructions",
             )
-        voice_name = self.voice_path(voice).name if voice else None
+        voice_name = None
+        if voice:
+            path = self.voice_path(voice)
+            check_voice_wav(path, self.frame_seconds)
+            voice_name = path.name
         return {"persona": instructions.strip() if tokens else None, "voice": voice_name}
+
+    @property
+    def frame_seconds(self) -> float:
+        model = self._model
+        if model is None:
+            return MIMI_FRAME_S
+        return model.frame_samples / model.input_sample_rate_hz
 
     # ------------------------------------------------------------ the model side
 
@@ -232,6 +267,7 @@ __all__ = [
     "SILENCE_TOKENS",
     "SINE_TOKENS",
     "PersonaPlexPreset",
+    "check_voice_wav",
     "checkpoint_preset",
     "read_wav",
     "wrap_with_system_tags",

@@ -50,6 +50,13 @@ def plex_dir(tiny_dir, tmp_path_factory):
     (directory / "voices").mkdir()
     write_wav(directory / "voices" / "TINYF0.wav", 0.48)  # 6 frames at 24 kHz
     (directory / "voices" / "NATF2.pt").write_bytes(b"embeddings of NVIDIA's fork")
+    write_wav(directory / "voices" / "BLIP.wav", 0.01)  # under one 80 ms frame
+    with wave.open(str(directory / "voices" / "U8.wav"), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(1)
+        wav.setframerate(16_000)
+        wav.writeframes(bytes(16_000))
+    (directory / "voices" / "GARBAGE.wav").write_bytes(b"not a RIFF file at all")
     return directory
 
 
@@ -86,6 +93,9 @@ async def test_persona_and_voice_become_the_runtime_config(plugin):
         (".hidden", "not a path"),
         ("NOBODY", "no NOBODY.wav"),
         ("NATF2", "cannot replay"),
+        ("BLIP", "too short"),
+        ("U8", "not 16-bit PCM"),
+        ("GARBAGE", "voice prompt GARBAGE.wav"),
     ],
 )
 async def test_bad_voices_are_refused(plugin, voice, message):
@@ -162,9 +172,8 @@ def test_reset_steps_the_prompt_again(plugin):
 
 
 async def test_a_voice_too_short_to_encode_refuses_the_open_and_frees_the_slot(plex_dir):
-    """The voice file exists (the open's config check passes) but holds less than a frame:
-    the model's open_slot refuses it, and so does the open; no mute session is left."""
-    write_wav(plex_dir / "voices" / "BLIP.wav", 0.01)
+    """The voice file exists but holds less than a frame, which the model could not encode:
+    the open is refused before session.created, and no slot is taken."""
     plugin = MoshiPlugin.from_options({"model_dir": str(plex_dir), **GREEDY})
     model = plugin.frame_model(2)
     port = TickBatchedStagePort.for_plugin(plugin, model)

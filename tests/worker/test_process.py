@@ -85,6 +85,23 @@ async def test_a_refused_open_is_published_as_an_error():
         refused = replies[keys.live("duplex-b")]
         assert refused["type"] == "error" and refused["error"]["code"] == "resource_exhausted"
         assert refused["error"]["retryable"] is True
+        # a configuration the worker refuses names its field, as the API pod's refusals do
+        await worker.manager.close("duplex-a", "client_close")
+        await store.open("duplex-c", "w2", "echo", "", "{}")
+        await pubsub.subscribe(keys.live("duplex-c"))
+        session = {"turn_detection": {"type": "bogus"}}
+        await worker.dispatch(InboxMessage(OPEN, "duplex-c", 1, 0, {"session": session}))
+        refused = None
+        while refused is None:
+            message = await pubsub.get_message(timeout=2)
+            if (
+                message
+                and message["type"] == "message"
+                and message["channel"].decode() == (keys.live("duplex-c"))
+            ):
+                refused = orjson.loads(message["data"])
+        assert refused["error"]["code"] == "unsupported_turn_detection"
+        assert refused["error"]["param"] == "turn_detection"
         await pubsub.aclose()
     finally:
         await worker.stop()

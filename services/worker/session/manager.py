@@ -138,7 +138,7 @@ class SessionManager(SessionMoves, SessionHost):
                 self.plugin.validate_client_extra_body(config.extra_body)
                 runtime_config = await self.plugin.prepare_runtime_config(config)
             except DuplexRuntimeConfigError as exc:
-                raise DuplexSessionError(exc.code, exc.message) from None
+                raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
             pipeline = self._pipeline(config, 0)
             engine_session = EngineSession(
                 session_id=session_id,
@@ -149,7 +149,7 @@ class SessionManager(SessionMoves, SessionHost):
                 input=InputLedger(self.plugin.input_sample_rate_hz),
             )
             runner = self._new_runner(engine_session, pipeline)
-            await self._ensure_stage(runner)  # a native model's slot opens here
+            await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
             self._runners[session_id] = runner
         finally:
             self._opening -= 1

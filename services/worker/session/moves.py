@@ -72,24 +72,6 @@ class SessionMoves:
     # and, from the manager: runner(sid), _admit(sid), _pipeline(config, stream_ms),
     # _new_runner(session, pipeline, marks), _cleanup(sid), _closed_later(task)
 
-    # ------------------------------------------------------------ stage requests
-
-    async def _ensure_stage(self, runner: SessionRunner) -> None:
-        """The session's stage request, before it is served (an open or a restore). A
-        model-native session's stream opens its model slot here: a stream that cannot start
-        refuses the session and gives the slot back, rather than serving a mute session."""
-        session = runner.session
-        native = runner.responses.native
-        if native is None:
-            await self.port.ensure(session.fence, self.plugin.stage_roles[0])
-            return
-        try:
-            await native.open()
-        except BaseException:
-            with contextlib.suppress(Exception):  # an open in flight ends first (the port)
-                await self.port.cleanup(session.session_id)
-            raise
-
     # ------------------------------------------------------------ owners
 
     def _bind_sink(self) -> None:
@@ -228,8 +210,8 @@ class SessionMoves:
                     session_id, doc.get("model_state"), session.conversation.items
                 )
             except DuplexRuntimeConfigError as exc:
-                raise DuplexSessionError(exc.code, exc.message) from None
-            await self._ensure_stage(runner)
+                raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
+            await self.port.ensure(session.fence, self.plugin.stage_roles[0])
             self._runners[session_id] = runner
         finally:
             self._opening -= 1

@@ -5,11 +5,14 @@ A native full-duplex model hears every frame and decides itself when it speaks
 stage (`services/worker/stages/tick_batched.py`) for its whole life, and one long-lived
 stream request on it:
 
-- before the session is served (open and restore) the stream is ensured and submitted,
-  with the session's runtime config as its payload: the slot opens fresh in the model, or
-  the session is refused. At a restore on
-  another worker it opens fresh too: the model's state never moves between workers
-  (checkpoints carry nothing of it);
+- at start (open and restore) the stream is ensured and submitted on the runner's task,
+  with the session's runtime config as its payload: the slot opens fresh in the model. At
+  a restore on another worker it opens fresh too: the model's state never moves between
+  workers (checkpoints carry nothing of it). The open does not wait for the slot (the
+  worker dispatches every session's commands on one task, and the model thread may be
+  mid-step), so a stream that cannot start ends the session afterwards: its error, then
+  session.closed; a session that never speaks must not hold a slot. What a plugin can
+  check without its model (a PersonaPlex voice file) it refuses at the open itself;
 - every converted append is fed to the slot as the runner applies it (`feed`), so input
   reaches the model in order and an input.cancel's dropped appends never reach it;
 - the stage's frames open responses: an "audio" (or "text") output with no active
@@ -30,6 +33,7 @@ input budget), so `feed` keeps only the latest `TURN_WINDOW_MS` of it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -55,10 +59,13 @@ TRIM_SLACK_MS = 10_000
 STREAM_FAILED = "runtime_data_plane_stream_failed"
 
 
-
-
 def is_native_stream(plugin: DuplexModelPlugin) -> bool:
     return isinstance(plugin, FrameClockedPlugin)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenStream:
+    """The runner's first mailbox item in a model-native session: start the stream."""
 
 
 class NativeStream:
@@ -70,10 +77,7 @@ class NativeStream:
         self.request_id: str | None = None
 
     async def open(self) -> None:
-        """Ensure and submit the stream under the session's fence: the model opens the
-        session's slot. The manager awaits it before the session is served (an open or a
-        restore), so a stream that cannot start refuses the session instead of leaving it
-        mute; the caller gives the slot back (`port.cleanup`)."""
+        """Ensure and submit the stream under the session's fence (the slot opens)."""
         session = self.session
         try:
             request_id = await self.port.ensure(session.fence, self.role)

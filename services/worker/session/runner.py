@@ -35,7 +35,12 @@ from services.worker.session.input_queue import (
     InOrder,
     start_task,
 )
-from services.worker.session.native_stream import NativeStream, is_native_stream
+from services.worker.session.native_stream import (
+    STREAM_FAILED,
+    NativeStream,
+    OpenStream,
+    is_native_stream,
+)
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.transcription import PartialPool, PartialTranscript
 from shared.contracts import (
@@ -126,6 +131,8 @@ class SessionRunner:
         self.port.bind(self.session.session_id, self.on_stage_output)
         if first_event is not None:
             self.emit(first_event)
+        if self.responses.native is not None:
+            self.submit(OpenStream())  # before any command: the model hears from the start
         # Not a SupervisedLoop: `_run` turns the failure of any one item into an error
         # event and goes on, so only `stop` ends it; a restart would have nothing to redo.
         self._task = start_task(self._run(), f"session-runner:{self.session.session_id}")
@@ -243,6 +250,8 @@ class SessionRunner:
             self.input.on_partial(item)
         elif isinstance(item, IdleDue):
             await self.input.on_idle_due(item)
+        elif isinstance(item, OpenStream) and self.responses.native is not None:
+            await self._open_stream(self.responses.native)
         else:
             mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
             try:
@@ -251,6 +260,17 @@ class SessionRunner:
                     await dispatch(self._context, item)
             finally:
                 self.marks.complete(mark)  # an input result: its command is complete
+
+    async def _open_stream(self, native: NativeStream) -> None:
+        """The model's slot opens; if it cannot, the session has nothing left to serve: its
+        error, then it closes (the slot goes back), rather than a session that never speaks."""
+        try:
+            await native.open()
+        except CodedError as exc:
+            extra = {"param": exc.param} if exc.param else {}
+            self.error(exc.code, exc.message, **extra)
+            if self._context.on_close is not None:
+                self._context.on_close(self.session.session_id, STREAM_FAILED)
 
     async def _dispatch(self, item: Dispatched) -> None:
         self._dispatched -= 1
