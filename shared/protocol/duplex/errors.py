@@ -128,7 +128,8 @@ _SERVER: list[tuple[str, str]] = [
     ("runtime_abort_failed", "aborting a stage request failed"),
     (
         "runtime_data_plane_stream_failed",
-        "a model stage failed; the response fails with that reason",
+        "a model stage failed; the response fails with that reason (a model-native "
+        "session whose model slot could not open: the session closes with that reason)",
     ),
     ("runtime_data_plane_text_without_audio", "the model produced text without audio"),
     ("runtime_touch_failed", "refreshing the session lease failed"),
