@@ -27,8 +27,9 @@ token constants (`silence_tokens`, `sine_tokens`: the tiny test model's codebook
 
 from __future__ import annotations
 
+import contextlib
 import wave
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,18 +79,25 @@ def wrap_with_system_tags(persona: str) -> str:
     return f"<system> {text} <system>"
 
 
-def read_wav(path: Path, rate_hz: int) -> np.ndarray:
-    """A PCM16 WAV as mono float32 at `rate_hz`, scaled to TARGET_DBFS RMS."""
+@contextlib.contextmanager
+def _pcm16_wav(path: Path) -> Iterator[wave.Wave_read]:
+    """A voice prompt opened as 16-bit PCM WAV; anything else is the session's config error."""
     try:
         with wave.open(str(path), "rb") as wav:
             if wav.getsampwidth() != 2:
                 raise ValueError("not 16-bit PCM")
-            channels, source_rate = wav.getnchannels(), wav.getframerate()
-            samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
-    except (OSError, EOFError, ValueError, wave.Error) as error:
+            yield wav
+    except (OSError, EOFError, ValueError, ZeroDivisionError, wave.Error) as error:
         raise DuplexRuntimeConfigError(
             "invalid_duplex_runtime_config", f"voice prompt {path.name}: {error}", param="voice"
         ) from error
+
+
+def read_wav(path: Path, rate_hz: int) -> np.ndarray:
+    """A PCM16 WAV as mono float32 at `rate_hz`, scaled to TARGET_DBFS RMS."""
+    with _pcm16_wav(path) as wav:
+        channels, source_rate = wav.getnchannels(), wav.getframerate()
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
     audio = samples.reshape(-1, channels).mean(axis=1).astype(np.float32) / 32768.0
     if source_rate != rate_hz:
         resampler = StreamingResampler(source_rate, rate_hz)
@@ -104,15 +112,8 @@ def check_voice_wav(path: Path, min_seconds: float) -> None:
     """What a voice file's header tells without decoding it: 16-bit PCM, at least one
     frame long. Checked when a session opens, so the model's slot open does not fail on
     it after `session.created`."""
-    try:
-        with wave.open(str(path), "rb") as wav:
-            if wav.getsampwidth() != 2:
-                raise ValueError("not 16-bit PCM")
-            seconds = wav.getnframes() / wav.getframerate()
-    except (OSError, EOFError, ValueError, ZeroDivisionError, wave.Error) as error:
-        raise DuplexRuntimeConfigError(
-            "invalid_duplex_runtime_config", f"voice prompt {path.name}: {error}", param="voice"
-        ) from error
+    with _pcm16_wav(path) as wav:
+        seconds = wav.getnframes() / wav.getframerate()
     if seconds < min_seconds:
         raise DuplexRuntimeConfigError(
             "invalid_duplex_runtime_config",

@@ -319,8 +319,9 @@ class WorkerProcess(WorkerHost):
             # error from here would reach its client unfenced, from a worker it left
             log.info("%s for session %s, which this worker does not hold: dropped", exc.code, sid)
             return
-        extra = {"param": exc.param} if exc.param else {}  # the field it names, as everywhere
-        error = DuplexErrorEvent.for_code(exc.code, exc.message, related_event_id=event_id, **extra)
+        error = DuplexErrorEvent.for_code(
+            exc.code, exc.message, param=exc.param, related_event_id=event_id
+        )
         self.publisher.emit(sid, error)
 
     async def _chat(self, request: ChatRequest) -> None:

@@ -59,13 +59,13 @@ TRIM_SLACK_MS = 10_000
 STREAM_FAILED = "runtime_data_plane_stream_failed"
 
 
-def is_native_stream(plugin: DuplexModelPlugin) -> bool:
-    return isinstance(plugin, FrameClockedPlugin)
-
-
 @dataclasses.dataclass(frozen=True)
 class OpenStream:
     """The runner's first mailbox item in a model-native session: start the stream."""
+
+
+def is_native_stream(plugin: DuplexModelPlugin) -> bool:
+    return isinstance(plugin, FrameClockedPlugin)
 
 
 class NativeStream:

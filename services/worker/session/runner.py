@@ -267,8 +267,7 @@ class SessionRunner:
         try:
             await native.open()
         except CodedError as exc:
-            extra = {"param": exc.param} if exc.param else {}
-            self.error(exc.code, exc.message, **extra)
+            self.error(exc.code, exc.message, param=exc.param)
             if self._context.on_close is not None:
                 self._context.on_close(self.session.session_id, STREAM_FAILED)
 
