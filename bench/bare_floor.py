@@ -59,8 +59,8 @@ WIRE_BEFORE_FIRST = (
     "conversation.item.added",
     "conversation.item.created",
     "response.output_item.added",
-    "response.speak",
     "response.content_part.added",
+    "response.speak",
 )
 WIRE_AFTER_DELTA = ("response.output_audio_transcript.delta",)
 WIRE_BEFORE_DONE = (

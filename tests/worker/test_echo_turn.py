@@ -21,8 +21,8 @@ RESPONSE_START = [
     "conversation.item.added",
     "conversation.item.created",
     "response.output_item.added",
-    "response.speak",
     "response.content_part.added",
+    "response.speak",
 ]
 RESPONSE_END = [
     "response.output_audio.done",

@@ -62,6 +62,7 @@ async def test_silence_after_the_playback_commits_and_prompts_a_response(parts_f
         "conversation.item.added",
         "conversation.item.created",
         "response.output_item.added",
+        "response.content_part.added",
     ]
     fired = events[0]
     assert (fired.audio_start_ms, fired.audio_end_ms) == (500, 1500)

@@ -195,7 +195,7 @@ async def test_vad_barge_in_cancels_the_response_and_the_speech_is_the_next_turn
     items = await parts.apply_next(2)
     assert [type(item) for item in items] == [AppendReady, CommitReady]
     events = parts.take_events()
-    assert types(events) == [*COMMIT_FAN_OUT, *RESPONSE_START[:4]]
+    assert types(events) == [*COMMIT_FAN_OUT, *RESPONSE_START[:5]]
     assert events[0].audio_end_ms == 64
     assert events[3].event["turn_id"] == 1 and events[3].event["epoch"] == 1
     assert parts.port.plans[-1].payload.transcript == "echo 128 ms"  # barge-in speech kept

@@ -35,7 +35,9 @@ async def test_commit_all_on_done_puts_the_whole_transcript_in_history(harness_p
     await session.send({"type": "playback.ack", "response_id": response_id, "played_ms": 300})
     ack = (await session.until("playback.acknowledged"))[-1].event
     assert ack["played_ms"] == 300 and ack["committed_ms"] == pytest.approx(1000)
-    assert ack["history_committed"] == "echo 1000 ms"
+    # a boolean, as vLLM-Omni 0.30.0 has it (its harness checks `is True`); the words are
+    # the item's, and playback.acknowledged names its own type inside `event`
+    assert ack["history_committed"] is True and ack["type"] == "playback.acknowledged"
     assert (await retrieve(session, item_id))["content"][0]["transcript"] == "echo 1000 ms"
 
 
@@ -49,12 +51,12 @@ async def test_ack_only_history_grows_with_acknowledged_playback(harness_pair):
     for played in (300, 200, 1000):  # acks are monotonic: 200 after 300 changes nothing
         await session.send({"type": "playback.ack", "played_ms": played})
         ack = (await session.until("playback.acknowledged"))[-1].event
-        transcripts.append(ack["history_committed"])
+        assert ack["history_committed"] is True
         assert ack["response_id"] == response_id and ack["item_id"] == item_id
+        transcripts.append((await retrieve(session, item_id))["content"][0]["transcript"])
     assert transcripts[0] == transcripts[1] == "echo 1000 ms"[: len(transcripts[0])]
     assert 0 < len(transcripts[0]) < len("echo 1000 ms")
     assert transcripts[2] == "echo 1000 ms"
-    assert (await retrieve(session, item_id))["content"][0]["transcript"] == "echo 1000 ms"
 
 
 async def test_truncate_ack_keeps_only_what_was_heard(harness_pair):
@@ -63,9 +65,9 @@ async def test_truncate_ack_keeps_only_what_was_heard(harness_pair):
     await session.send({"type": "playback.ack", "played_ms": 500, "truncate": True})
     ack = (await session.until("playback.acknowledged"))[-1].event
     assert ack["truncate"] is True and ack["committed_ms"] == 500
-    heard = ack["history_committed"]
+    assert ack["history_committed"] is True
+    heard = (await retrieve(session, item_id))["content"][0]["transcript"]
     assert "echo 1000 ms".startswith(heard) and 0 < len(heard) < len("echo 1000 ms")
-    assert (await retrieve(session, item_id))["content"][0]["transcript"] == heard
 
 
 async def test_conversation_item_truncate(harness_pair):

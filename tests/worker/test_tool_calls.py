@@ -53,7 +53,9 @@ CALL_EVENTS = [
 ]
 #: a response that said nothing and called a tool (the duplex surface): its message item,
 #: opened with the response, closes empty, then the call
+# a response that only calls a tool: its audio part (opened with it) closes unused
 CALL_RESPONSE_END = [
+    "response.content_part.done",
     "response.output_item.done",
     "conversation.item.done",
     *CALL_EVENTS,
@@ -107,16 +109,16 @@ async def test_a_call_is_emitted_in_ga_order_when_its_response_completes(parts):
     await parts.apply(parts.output("done"))
     events = parts.take_events()
     # the message item's audio closes first, then the call item at output_index 1
+    # (the audio part opened with the response, on the duplex surface)
     assert types(events) == [
         "response.speak",
-        "response.content_part.added",
         "response.output_audio.delta",
         "response.output_audio_transcript.delta",
         *RESPONSE_END[:5],
         *CALL_EVENTS,
         *RESPONSE_END[5:],
     ]
-    added, conv_added, _, delta, args_done, item_done, conv_done, done = events[9:17]
+    added, conv_added, _, delta, args_done, item_done, conv_done, done = events[8:16]
     item_id = item_done.item["id"]
     assert added.output_index == delta.output_index == args_done.output_index == 1
     assert added.item == {

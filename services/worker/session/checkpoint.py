@@ -140,6 +140,7 @@ def _response(response: ActiveResponse) -> dict[str, Any]:
         "output_index": response.output_index,
         "content_index": response.content_index,
         "speaking": response.speaking,
+        "spoke": response.spoke,
         "transcript": response.transcript,
         "marks": response.marks,
         "playback": response.playback.to_dict(),
@@ -301,6 +302,8 @@ def _active(session_id: str, entry: Mapping[str, Any], output_rate_hz: int) -> A
         output_index=int(entry["output_index"]),
         content_index=int(entry["content_index"]),
         speaking=bool(entry["speaking"]),
+        # a checkpoint written before `spoke` existed opened its part with response.speak
+        spoke=bool(entry.get("spoke", entry["speaking"])),
         transcript=entry["transcript"],
         marks=[dict(mark) for mark in entry["marks"]],
         playback=PlaybackLedger(**entry["playback"]),

@@ -78,8 +78,12 @@ class ActiveResponse:
     modalities: tuple[str, ...]
     output_index: int = 0
     content_index: int = 0
-    #: the content part (audio or text) is open: its first output was emitted
+    #: the content part (audio or text) is open: at the start of an audio response on the
+    #: duplex surface, else at its first output
     speaking: bool = False
+    #: its first output was sent (on the duplex surface `response.speak` right before it,
+    #: after the content part)
+    spoke: bool = False
     #: the response's words: the audio's transcript, or a text response's text
     transcript: str = ""
     marks: list[dict[str, float]] = dataclasses.field(default_factory=list)
@@ -168,12 +172,6 @@ class ActiveResponse:
         }
 
 
-def said_text(item: dict[str, Any]) -> str:
-    """The words of an assistant message item (an audio transcript or a text part)."""
-    part = (item.get("content") or [{}])[0]
-    return str(part.get("transcript", part.get("text")) or "")
-
-
 # ---------------------------------------------------------------- max_output_tokens
 
 
@@ -251,17 +249,23 @@ def item_events(
     return [added, *conversation] if ga_order else [*conversation, added]
 
 
-def part_events(response: ActiveResponse, session_id: str) -> list[DuplexEvent]:
-    """The content part opens: an audio part (after `response.speak`) or a text part."""
+def part_events(response: ActiveResponse) -> list[DuplexEvent]:
+    """The content part opens: an audio part, or a text part for a text response. On the
+    duplex surface an audio part opens with the response, as vLLM-Omni 0.30.0 does (its
+    clients check `content_part.added`, `response.speak`, `output_audio.delta`); on the
+    openai surface, and for a text part, at the first output."""
     response.speaking = True
     if response.text_only:
-        part = {"type": "text", "text": ""}
-        return [ResponseContentPartAdded(**_scoped(response), part=part)]
+        part: dict[str, str] = {"type": "text", "text": ""}
+    else:
+        part = {"type": "audio", "transcript": ""}
+    return [ResponseContentPartAdded(**_scoped(response), part=part)]
+
+
+def speak_event(response: ActiveResponse, session_id: str) -> DuplexEvent:
+    """`response.speak`: the model chose to speak (duplex surface, audio responses)."""
     metadata = {"session_id": session_id, "epoch": response.fence.epoch, "model_speak": True}
-    return [
-        ResponseSpeak(**_scoped(response), metadata=metadata),
-        ResponseContentPartAdded(**_scoped(response), part={"type": "audio", "transcript": ""}),
-    ]
+    return ResponseSpeak(**_scoped(response), metadata=metadata)
 
 
 def audio_events(
@@ -336,13 +340,14 @@ def finish_events(
             ResponseContentPartDone(**_scoped(response), part={"type": "text", "text": said}),
         ]
     elif response.speaking:
-        events += [
-            ResponseOutputAudioDone(**_scoped(response)),
-            ResponseOutputAudioTranscriptDone(**_scoped(response), transcript=said),
-            ResponseContentPartDone(
-                **_scoped(response), part={"type": "audio", "transcript": said}
-            ),
-        ]
+        if response.spoke:  # an audio part opened with the response may close unused
+            events += [
+                ResponseOutputAudioDone(**_scoped(response)),
+                ResponseOutputAudioTranscriptDone(**_scoped(response), transcript=said),
+            ]
+        events.append(
+            ResponseContentPartDone(**_scoped(response), part={"type": "audio", "transcript": said})
+        )
     if response.announced:
         events += [
             ResponseOutputItemDone(

@@ -44,6 +44,7 @@ from services.worker.session.response import (
     item_events,
     new_response_id,
     part_events,
+    speak_event,
     take_words,
     text_events,
 )
@@ -163,6 +164,9 @@ class ResponseController(ResponseHistory):
         self.emit(created_event(response))
         if not openai:
             self.announce(response)  # contract 1.2: the item opens with the response
+            if not response.text_only:  # and its audio part (vLLM-Omni 0.30.0's order)
+                for event in part_events(response):
+                    self.emit(event)
         return response
 
     def announce(self, response: ActiveResponse) -> None:
@@ -313,9 +317,8 @@ class ResponseController(ResponseHistory):
         self, response: ActiveResponse, encoded: bytes, text: str, *, end_of_turn: bool
     ) -> None:
         session = self.session
-        if not response.speaking:
-            session.turn_state = "assistant_playing"
-            session.audio_started = True
+        session.turn_state = "assistant_playing"  # the response's audio is being sent
+        session.audio_started = True
         self._open_part(response)
         duration_ms = _duration_ms(encoded, response)
         for event in audio_events(
@@ -336,12 +339,17 @@ class ResponseController(ResponseHistory):
             self.emit(event)
 
     def _open_part(self, response: ActiveResponse) -> None:
-        """Before the response's first output: its item (if not yet announced), its part."""
+        """Before the response's first output: its item (if not yet announced), its part
+        (if not yet open), and on the duplex surface `response.speak`."""
         if not response.announced:
             self.announce(response)
         if not response.speaking:
-            for event in part_events(response, self.session.session_id):
+            for event in part_events(response):
                 self.emit(event)
+        if not response.spoke:
+            response.spoke = True
+            if not response.text_only and not self.session.config.openai_surface:
+                self.emit(speak_event(response, self.session.session_id))
 
     def report_overlap(self, action: str, reason: str) -> None:
         """The user spoke over the active response: said once per response."""

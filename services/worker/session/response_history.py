@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.worker.session.engine_session import EngineSession
-from services.worker.session.response import FAILED, ActiveResponse, said_text
+from services.worker.session.response import FAILED, ActiveResponse
 from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import (
     ACK_ONLY,
@@ -53,16 +53,19 @@ class ResponseHistory:
                 f"{command.item_id!r} is not {response.response_id}'s item",
             )
         response.playback.acknowledge(command.played_ms, command.committed_ms, command.truncate)
-        history = ""
-        if response.status != FAILED and (
+        # whether history now keeps what was acknowledged: a boolean, as in vLLM-Omni
+        # 0.30.0 (its harness checks `is True`); the words are in conversation.item.*
+        history_committed = response.status != FAILED and (
             command.truncate
             or session.config.playback_commit_policy == ACK_ONLY
             or response.status != "in_progress"
-        ):
-            history = said_text(self.history_item(response, item_status(response)))
+        )
+        if history_committed:
+            self.history_item(response, item_status(response))
         self.emit(
             PlaybackAcknowledged(
                 event={
+                    "type": "playback.acknowledged",
                     "session_id": session.session_id,
                     "epoch": session.epoch,
                     "response_id": response.response_id,
@@ -71,7 +74,7 @@ class ResponseHistory:
                     "committed_ms": response.playback.committed_ms,
                     "truncate": command.truncate,
                     "playback": response.playback.to_dict(),
-                    "history_committed": history,
+                    "history_committed": history_committed,
                 }
             )
         )
