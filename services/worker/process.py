@@ -79,7 +79,11 @@ class WorkerProcess(WorkerHost):
         # a frame-clocked model is loaded in `start` (off the loop), its manager with it
         self.manager: SessionManager = None  # type: ignore[assignment]
         if not isinstance(self.plugin, FrameClockedPlugin):
-            self._serve_with(SessionManager(self.plugin, self.runtime, self.publisher))
+            self._serve_with(
+                SessionManager(
+                    self.plugin, self.runtime, self.publisher, report_load=self.report_load
+                )
+            )
         self.inbox = self.keys.inbox(settings.worker_id)
         self.order = CommandOrder()  # which commands apply when (redelivery, moves)
         self._order_lock = asyncio.Lock()  # released commands reach the manager in order
@@ -121,7 +125,11 @@ class WorkerProcess(WorkerHost):
         port = await build_frame_stage(plugin, self.runtime.max_sessions, self.metrics.tick)
         slots = min(self.runtime.max_sessions, port.model.slots)
         self.runtime = dataclasses.replace(self.runtime, max_sessions=slots)
-        self._serve_with(SessionManager(plugin, self.runtime, self.publisher, port=port))
+        self._serve_with(
+            SessionManager(
+                plugin, self.runtime, self.publisher, port=port, report_load=self.report_load
+            )
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -298,9 +306,8 @@ class WorkerProcess(WorkerHost):
                 case RestoreRequest() as request:
                     await ownership.restore(self, request)
                 case CloseRequest(reason=reason):
-                    await self.manager.close(sid, reason)
+                    await self.manager.close(sid, reason)  # reports the load itself
                     self.order.forget(sid)
-                    await self.report_load()
                 case TouchRequest():
                     await self.manager.touch(sid)
                 case ChatRequest() as request:

@@ -14,6 +14,8 @@ from typing import Any
 from shared.client.receiving import receive_until
 from shared.contracts import SessionEventSink, SessionHost
 from shared.protocol.duplex import (
+    SURFACE_KEY,
+    SURFACE_OPENAI,
     CloseSession,
     CommandContext,
     DuplexCommand,
@@ -106,10 +108,16 @@ class InlineDuplexClient:
         self.router = router
 
     async def open(self, session: Mapping[str, Any] | None = None, **kwargs: Any) -> InlineSession:
-        """Open a session and consume its `session.created`."""
-        result = await self.host.open(session or {}, **kwargs)
+        """Open a session and consume its opening events: `session.created`, and on the
+        duplex surface the `session.updated` that follows it."""
+        session = session or {}
+        result = await self.host.open(session, **kwargs)
         inline = InlineSession(self.host, self.router, result.session_id, result.session)
         created = await inline.recv()
         if created.wire_type != "session.created":
             raise RuntimeError(f"expected session.created first, got {created.wire_type}")
+        if session.get(SURFACE_KEY) != SURFACE_OPENAI:
+            updated = await inline.recv()
+            if updated.wire_type != "session.updated":
+                raise RuntimeError(f"expected session.updated next, got {updated.wire_type}")
         return inline

@@ -49,11 +49,12 @@ async def test_registers_dispatches_once_and_deregisters():
         kinds = [m["type"] for m in received]
         assert kinds == [
             "session.created",
+            "session.updated",  # follows the first session.created (vLLM-Omni 0.30.0)
             "session.heartbeat_ack",
             "session.heartbeat_ack",
             "session.closed",
         ]
-        assert [m.get("server_event_seq") for m in received] == [None, 1, 2, 3]
+        assert [m.get("server_event_seq") for m in received] == [None, 1, 2, 3, 4]
         assert (await store.meta("duplex-s1"))["state"] == "closed"
         await pubsub.aclose()
         assert "duplex-s1" in worker.order.sessions()
@@ -80,7 +81,8 @@ async def test_a_refused_open_is_published_as_an_error():
         replies = {}
         while len(replies) < 2:
             message = await pubsub.get_message(timeout=2)
-            if message and message["type"] == "message":
+            # an open's answer is a bare event (a framed round of journaled ones follows it)
+            if message and message["type"] == "message" and message["data"][:1] == b"{":
                 replies[message["channel"].decode()] = orjson.loads(message["data"])
         refused = replies[keys.live("duplex-b")]
         assert refused["type"] == "error" and refused["error"]["code"] == "resource_exhausted"
@@ -200,3 +202,33 @@ async def test_a_restarted_worker_dispatches_its_pending_entries_once():
         reading.cancel()
         await asyncio.gather(reading, return_exceptions=True)
     assert dispatched == ["duplex-p1", "duplex-p2"]
+
+
+async def test_the_slot_is_free_where_placement_reads_it_before_session_closed():
+    """vLLM-Omni 0.30.0: a client that sees session.closed can open a replacement at once.
+    Placement reads the worker's `active`: it is written before the event is published
+    (heartbeats are far apart here, so none writes it in between)."""
+    handle = connect(None)
+    settings = WorkerSettings(worker_id="w3", max_sessions=1, heartbeat_interval_s=3600)
+    worker = WorkerProcess(settings, handle)
+    keys = KeySchema()
+    client = handle.client
+    await worker.start()
+    try:
+        store = SessionStore(client, keys)
+        await store.open("duplex-a", "w3", "echo", "", "{}")
+        pubsub = handle.new_client().pubsub()
+        await pubsub.subscribe(keys.live("duplex-a"))
+        await worker.dispatch(InboxMessage(OPEN, "duplex-a", 1, 0, {"session": {}}))
+        assert await client.hget(keys.worker("w3"), "active") == b"1"
+        # the client's session.close, as the API pod forwards it: closed by the runner
+        await worker.dispatch(CommandRecord("duplex-a", 1, 1, CloseSession()).to_message())
+        seen: list[str] = []
+        while "session.closed" not in seen:
+            message = await pubsub.get_message(timeout=2)
+            if message and message["type"] == "message" and message["data"][:1] != b"{":
+                seen += [orjson.loads(r.data)["type"] for r in split(message["data"])]
+        assert await client.hget(keys.worker("w3"), "active") == b"0"
+        await pubsub.aclose()
+    finally:
+        await worker.stop()

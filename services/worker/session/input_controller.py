@@ -208,7 +208,9 @@ class InputController:
         if turn is None:
             return
         create = ready.command.create_response
-        if create is None:
+        if self.session.config.auto_responds:
+            create = True  # even `create_response: false` (vLLM-Omni's barge_in_client)
+        elif create is None:
             td = self.session.config.turn_detection
             create = td is not None and td.create_response
         if create:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,6 +45,7 @@ from shared.protocol.duplex import (
     RealtimeProtocolError,
     SessionClosed,
     SessionExpired,
+    SessionUpdated,
 )
 from shared.supervised import SupervisedLoop
 
@@ -77,8 +78,12 @@ class SessionManager(SessionMoves, SessionHost):
         port: StagePort | None = None,
         vad_backend: Callable[[], VadBackend] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        report_load: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.plugin = plugin
+        # writes `slots_in_use` where placement reads it (the worker's registration): a
+        # close frees its slot there before session.closed is emitted
+        self._report_load = report_load
         self.runtime = runtime
         self.sink = sink
         self.port = port or plugin.create_stage_port(runtime)
@@ -159,7 +164,11 @@ class SessionManager(SessionMoves, SessionHost):
             attachment_generation=attachment_generation,
             resume_token=resume_token,
         )
-        runner.start(created)
+        opening: list[DuplexEvent] = [created]
+        if not config.openai_surface:  # GA opens with session.created alone
+            # vLLM-Omni 0.30.0: session.updated follows the first session.created
+            opening.append(SessionUpdated(session=created.session))
+        runner.start(*opening)
         body = (
             surface.session_object(config, session_id) if config.openai_surface else created.session
         )
@@ -295,6 +304,12 @@ class SessionManager(SessionMoves, SessionHost):
         try:
             await runner.stop(reason)
             cleaned = await self._cleanup(session_id)
+            if cleaned:
+                # the slot is free, here and in the registration placement reads, before
+                # session.closed: a client that sees the event can open a replacement at
+                # once (vLLM-Omni 0.30.0's promise)
+                self._closing.pop(session_id, None)
+                await self._report_load_quietly()
         finally:
             # emitted after the cleanup attempt, even when it failed (the slot stays held)
             session.state = "closed"
@@ -303,12 +318,25 @@ class SessionManager(SessionMoves, SessionHost):
                 SessionClosed(
                     session_id=session_id,
                     reason=reason,
-                    event={"type": "session.closed", "cleaned": cleaned},
+                    # vLLM-Omni's {type, session_id, reason}, and whether the stage was
+                    # cleaned up (false: the slot stays held until the reaper's retry)
+                    event={
+                        "type": "session.closed",
+                        "session_id": session_id,
+                        "reason": reason,
+                        "cleaned": cleaned,
+                    },
                 ),
             )
         self._owners.pop(session_id, None)
-        if cleaned:
-            self._closing.pop(session_id, None)
+
+    async def _report_load_quietly(self) -> None:
+        if self._report_load is None:
+            return
+        try:
+            await self._report_load()
+        except Exception:  # the next heartbeat writes it again
+            log.warning("reporting the load after a close failed", exc_info=True)
 
     async def _cleanup(self, session_id: str) -> bool:
         try:

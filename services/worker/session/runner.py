@@ -126,11 +126,12 @@ class SessionRunner:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, first_event: DuplexEvent | None = None) -> None:
-        """`first_event`: session.created at an open; none at a restore."""
+    def start(self, *first_events: DuplexEvent) -> None:
+        """`first_events`: session.created (and on the duplex surface session.updated) at
+        an open; none at a restore."""
         self.port.bind(self.session.session_id, self.on_stage_output)
-        if first_event is not None:
-            self.emit(first_event)
+        for event in first_events:
+            self.emit(event)
         if self.responses.native is not None:
             self.submit(OpenStream())  # before any command: the model hears from the start
         # Not a SupervisedLoop: `_run` turns the failure of any one item into an error

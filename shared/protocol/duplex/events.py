@@ -229,7 +229,13 @@ class SessionClosed(RealtimeEvent):
     TYPE = "session.closed"
     session_id: str
     reason: str
+    #: the internal close event, as vLLM-Omni 0.30.0 sends it: {type, session_id, reason}
+    #: at least (a worker's close adds `cleaned`)
     event: JSON | None = None
+
+    def __post_init__(self) -> None:
+        if self.event is None:
+            self.event = {"type": self.TYPE, "session_id": self.session_id, "reason": self.reason}
 
 
 @dataclasses.dataclass(kw_only=True)

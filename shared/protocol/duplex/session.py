@@ -345,6 +345,13 @@ class DuplexSessionConfig:
         """Model-native (auto-response) sessions: the model decides when to speak."""
         return self.extra_body.get("auto_response", True) is not False
 
+    @property
+    def auto_responds(self) -> bool:
+        """Every committed turn gets a response, whatever the commit says: the duplex
+        surface with `extra_body.auto_response: true` said explicitly (vLLM-Omni 0.30.0's
+        runner; its DuplexClient sends it by default). The model answers the turn."""
+        return not self.openai_surface and self.extra_body.get("auto_response") is True
+
     def input_defaults(self) -> InputAudioDefaults:
         return InputAudioDefaults(
             self.input_audio_format, self.output_audio_format, self.overlap_silence_rms

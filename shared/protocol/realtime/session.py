@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.protocol.realtime.errors import RealtimeProtocolError
-from shared.protocol.realtime.formats import PCM16, AudioFormat, parse_audio_format
+from shared.protocol.realtime.formats import (
+    PCM16,
+    AudioFormat,
+    parse_audio_format,
+    validate_rate,
+)
 
 _ABSENT = object()
 
@@ -48,11 +53,24 @@ def read_output_format(
     session: Mapping[str, Any], fallback: AudioFormat | None = None
 ) -> AudioFormat | None:
     ga = _nested(session, "audio", "output", "format")
+    # `audio.output.sample_rate_hz`: where vLLM-Omni's DuplexClient asks for its output
+    # rate (its `output_audio_format` names only the encoding); beside `audio.output.format`
+    # it is what a format without a rate of its own takes
+    ga_rate = _nested(session, "audio", "output", "sample_rate_hz")
+    rate = None if ga_rate is _ABSENT else ga_rate
     if ga is not _ABSENT and ga is not None:
-        return parse_audio_format(ga, output=True, param="audio.output.format", fallback=fallback)
+        return parse_audio_format(
+            ga, rate=rate, output=True, param="audio.output.format", fallback=fallback
+        )
     flat = session.get("output_audio_format")
     if flat is not None:
-        return parse_audio_format(flat, output=True, param="output_audio_format", fallback=fallback)
+        return parse_audio_format(
+            flat, rate=rate, output=True, param="output_audio_format", fallback=fallback
+        )
+    if rate is not None and fallback is not None:  # a rate alone: the encoding in force
+        return AudioFormat(
+            fallback.encoding, validate_rate(rate, param="audio.output.sample_rate_hz")
+        )
     return None
 
 
