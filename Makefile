@@ -142,7 +142,7 @@ bench: venv redis-server
 	  $(if $(wildcard $(MOSHI_STAMP)),$(MOSHI_VENV)/bin/python,$(BIN)/python) -m bench.tick_batched
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
 
 # The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents,
 # the OpenAI Agents SDK and Pipecat. Their pins (tests/frameworks/requirements/) resolve
@@ -168,3 +168,47 @@ $(FRAMEWORKS_STAMP): $(wildcard $(FRAMEWORKS_REQS)/*.txt)
 test-frameworks: venv $(FRAMEWORKS_STAMP)
 	FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python \
 	  $(BIN)/python -m pytest tests/frameworks $(PYTEST_ARGS)
+
+# The seed's reference client as a client of `duplex serve` (tests/seed_client): vLLM-Omni's
+# DuplexClient, unchanged, from the vllm-omni 0.30.0 wheel. The wheel (8 MB) is fetched once,
+# with `pip download --no-deps`, into $(SEED_VENV)/wheel (git-ignored) and checked against its
+# SHA-256; only its vllm_omni/clients/ package (120 kB: the standard library, pybase64 and
+# websockets) is extracted, into $(SEED_CLIENT) without a vllm_omni/__init__.py (that one
+# imports vLLM and torch), so that vllm_omni is a namespace package there. A small venv of its
+# own (about 30 MB, pip included; under 10 s to install) holds the two packages it imports, at
+# versions vllm-omni 0.30.0 accepts: its own (dev) pin of websockets, and pybase64, which it
+# gets unpinned through vLLM. Each test runs a client program with this venv's python and
+# $(SEED_CLIENT) on PYTHONPATH against a `duplex serve` the main venv starts (about a minute).
+# Their code is never copied into the repository. A plain `pytest` never collects these tests
+# (pyproject's norecursedirs): they run when named, here.
+SEED_VENV   := .venv-seed
+SEED_STAMP  := $(SEED_VENV)/.installed
+SEED_CLIENT := $(SEED_VENV)/client
+SEED_WHEEL  := $(SEED_VENV)/wheel/vllm_omni-0.30.0-py3-none-any.whl
+SEED_SHA256 := 141cb0c7b9c07970e5c92a99aab9696e81682dbfa3d2bfcde359c3c1533385f4
+SEED_DEPS   := 'websockets==16.1' 'pybase64==1.5.1'
+
+.PHONY: test-seed-client
+
+$(SEED_VENV)/bin/python:
+	$(PYTHON) -m venv $(SEED_VENV)
+
+$(SEED_WHEEL): | $(SEED_VENV)/bin/python
+	$(SEED_VENV)/bin/python -m pip download --quiet --no-deps --only-binary=:all: \
+	  --dest $(dir $@) 'vllm-omni==0.30.0'
+	echo "$(SEED_SHA256)  $@" | sha256sum --check --quiet || { rm -f $@; exit 1; }
+
+$(SEED_STAMP): Makefile $(SEED_WHEEL)
+	$(SEED_VENV)/bin/python -m pip install --quiet $(SEED_DEPS)
+	rm -rf $(SEED_CLIENT)
+	$(SEED_VENV)/bin/python -c "import sys, zipfile; wheel = zipfile.ZipFile(sys.argv[1]); \
+	  names = [n for n in wheel.namelist() if n.startswith('vllm_omni/clients/')]; \
+	  assert 'vllm_omni/clients/duplex.py' in names, 'no vllm_omni/clients/duplex.py'; \
+	  wheel.extractall(sys.argv[2], names)" $(SEED_WHEEL) $(SEED_CLIENT)
+	test ! -e $(SEED_CLIENT)/vllm_omni/__init__.py
+	PYTHONPATH=$(SEED_CLIENT) $(SEED_VENV)/bin/python -c "import vllm_omni.clients.duplex"
+	touch $(SEED_STAMP)
+
+test-seed-client: venv $(SEED_STAMP)
+	SEED_PYTHON=$(CURDIR)/$(SEED_VENV)/bin/python SEED_CLIENT_PATH=$(CURDIR)/$(SEED_CLIENT) \
+	  $(BIN)/python -m pytest tests/seed_client $(PYTEST_ARGS)
