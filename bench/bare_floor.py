@@ -6,7 +6,8 @@ The same server stack as `duplex api` (uvicorn, h11, the websockets-sansio imple
 without permessage-deflate, uvloop, a Starlette WebSocket endpoint reading with `receive()`
 and writing with `send_text()`), and nothing else: no Redis, no worker, no JSON parsing.
 It reads every frame of `/v1/realtime?duplex=1` and tells frames apart by a substring test:
-  session.update     the first one is answered with a `session.created`
+  session.update     the first one is answered with a `session.created` and a small
+                     `session.updated` (the real path's open)
   input.commit       starts an answer shaped as the echo model's for bench.capacity: 20
                      `response.output_audio.delta` events of 100 ms (the real delta's JSON
                      shape and size: 24 kHz pcm16, about 7 KB) paced 100 ms apart, then a
@@ -169,6 +170,8 @@ class FloorSession:
                 elif '"session.update"' in text and not self.created:
                     self.created = True
                     await self.ws.send_text(self._created())
+                    # as the real path: session.updated follows it (vLLM-Omni 0.30.0)
+                    await self.ws.send_text(small_event("session.updated", "", self.next_seq()))
                 elif '"session.close"' in text:
                     await self.ws.send_text(self._closed())
                     await self.ws.close(1000)

@@ -137,6 +137,8 @@ async def start_conversation(base: str, speech: list[str], silence: str) -> Conv
     await ws.send(orjson.dumps({"type": "session.update", "session": SESSION}).decode())
     created = orjson.loads(await ws.recv())
     assert created["type"] == "session.created", created
+    updated = orjson.loads(await ws.recv())  # session.updated follows it
+    assert updated["type"] == "session.updated", updated
     return Conversation(ws, speech, silence)
 
 

@@ -97,6 +97,9 @@ class FuzzSocket:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 created = orjson.loads(await self.ws.recv())
             assert created["type"] == "session.created", created
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):  # session.updated follows it
+                updated = orjson.loads(await self.ws.recv())
+            assert updated["type"] == "session.updated", updated
         return self.ws
 
     async def send(self, frame: str | bytes) -> None:

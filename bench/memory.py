@@ -46,6 +46,8 @@ async def open_session(base: str, session: dict) -> tuple[websockets.ClientConne
     await ws.send(orjson.dumps({"type": "session.update", "session": session}).decode())
     created = orjson.loads(await ws.recv())
     assert created["type"] == "session.created", created
+    updated = orjson.loads(await ws.recv())  # session.updated follows it
+    assert updated["type"] == "session.updated", updated
     return ws, created["session"]["id"]
 
 

@@ -67,7 +67,8 @@ async def heartbeats(base: str, n: int) -> list[float]:
     samples = []
     async with websockets.connect(f"{base}/v1/realtime?duplex=1") as ws:
         await ws.send('{"type":"session.update","session":{}}')
-        await ws.recv()
+        await ws.recv()  # session.created
+        await ws.recv()  # session.updated
         for _ in range(n):
             started = time.perf_counter()
             await ws.send('{"type":"session.heartbeat"}')

@@ -17,6 +17,7 @@ async def open_session(ws_base: str) -> websockets.ClientConnection:
     ws = await websockets.connect(f"{ws_base}/v1/realtime?duplex=1", max_size=None)
     await ws.send(orjson.dumps({"type": "session.update", "session": SESSION}).decode())
     assert orjson.loads(await ws.recv())["type"] == "session.created"
+    assert orjson.loads(await ws.recv())["type"] == "session.updated"
     return ws
 
 

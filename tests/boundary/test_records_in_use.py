@@ -134,6 +134,7 @@ async def test_commands_reach_the_session_without_a_second_parse(setup, monkeypa
     events = await setup.events_until("session.closed")
     assert [e["type"] for e in events] == [
         "session.created",
+        "session.updated",
         "session.heartbeat_ack",
         "input_audio_buffer.speech_started",  # the append's audio reached the session
         "session.heartbeat_ack",

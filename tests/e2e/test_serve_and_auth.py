@@ -99,8 +99,8 @@ async def test_handshake_rules(serve):
         )
     async with websockets.connect(f"ws://127.0.0.1:{serve.port}/v1/realtime?duplex=1") as ws:
         await ws.send('{"type":"session.heartbeat"}')  # any other first event autostarts
-        kinds = [orjson.loads(await ws.recv())["type"] for _ in range(2)]
-        assert kinds == ["session.created", "session.heartbeat_ack"]
+        kinds = [orjson.loads(await ws.recv())["type"] for _ in range(3)]
+        assert kinds == ["session.created", "session.updated", "session.heartbeat_ack"]
         await ws.send('{"type":"response.cancel"}')  # the worker's error counts too
         assert orjson.loads(await ws.recv())["error"]["code"] == "response_not_active"
     metrics = httpx.get(f"{serve.base}/metrics").text
