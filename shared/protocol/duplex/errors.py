@@ -158,8 +158,16 @@ _TRANSPORT: list[tuple[str, str]] = [
         "unsupported_session_resume",
         "session.resume not as the first message, or the model cannot resume",
     ),
-    ("invalid_resume_token", "the resume token does not match (tokens rotate on every resume)"),
-    ("session_resume_conflict", "another attachment won the lease generation race"),
+    (
+        "invalid_resume_token",
+        "the resume token is not the session's (tokens rotate on every resume; a token "
+        "two resumes old is unknown)",
+    ),
+    (
+        "session_resume_conflict",
+        "the token was rotated out by the last resume: another attachment won the race, "
+        "or took the session over",
+    ),
     ("runtime_resume_failed", "the resume could not be completed"),
     ("invalid_event_ack", "session.event_ack with a bad or future seq"),
     ("realtime_input_failed", "the client event could not be handled"),
