@@ -16,7 +16,7 @@ from services.exit_codes import EXIT_NOT_AVAILABLE
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duplex", description="Serve full-duplex speech models.")
-    parser.add_argument("--log-level", default="INFO")
+    _log_level_argument(parser, default=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="API + worker in one process (embedded Redis unless DUPLEX_REDIS_URL)"
@@ -61,7 +61,47 @@ def build_parser() -> argparse.ArgumentParser:
         "workers", help="live workers, their load and capacity (DUPLEX_REDIS_URL)"
     )
     workers.add_argument("--json", action="store_true", dest="as_json")
+    for command in (serve, api, worker, sessions, workers):
+        # after the command too (`make serve ARGS="--log-level debug"`); unset, the one before
+        # the command (or none) stands
+        _log_level_argument(command, default=argparse.SUPPRESS)
     return parser
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _log_level(text: str) -> str:
+    """One `--log-level` (any case; argparse refuses another word, clearly)."""
+    from shared.settings import LogLevelError, parse_log_level
+
+    try:
+        return parse_log_level(text)
+    except LogLevelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _log_level_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=default,
+        metavar="LEVEL",
+        help="debug, info (default), warning or error; env DUPLEX_LOG_LEVEL. At info the log "
+        "has starts, stops, session moves, refusals and failures; debug adds routine periodic "
+        "work (the janitor's ticks)",
+    )
+
+
+def configure_logging(flag: str | None) -> str:
+    """The root logger at `--log-level`, else DUPLEX_LOG_LEVEL, else INFO; returns the level.
+    Raises `LogLevelError` for a DUPLEX_LOG_LEVEL that names no level."""
+    from shared.settings import log_level_from_env
+
+    level = flag or log_level_from_env()
+    logging.basicConfig(format=LOG_FORMAT)  # a handler on stderr, unless one is there already
+    logging.getLogger().setLevel(level)  # the level either way (basicConfig skips it then)
+    return level
 
 
 def _plugin_option(text: str) -> tuple[str, str]:
@@ -121,9 +161,13 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from shared.settings import LogLevelError
+
+    try:
+        configure_logging(args.log_level)
+    except LogLevelError as exc:
+        print(f"duplex {args.command}: {exc}", file=sys.stderr)
+        return 2
     if args.command in ("sessions", "workers"):
         return _admin(args)  # before importing the servers: admin commands read Redis only
     from services import serve
@@ -158,7 +202,10 @@ def _admin(args: argparse.Namespace) -> int:
     settings = RedisSettings(**RedisSettings.redis_from_env())
     if not settings.redis_url:
         print(
-            f"duplex {args.command} needs DUPLEX_REDIS_URL (an embedded Redis has no port)",
+            f"duplex {args.command} needs DUPLEX_REDIS_URL (an embedded Redis has no port): "
+            "start a redis-server (redis-server --port 6379 --daemonize yes), run the servers "
+            "on it (DUPLEX_REDIS_URL=redis://localhost:6379/0 make serve) and set the same "
+            "DUPLEX_REDIS_URL here (docs/operations.md)",
             file=sys.stderr,
         )
         return EXIT_NOT_AVAILABLE

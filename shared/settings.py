@@ -23,6 +23,35 @@ def _env(name: str, default: str | None = None, env: Mapping[str, str] | None = 
 
 MIB = 1024 * 1024
 
+#: what `--log-level` and DUPLEX_LOG_LEVEL accept (any case); INFO when neither is given
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_LOG_LEVEL = "INFO"
+
+
+class LogLevelError(ValueError):
+    """A log level that is not one of LOG_LEVELS (the command line or DUPLEX_LOG_LEVEL)."""
+
+
+def parse_log_level(text: str, source: str | None = None) -> str:
+    """`debug`, `Info`, ... -> the upper-case name; raises `LogLevelError` (naming `source`
+    when given: argparse names the flag itself)."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        where = f"{source}: " if source else ""
+        raise LogLevelError(
+            f"{where}{text.strip()!r} is not one of {', '.join(LOG_LEVELS).lower()}"
+        )
+    return level
+
+
+def log_level_from_env(env: Mapping[str, str] | None = None) -> str:
+    """Every process kind's log level: DUPLEX_LOG_LEVEL, INFO when unset or blank (a flag
+    given on the command line goes over it: services/cli.py)."""
+    raw = _env("LOG_LEVEL", env=env)
+    if raw is None or not raw.strip():
+        return DEFAULT_LOG_LEVEL
+    return parse_log_level(raw, "DUPLEX_LOG_LEVEL")
+
 
 @dataclasses.dataclass(frozen=True)
 class SessionPolicy:

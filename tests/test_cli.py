@@ -41,7 +41,10 @@ def test_api_and_worker_need_a_real_redis():
 def test_admin_commands_need_a_real_redis(capsys, monkeypatch):
     monkeypatch.delenv("DUPLEX_REDIS_URL", raising=False)
     assert main(["sessions", "ls"]) == EXIT_NOT_AVAILABLE
-    assert "needs DUPLEX_REDIS_URL" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "needs DUPLEX_REDIS_URL" in err
+    # and says how to get one: a redis-server under `make serve` (docs/operations.md)
+    assert "redis-server" in err and "make serve" in err and "docs/operations.md" in err
     assert main(["workers"]) == EXIT_NOT_AVAILABLE
 
 

@@ -19,6 +19,10 @@ the pods only one runs a given tick. Every second:
 
 Failed stage cleanups are retried by each worker's own reaper: the stages live
 in the worker process, so no other process can retry them.
+
+The log: what a sweep did (sessions expired, a dead pod or worker and where its sessions
+went) is INFO or WARNING; arq's own line for every run of every job (six a second, found
+something or not) is DEBUG (`ArqAtDebug`), so an idle pod's log stays quiet.
 """
 
 from __future__ import annotations
@@ -49,6 +53,32 @@ from shared.supervised import SupervisedLoop
 log = logging.getLogger(__name__)
 
 EVERY_SECOND = set(range(60))
+
+
+class ArqAtDebug(logging.Filter):
+    """arq logs at INFO each job it starts and ends, its start and its shutdown: with three
+    jobs a second that is six lines a second on an idle pod, routine work no operator acts
+    on. This filter makes those records DEBUG (shown only when the process logs at DEBUG:
+    `--log-level debug`, DUPLEX_LOG_LEVEL=debug); arq's warnings and errors (a job that
+    raised, one that expired) keep their level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+#: arq's loggers that log routine work at INFO (arq.connections: its pool's "connected")
+ARQ_LOGGERS = ("arq.worker", "arq.connections")
+
+
+def quiet_arq() -> None:
+    """Put `ArqAtDebug` on arq's loggers (once, however many janitors start)."""
+    for name in ARQ_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ArqAtDebug) for f in logger.filters):
+            logger.addFilter(ArqAtDebug())
 
 
 async def _no_redis_info(*args: Any, **kwargs: Any) -> None:
@@ -244,6 +274,7 @@ class Janitor:
         return ArqRedis(host=node.host, port=node.port), tag + ":queue"
 
     async def start(self) -> None:
+        quiet_arq()
         pool, queue_name = await self._arq_pool()
         jobs = [
             cron(

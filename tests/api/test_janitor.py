@@ -2,8 +2,10 @@
 expired lease is journaled and closed through the WorkerClient, a dead API pod's sessions
 enter disconnect grace, a dead worker's sessions end with worker_lost, its events following
 the session's surface (an openai-surface session's error goes out without
-`server_event_seq`)."""
+`server_event_seq`). Its ticks log at DEBUG only: an idle pod's log stays quiet."""
 
+import asyncio
+import logging
 import time
 
 import fakeredis
@@ -11,7 +13,7 @@ import orjson
 import pytest
 
 from services.api.inbox_writer import InboxWriter
-from services.api.janitor import Janitor
+from services.api.janitor import Janitor, quiet_arq
 from services.api.live import LiveHub
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
@@ -104,3 +106,53 @@ async def test_a_lost_sessions_error_follows_its_surface(janitor, config, seq_in
     assert [r.wire_type for r in records] == ["error", "session.closed"]
     assert [r.seq for r in records] == [1, 2]
     assert [("server_event_seq" in orjson.loads(r.data)) for r in records] == [seq_in_json] * 2
+
+
+def sweeps_done(caplog) -> list[logging.LogRecord]:
+    """arq's record of each finished dead-worker sweep ("0.00s ← sweep_dead_workers ● []")."""
+    return [
+        r
+        for r in caplog.records
+        if r.name == "arq.worker" and "← sweep_dead_workers " in r.getMessage()
+    ]
+
+
+async def test_ticks_log_at_debug_and_nothing_at_info(janitor, caplog):
+    """arq logs each run of each job: six INFO lines a second on an idle pod buried
+    everything else (issue 26). Three ticks of the real arq worker log only at DEBUG."""
+    caplog.set_level(logging.DEBUG)
+    await janitor.start()
+    try:
+        async with asyncio.timeout(60):
+            while len(sweeps_done(caplog)) < 3:
+                await asyncio.sleep(0.05)
+    finally:
+        await janitor.stop()
+    assert {r.levelname for r in sweeps_done(caplog)} == {"DEBUG"}
+    loud = [
+        (r.name, r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.levelno >= logging.INFO and r.name.startswith(("arq", "services.api"))
+    ]
+    assert loud == []
+
+
+def test_arqs_routine_lines_are_debug_its_failures_keep_their_level(caplog):
+    quiet_arq()
+    quiet_arq()  # once, however many janitors start
+    arq_log = logging.getLogger("arq.worker")
+    assert len(arq_log.filters) == 1
+    with caplog.at_level(logging.INFO):
+        arq_log.info("%6.2fs → %s()", 0.2, "expire_leases")
+        arq_log.warning("job %s expired", "j1")
+        arq_log.error("job %s failed", "j2")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "job j1 expired"),
+        ("ERROR", "job j2 failed"),
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        arq_log.info("shutdown on %s", "SIGUSR1")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "shutdown on SIGUSR1")
+    ]
