@@ -113,6 +113,26 @@ async def run_api(settings: ApiSettings) -> None:
     await serving
 
 
+def serve_hints(settings: ApiSettings, handle: RedisHandle) -> str:
+    """What a newcomer to `duplex serve` needs next: the console, how loud the log is and how
+    to change it, and, on the embedded Redis, why `duplex sessions` cannot see it."""
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    lines = [
+        f"  talk to it from a browser at http://{settings.host}:{settings.port}/ (the page asks "
+        "for the microphone when you press Connect + talk)",
+        f"  log level {level}: starts, stops, session moves, refusals and failures; "
+        "--log-level debug (or DUPLEX_LOG_LEVEL=debug) adds routine work, such as the janitor's "
+        "ticks",
+    ]
+    if handle.server is not None:
+        lines.append(
+            "  the embedded Redis lives in this process: `duplex sessions` and redis-cli cannot "
+            "reach it; run on a redis-server to inspect it (DUPLEX_REDIS_URL=redis://"
+            "localhost:6379/0 make serve, docs/operations.md)"
+        )
+    return "\n".join(lines)
+
+
 async def run_serve(api_settings: ApiSettings, worker_settings: WorkerSettings) -> None:
     handle = connect(api_settings.redis_url)
     worker = WorkerProcess(worker_settings, handle)
@@ -130,6 +150,7 @@ async def run_serve(api_settings: ApiSettings, worker_settings: WorkerSettings) 
         f"model {worker_settings.plugin!r}, Redis: {handle.description}",
         flush=True,
     )
+    print(serve_hints(api_settings, handle), flush=True)
     try:
         await asyncio.wait(
             [serving, asyncio.create_task(_until_signal())], return_when=asyncio.FIRST_COMPLETED
