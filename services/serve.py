@@ -116,13 +116,29 @@ async def run_api(settings: ApiSettings) -> None:
 def serve_hints(settings: ApiSettings, handle: RedisHandle) -> str:
     """What a newcomer to `duplex serve` needs next: the console, how loud the log is and how
     to change it, and, on the embedded Redis, why `duplex sessions` cannot see it."""
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    level = logging.getLogger().getEffectiveLevel()
+    name = logging.getLevelName(level)
+    if level <= logging.DEBUG:
+        log_line = (
+            f"  log level {name}: routine work too, such as the janitor's ticks (six lines a "
+            "second); the default, info, has only starts, stops, session moves, refusals and "
+            "failures"
+        )
+    elif level <= logging.INFO:
+        log_line = (
+            f"  log level {name}: starts, stops, session moves, refusals and failures; "
+            "--log-level debug (or DUPLEX_LOG_LEVEL=debug) adds routine work, such as the "
+            "janitor's ticks"
+        )
+    else:
+        log_line = (
+            f"  log level {name}: failures only; info, the default, adds starts, stops, "
+            "session moves and refusals"
+        )
     lines = [
         f"  talk to it from a browser at http://{settings.host}:{settings.port}/ (the page asks "
         "for the microphone when you press Connect + talk)",
-        f"  log level {level}: starts, stops, session moves, refusals and failures; "
-        "--log-level debug (or DUPLEX_LOG_LEVEL=debug) adds routine work, such as the janitor's "
-        "ticks",
+        log_line,
     ]
     if handle.server is not None:
         lines.append(
