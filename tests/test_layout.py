@@ -1,14 +1,14 @@
 """The layout rules of docs/architecture.md as tests: no import cycle among the project's
 modules, counting imports under `if TYPE_CHECKING:` (a cycle hidden from the interpreter is
-still one concern split over two files), and modules of services/ and plugins/ of at most
-400 lines."""
+still one concern split over two files). Module length is not a rule: a long module is a
+smell to think about, and splitting one to meet a count made a mixin that borrows another
+class's private state (services/worker/session/moves.py)."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shared", "services", "plugins", "harness", "bench")
-MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
@@ -135,13 +135,3 @@ def test_the_cycle_finder_sees_a_cycle_hidden_under_type_checking(tmp_path, monk
     modules = {module_name(p): p for p in sorted(package.rglob("*.py"))}
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert cycles(graph) == [["pkg.app", "pkg.conn"]]
-
-
-def test_modules_of_services_and_plugins_are_at_most_400_lines():
-    long = {
-        str(path.relative_to(ROOT)): lines
-        for top in ("services", "plugins")
-        for path in (ROOT / top).rglob("*.py")
-        if (lines := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
