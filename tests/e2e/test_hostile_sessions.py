@@ -93,6 +93,7 @@ async def recv(ws, until: str, timeout: float = 30) -> list[dict]:
 async def open_session(ws, session: dict | None = None) -> dict:
     await ws.send(orjson.dumps({"type": "session.update", "session": session or {}}).decode())
     created = (await recv(ws, "session.created"))[-1]
+    await recv(ws, "session.updated")  # the open's second event
     return created
 
 

@@ -112,6 +112,7 @@ async def test_concurrent_resumes_exactly_one_wins_and_the_old_socket_is_replace
     async with websockets.connect(realtime_url(a.base)) as old:
         await old.send('{"type":"session.update","session":{}}')
         created = orjson.loads(await old.recv())
+        assert orjson.loads(await old.recv())["type"] == "session.updated"  # the open's second
         session_id, token = created["session"]["id"], created["resume_token"]
         # both resumes race on two pods; the winner's socket stays attached until both
         # are answered, so the loser meets a live attachment, whichever it is
