@@ -91,6 +91,51 @@ def wait(page, condition: str, timeout_s: float = 30) -> None:
     page.wait_for_function(condition, timeout=timeout_s * 1000)
 
 
+#: counts the page's microphone requests (an init script runs before the page's own)
+COUNT_MICROPHONE_REQUESTS = """
+window.microphoneRequests = 0;
+const getUserMedia = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+navigator.mediaDevices.getUserMedia = (constraints) => {
+  window.microphoneRequests += 1;
+  return getUserMedia(constraints);
+};
+"""
+PLACEHOLDERS = ("#state-empty", "#turns-empty", "#log-empty")
+
+
+def test_the_page_says_what_it_will_do_before_asking_for_the_microphone(server, tmp_path):
+    """A newcomer found three empty panels and no word of the microphone (issue 26): before
+    anything is pressed the page says it will ask for the microphone, and each panel says
+    what it will show; the microphone is asked for only on Connect + talk."""
+    from playwright.sync_api import sync_playwright
+
+    microphone = microphone_wav(tmp_path / "microphone.wav")
+    flags = [*FLAGS, f"--use-file-for-fake-audio-capture={microphone}"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=flags)
+        try:
+            page = browser.new_page(bypass_csp=True)
+            page.add_init_script(COUNT_MICROPHONE_REQUESTS)
+            page.goto(server.base + "/")
+            wait(page, "window.consoleState.status.startsWith('models: enter')")
+            intro = page.inner_text("#intro")
+            assert "microphone" in intro and "Connect + talk" in intro
+            for placeholder in PLACEHOLDERS:
+                assert page.is_visible(placeholder) and page.inner_text(placeholder).strip()
+            assert page.evaluate("window.microphoneRequests") == 0
+
+            page.fill("#api-key", API_KEY)
+            page.dispatch_event("#api-key", "change")
+            wait(page, "document.querySelector('#model').options.length > 0")
+            page.click("#connect")
+            wait(page, "window.consoleState.sessionId !== null")
+            assert page.evaluate("window.microphoneRequests") == 1
+            # the panels that have something to show drop their placeholder
+            assert not page.is_visible("#state-empty") and not page.is_visible("#log-empty")
+        finally:
+            browser.close()
+
+
 def test_talk_hear_the_echo_drop_and_resume(page):
     state = "window.consoleState"
     wait(page, f"{state}.status.startsWith('models: enter')")  # /v1/models needs the key
@@ -109,6 +154,7 @@ def test_talk_hear_the_echo_drop_and_resume(page):
     played = [r for r in first["responses"].values() if r["playedMs"] > 0]
     assert played  # playback.ack reported what was played
     assert "echo" in page.inner_text("#turns") and "(speech)" in page.inner_text("#turns")
+    assert not [p for p in PLACEHOLDERS if page.is_visible(p)]
     assert first["worker"] and page.inner_text("#s-worker") == first["worker"]
     assert page.inner_text("#s-epoch").split(" / ")[1] != "0"  # the turn counter moved
 

@@ -58,6 +58,7 @@ function buttons() {
 }
 
 function renderState() {
+  document.body.classList.toggle("has-session", Boolean(state.sessionId));
   const s = state.session || {};
   $("s-id").textContent = state.sessionId || "-";
   $("s-state").textContent = `${s.state ?? "-"} / ${s.turn_state ?? "-"}`;
@@ -345,6 +346,15 @@ async function loadModels() {
   }
 }
 
+function microphoneProblem(error) {
+  // getUserMedia's refusals, said so that the next step is plain
+  if (error.name === "NotAllowedError") {
+    return "the microphone was not allowed: allow it for this page, then press Connect + talk";
+  }
+  if (error.name === "NotFoundError") return "no microphone found";
+  return null;
+}
+
 async function connect(event) {
   event.preventDefault();
   if (!$("model").value) await loadModels();
@@ -352,7 +362,7 @@ async function connect(event) {
     await startAudio();
     await openSocket(false);
   } catch (error) {
-    setStatus(`cannot connect: ${error.message}`);
+    setStatus(`cannot connect: ${microphoneProblem(error) || error.message}`);
     return;
   }
   send({
