@@ -149,11 +149,18 @@ async def speak(client: RecordingClient, pcm: bytes) -> None:
     await client.send({"type": "input.commit"})
 
 
-async def converse(conversation: Conversation, deadline: float, answer_timeout: float) -> None:
+async def converse(
+    conversation: Conversation,
+    deadline: float,
+    answer_timeout: float,
+    until: asyncio.Event | None = None,
+) -> None:
+    """Turns until the deadline, and past it until `until` is set (the chaos finished
+    what it must do under talking sessions, however slow the machine)."""
     client = conversation.client
     next_ms = 200 + 20 * (conversation.index % 7)
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or (until is not None and not until.is_set()):
             duration = next_ms
             next_ms += 20
             pcm = turn_audio(duration)
@@ -386,7 +393,12 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         drains = [asyncio.create_task(drain(c.client)) for c in conversations]
         deadline = time.monotonic() + seconds
         timeout = ANSWER_TIMEOUT_S[mode]
-        talks = [asyncio.create_task(converse(c, deadline, timeout)) for c in conversations]
+        # rolling: every worker is rolled once, past the deadline on a slow machine, and
+        # the sessions talk until it has been
+        rolled = asyncio.Event() if mode == "rolling" else None
+        talks = [
+            asyncio.create_task(converse(c, deadline, timeout, rolled)) for c in conversations
+        ]
         killed: list[str] = []
         chaos = WorkerChaos(stack, conversations, report)
         if mode == "api":
@@ -394,7 +406,8 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         elif mode == "kill":
             await chaos.kill_workers(deadline, kill_every, killed)
         else:
-            await chaos.roll_workers(deadline)
+            assert rolled is not None
+            await chaos.roll_workers(deadline, rolled)
         try:  # every turn is bounded; this bounds the whole, so a hang is a failure, not a stall
             async with asyncio.timeout(seconds + 90):
                 await asyncio.gather(*talks)

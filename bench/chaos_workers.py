@@ -91,12 +91,14 @@ class WorkerChaos:
 
     # ------------------------------------------------------------ rolling
 
-    async def roll_workers(self, deadline: float) -> None:
+    async def roll_workers(self, deadline: float, rolled: asyncio.Event) -> None:
+        """Every worker SIGTERMed and restarted in turn: each once whatever the time (then
+        `rolled` is set), and over and over until the deadline."""
         redis = self._redis()
         try:
-            while time.monotonic() < deadline:
+            while not rolled.is_set() or time.monotonic() < deadline:
                 for index in range(len(self.stack.workers)):
-                    if time.monotonic() >= deadline:
+                    if rolled.is_set() and time.monotonic() >= deadline:
                         break
                     old = self.stack.workers[index]
                     before = await self._started_at(redis, old.name)
@@ -108,7 +110,9 @@ class WorkerChaos:
                     self.stack.workers[index] = self.stack.start_worker(old.name)
                     await self._wait_registered(redis, old.name, before)
                     await self._read_moves(redis)
+                rolled.set()
         finally:
+            rolled.set()  # a roll that failed ends the talks too
             await redis.aclose()
 
     # ------------------------------------------------------------ figures
