@@ -11,15 +11,13 @@ directory, as `make test-frameworks` does.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import wave
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from harness.client_programs import ClientRun, run_client_program
 from harness.processes import start_serve
 from harness.speech import spoken
 from shared.protocol.duplex import float_to_pcm16
@@ -103,28 +101,6 @@ def speech_files(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
-class ClientRun:
-    """One client program's result: its JSON line, and its stderr for failure messages."""
-
-    def __init__(self, result: dict[str, Any], stderr: str, server_log: str) -> None:
-        self.result = result
-        self.stderr = stderr
-        self.server_log = server_log
-
-    def __getitem__(self, key: str) -> Any:
-        return self.result[key]
-
-    def explain(self) -> str:
-        """What to print when an assertion on this run fails."""
-        result = {k: v for k, v in self.result.items() if k != "trace"}
-        return (
-            f"\n--- result\n{json.dumps(result, indent=1)[:12000]}"
-            f"\n--- server events in order\n{' '.join(self.result.get('trace', []))[:6000]}"
-            f"\n--- client stderr (tail)\n{self.stderr[-3000:]}"
-            f"\n--- server log (tail)\n{self.server_log[-3000:]}"
-        )
-
-
 @pytest.fixture
 def run_client(assistant_serve, speech_files):
     """`run_client(framework, scenario)`: run that framework's client against the server."""
@@ -143,28 +119,15 @@ def run_client(assistant_serve, speech_files):
         ]
         for name, path in speech_files.items():
             command += ["--speech", f"{name}={path}"]
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
-        # no framework may reach a real provider: a key that is not one, no proxies
-        environment.update(OPENAI_API_KEY="unused", NO_PROXY="*")
-        log_start = len(assistant_serve.logs())
-        try:
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=CLIENT_TIMEOUT_S,
-                env=environment,
-                cwd=CLIENTS,
-            )
-        except subprocess.TimeoutExpired as expired:
-            pytest.fail(f"{framework} {scenario}: no result in {CLIENT_TIMEOUT_S}s\n{expired}")
-        server_log = assistant_serve.logs()[log_start:]
-        lines = [line for line in done.stdout.splitlines() if line.startswith('{"framework"')]
-        if not lines:
-            pytest.fail(
-                f"{framework} {scenario}: exit {done.returncode}, no result line\n"
-                f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-6000:]}"
-            )
-        return ClientRun(json.loads(lines[-1]), done.stderr, server_log)
+        return run_client_program(
+            command,
+            server=assistant_serve,
+            marker='{"framework"',
+            label=f"{framework} {scenario}",
+            timeout_s=CLIENT_TIMEOUT_S,
+            cwd=CLIENTS,
+            # no framework may reach a real provider: a key that is not one, no proxies
+            env={"OPENAI_API_KEY": "unused", "NO_PROXY": "*"},
+        )
 
     return run

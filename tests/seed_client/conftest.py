@@ -15,14 +15,14 @@ directory, as `make test-seed-client` does.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import harness.client_programs
+from harness.client_programs import run_client_program
 from harness.processes import HttpProcess, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,13 +56,10 @@ def seed_client() -> tuple[str, str]:
     return python, client_path
 
 
-class ClientRun:
-    """One client program's result: its JSON line, and its stderr for failure messages."""
+class ClientRun(harness.client_programs.ClientRun):
+    """A seed_client.py run: its facts by key, the step that failed, the error codes seen."""
 
-    def __init__(self, result: dict[str, Any], stderr: str, server_log: str) -> None:
-        self.result = result
-        self.stderr = stderr
-        self.server_log = server_log
+    trace_chars = 8000
 
     def __getitem__(self, key: str) -> Any:
         return self.result["facts"][key]
@@ -73,16 +70,6 @@ class ClientRun:
 
     def error_codes(self) -> list[str | None]:
         return [error.get("code") for error in self.result["errors"] if isinstance(error, dict)]
-
-    def explain(self) -> str:
-        """What to print when an assertion on this run fails."""
-        result = {k: v for k, v in self.result.items() if k != "trace"}
-        return (
-            f"\n--- result\n{json.dumps(result, indent=1)[:12000]}"
-            f"\n--- server events in order\n{' '.join(self.result['trace'])[:8000]}"
-            f"\n--- client stderr (tail)\n{self.stderr[-3000:]}"
-            f"\n--- server log (tail)\n{self.server_log[-3000:]}"
-        )
 
 
 class Servers:
@@ -140,28 +127,15 @@ def run_client(servers, runs):
             "--step-timeout",
             str(STEP_TIMEOUT_S),
         ]
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
-        environment.update(PYTHONPATH=client_path, NO_PROXY="*")
-        log_start = len(serve.logs())
-        try:
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=CLIENT_TIMEOUT_S,
-                env=environment,
-                cwd=CLIENTS,
-            )
-        except subprocess.TimeoutExpired as expired:
-            pytest.fail(f"{scenario}: no result in {CLIENT_TIMEOUT_S}s\n{expired}")
-        lines = [line for line in done.stdout.splitlines() if line.startswith('{"seed_client"')]
-        if not lines:
-            pytest.fail(
-                f"{scenario}: exit {done.returncode}, no result line\n"
-                f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-6000:]}"
-            )
-        runs[(server, scenario)] = ClientRun(
-            json.loads(lines[-1]), done.stderr, serve.logs()[log_start:]
+        runs[(server, scenario)] = run_client_program(
+            command,
+            server=serve,
+            marker='{"seed_client"',
+            label=scenario,
+            timeout_s=CLIENT_TIMEOUT_S,
+            cwd=CLIENTS,
+            env={"PYTHONPATH": client_path, "NO_PROXY": "*"},
+            run_class=ClientRun,
         )
         return runs[(server, scenario)]
 
