@@ -27,7 +27,7 @@ something or not) is DEBUG (`ArqAtDebug`), so an idle pod's log stays quiet.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import time
 from typing import Any
@@ -310,5 +310,14 @@ class Janitor:
         if self._loop is not None:
             await self._loop.stop()
         if self._worker is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self._worker.close()
+            except asyncio.CancelledError:
+                # arq's close() cancels the jobs of a tick still running, then gathers them:
+                # their CancelledError must not end this stop (and the pod's) half-way.
+                # Our own cancellation goes on.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+            except Exception:
+                pass
