@@ -124,3 +124,24 @@ def test_an_idle_serve_logs_its_ticks_at_debug_and_nothing_at_info(args, env):
     assert len(SWEEP_DONE.findall("\n".join(lines_at(late, "DEBUG")))) >= 5
     assert lines_at(late, "INFO") == lines_at(early, "INFO")  # the start lines only
     assert len(lines_at(late, "DEBUG")) > len(lines_at(early, "DEBUG"))
+
+
+def test_a_serve_on_a_real_redis_stops_without_a_traceback_and_deregisters(redis_server):
+    """arq's close() disconnected the pod's own connection pool, which it had been given:
+    every stop of `DUPLEX_REDIS_URL=... duplex serve` logged the live hub's failure with a
+    traceback, and the pod's registration stayed behind for the next one to sweep as dead."""
+    import redis
+
+    prefix = "logstop"
+    process = start_serve(
+        "serve-real-redis", DUPLEX_REDIS_URL=redis_server.url, DUPLEX_KEY_PREFIX=prefix
+    )
+    try:
+        process.wait_ready()
+        client = redis.Redis.from_url(redis_server.url)
+        assert client.zcard(f"{prefix}:apis") == 1
+    finally:
+        assert process.stop() == 0
+    logs = process.logs()
+    assert "Traceback" not in logs and "failed; restarting" not in logs, logs
+    assert client.zcard(f"{prefix}:apis") == 0  # it deregistered on its way out

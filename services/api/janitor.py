@@ -264,9 +264,16 @@ class Janitor:
         if self.redis.server is not None:
             arq.worker.log_redis_info = _no_redis_info  # type: ignore[assignment]
         if not self.redis.cluster:
-            return ArqRedis(
-                connection_pool=self.redis.new_client().connection_pool
-            ), self.keys.arq_queue()
+            pool = self.redis.new_client().connection_pool
+            if self.redis.server is None:
+                # a pool of arq's own: arq's close() disconnects the pool it was given, and
+                # the pod's (its live hub's subscription on it) must outlive the janitor
+                pool = type(pool)(
+                    connection_class=pool.connection_class,
+                    max_connections=pool.max_connections,
+                    **pool.connection_kwargs,
+                )
+            return ArqRedis(connection_pool=pool), self.keys.arq_queue()
         tag = "{" + self.keys.arq_queue() + "}"
         _tag_arq_keys(tag)
         await self.client.initialize()
