@@ -235,3 +235,15 @@ def test_pods_and_workers_read_one_session_policy_from_the_config_map():
     policy = WorkerSettings.from_env(tuned).session
     assert (policy.idle_ttl_s, policy.max_pending_input_bytes_per_session) == (60.0, 4194304)
     assert ApiSettings.from_env(tuned).session == policy
+
+
+def test_the_log_level_reaches_every_process_and_a_wrong_one_is_refused():
+    from shared.settings import log_level_from_env
+
+    config = render()[("ConfigMap", "duplex-config")]["data"]
+    assert log_level_from_env(config) == "INFO"
+    quiet = render(sets=("config.logLevel=warning",))[("ConfigMap", "duplex-config")]["data"]
+    assert log_level_from_env(quiet) == "WARNING"
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        render(sets=("config.logLevel=loud",))
+    assert "logLevel" in refused.value.stderr
