@@ -1,9 +1,16 @@
-"""Synthesized speech for the assistant: a phrase said by espeak-ng at 16 kHz, and a client
-that streams audio like a microphone (20 ms appends in real time)."""
+"""Synthesized speech for the assistant: a phrase said by espeak-ng at 16 kHz, a client
+that streams audio like a microphone (20 ms appends in real time), and how much of a phrase a
+recogniser heard.
+
+`spoken(text)` is the same audio every time, whatever was synthesized before it in the process
+(plugins/assistant/tts.py reloads libespeak-ng for each synthesis); recognition of it still
+varies with the recogniser's CPU kernels, so tests check words in common (`overlap`), with
+thresholds under the worst measured, not exact transcripts."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import numpy as np
@@ -33,6 +40,19 @@ def spoken(text: str, lead_s: float = 0.4, tail_s: float = 1.0) -> np.ndarray:
             np.zeros(int(tail_s * 16000), np.float32),
         ]
     )
+
+
+def overlap(heard: str, said: str) -> float:
+    """The share of the words said that were heard: lower case, punctuation ignored, each
+    heard word counted once ("the the" hears "the" twice only if it was said twice)."""
+    heard_words = re.findall(r"[a-z0-9']+", heard.lower())
+    said_words = re.findall(r"[a-z0-9']+", said.lower())
+    found = 0
+    for word in said_words:
+        if word in heard_words:
+            heard_words.remove(word)
+            found += 1
+    return found / len(said_words) if said_words else 0.0
 
 
 async def say(client: DuplexClient, audio: np.ndarray) -> None:
