@@ -13,12 +13,15 @@ between other sentences came out 57 different ways, 57 640 to 57 667 samples lon
 when said first); Whisper heard it as "... the lazy dog" or "... the lazy nard", and once as
 "the quick round-fark stump over the lazy nard", depending on what the process had said
 before. So each synthesis loads the library, sets it up and unloads it (dlclose of its last
-reference, which drops every static; about 5 ms a sentence, which takes 2 ms to say).
+reference, which drops every static): about 5 ms more a sentence, 8 ms instead of 3 for
+"Hello! How can I help you?" (1.8 s of speech).
 
 Unloading leaks nothing: espeak_Terminate frees what the library allocated except the array
-that espeak_ListVoices returns (a static of the library, 8 bytes a voice), which is freed
-here once the library is gone. Should something else in the process hold libespeak-ng too,
-dlclose does not unload it: then the array is left alone and the state carries over.
+that espeak_ListVoices returns (a static of the library, 8 bytes a voice, about 2 KB), which
+is freed here once the library is gone (the same calls in C under valgrind: no block lost;
+40 000 syntheses here: resident memory flat). Should something else in the process hold
+libespeak-ng too, dlclose does not unload it: then the array is left alone, the state carries
+over, and a warning says so.
 """
 
 from __future__ import annotations
