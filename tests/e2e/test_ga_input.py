@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.processes import start_serve
-from harness.speech import say, spoken
+from harness.speech import overlap, say, spoken
 from shared.client.duplex_client import DuplexClient
 
 DELTA = "conversation.item.input_audio_transcription.delta"
@@ -130,7 +130,8 @@ async def test_whisper_streams_transcription_deltas_while_the_user_speaks(assist
     config = session({"type": "server_vad"}, input_audio_transcription={"model": "whisper-1"})
     client = await connect(assistant, config)
     try:
-        await say(client, spoken("what is your name and what time is it", tail_s=1.0))
+        said = "what is your name and what time is it"
+        await say(client, spoken(said, tail_s=1.0))
         events = await client.until(COMPLETED, timeout=60)
         completed = events[-1]
         deltas = of(events, DELTA)
@@ -140,8 +141,12 @@ async def test_whisper_streams_transcription_deltas_while_the_user_speaks(assist
         assert max(i for i, k in enumerate(kinds) if k == DELTA) < kinds.index(
             "input_audio_buffer.committed"
         )
-        streamed = "".join(d.delta for d in deltas).lower().split()
-        assert streamed[0] == "what" and "what" in completed.transcript.lower()
+        # what the partials said, and when, depends on how fast the machine decodes them:
+        # words in common, with test_whisper's margin (its measured worst for a whole
+        # phrase was 0.75), not an exact first word
+        streamed = "".join(d.delta for d in deltas)
+        assert overlap(streamed, said) >= 0.5, streamed
+        assert overlap(completed.transcript, said) >= 0.5, completed.transcript
     finally:
         await client.close()
 
