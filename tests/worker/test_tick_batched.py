@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from harness.frame_models import FRAME_SAMPLES, EchoFrameModel, ManualClock, tone
 from services.worker.metrics import TickMetrics
 from services.worker.stages.tick_batched import TickBatchedStagePort
+from services.worker.stages.tick_clock import TickGrid
 from shared.contracts import DuplexFence, DuplexSessionError, StageOutput, StagePlan
 
 
@@ -117,6 +118,15 @@ async def test_a_step_past_its_deadline_is_counted_and_the_grid_resyncs(rig):
     text = generate_latest(rig.registry).decode()
     assert 'duplex_tick_deadline_misses_total{model="frame_echo"} 1.0' in text
     assert 'duplex_tick_duration_seconds_count{model="frame_echo"} 5.0' in text
+
+
+def test_the_grid_steps_one_period_on_and_skips_the_points_a_late_step_overran():
+    grid = TickGrid(0.5)
+    assert grid.first_due(3.0) == 3.5  # a frame of input arrives first
+    assert grid.next_due(1.0, 1.2) == (1.5, False)
+    assert grid.next_due(1.0, 1.5) == (1.5, False)  # ended on its deadline: not a miss
+    assert grid.next_due(1.0, 2.2) == (2.5, True)  # 1.5 and 2.0 overran: skipped
+    assert grid.next_due(1.0, 2.0) == (2.0, True)
 
 
 async def test_the_tick_idles_with_no_slot_open(rig):

@@ -6,12 +6,13 @@ worker. Each session holds a slot (a row of the batch) from its first `ensure` t
 runtime config) opens the slot in the model, and its converted input is `feed`-ed to the
 slot's buffer as the runner applies it.
 
-The tick: one task; every `frame_ms`, on a fixed grid, it takes one frame per open slot
-(a zero frame, counted, when a whole frame has not arrived: the clock never waits for a
-slow client), runs `model.step` on the model thread, and fans the outputs out. The next
-tick is due one period after the previous due time; a step that ends past the next due
-time is a deadline miss, and the grid points it overran are skipped (no burst of steps
-to catch up). With no slot open the task waits on an event, not on the clock.
+The tick: one task; every `frame_ms`, on a fixed grid (`tick_clock.py`), it takes one
+frame per open slot (`slots.py`; a zero frame, counted, when a whole frame has not
+arrived: the clock never waits for a slow client), runs `model.step` on the model thread,
+and fans the outputs out. The next tick is due one period after the previous due time; a
+step that ends past the next due time is a deadline miss, and the grid points it overran
+are skipped (no burst of steps to catch up). With no slot open the task waits on an
+event, not on the clock.
 
 Every `FrameModel` method runs on one dedicated thread (a 1-thread executor), so a step
 never overlaps an open, reset or close, and those run between steps in call order.
@@ -30,7 +31,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from services.worker.metrics import TickMetrics
-from services.worker.stages.tick_clock import SlotState, TickClock, TickCounters
+from services.worker.stages.slots import SlotState
+from services.worker.stages.tick_clock import TickClock, TickGrid
 from shared.contracts import (
     DuplexFence,
     DuplexSessionError,
@@ -64,6 +65,25 @@ MAX_BUFFERED_FRAMES = 25
 STEP_FAILED = "runtime_data_plane_stream_failed"
 
 
+@dataclasses.dataclass
+class TickCounters:
+    """A stage's counters since start (`TickBatchedStagePort.stats`)."""
+
+    ticks: int = 0
+    deadline_misses: int = 0
+    silence_frames: int = 0
+    dropped_input_frames: float = 0.0
+    last_tick_s: float = 0.0
+    max_tick_s: float = 0.0
+
+    def count(self, duration: float, silence: int) -> None:
+        """One tick whose step took `duration` and stepped `silence` late frames."""
+        self.ticks += 1
+        self.silence_frames += silence
+        self.last_tick_s = duration
+        self.max_tick_s = max(self.max_tick_s, duration)
+
+
 class TickBatchedStagePort(StagePort):
     def __init__(
         self,
@@ -84,6 +104,7 @@ class TickBatchedStagePort(StagePort):
         self.model_name = model_name
         self.clock = clock or TickClock()
         self.period_s = model.frame_ms / 1000
+        self.grid = TickGrid(self.period_s)
         self.max_buffered_samples = max_buffered_frames * model.frame_samples
         self._metrics = metrics
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-frame-model")
@@ -286,7 +307,7 @@ class TickBatchedStagePort(StagePort):
                 due = None
                 continue
             if due is None:
-                due = self.clock.now() + self.period_s  # a frame of input arrives first
+                due = self.grid.first_due(self.clock.now())
             delay = due - self.clock.now()
             if delay > 0:
                 await self.clock.sleep(delay)
@@ -302,14 +323,13 @@ class TickBatchedStagePort(StagePort):
             due = self._next_due(due, ended)
 
     def _next_due(self, due: float, ended: float) -> float:
-        """One period on; past a miss, the next grid point after the step's end."""
-        deadline = due + self.period_s
-        if ended <= deadline:
-            return deadline
-        self.counters.deadline_misses += 1
-        if self._metrics is not None:
-            self._metrics.deadline_misses.labels(self.model_name).inc()
-        return due + self.period_s * math.ceil((ended - due) / self.period_s)
+        """The grid's next due time; a miss is counted."""
+        next_due, missed = self.grid.next_due(due, ended)
+        if missed:
+            self.counters.deadline_misses += 1
+            if self._metrics is not None:
+                self._metrics.deadline_misses.labels(self.model_name).inc()
+        return next_due
 
     async def _tick(self) -> float:
         model = self.model

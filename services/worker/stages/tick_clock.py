@@ -1,20 +1,18 @@
-"""The tick-batched stage's clock and its per-slot state.
+"""The tick-batched stage's clock: the time it reads and sleeps on, and its grid.
 
 `TickClock`: what the tick reads the time from and sleeps on (monotonic seconds); the
-tests and benchmarks pass one they drive themselves. `SlotState`: one session's row of
-the batch: its input buffer (bounded) and its turn taking (listening, or speaking a
-response that `listen_after_frames` quiet frames or `max_response_frames` end).
+tests and benchmarks pass one they drive themselves. `TickGrid`: when each step is due:
+one every period (the model's frame, 80 ms for Mimi) on a fixed grid. The next step is due
+one period after the previous due time; a step that ends past it is a deadline miss, and
+the grid points it overran are skipped (no burst of steps to catch up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
-
-import numpy as np
-
-from shared.contracts import DuplexFence
 
 
 class TickClock:
@@ -27,108 +25,20 @@ class TickClock:
         await asyncio.sleep(seconds)
 
 
-@dataclasses.dataclass
-class TickCounters:
-    """A stage's counters since start (`TickBatchedStagePort.stats`)."""
+@dataclasses.dataclass(frozen=True)
+class TickGrid:
+    """The due times of the steps, `period_s` apart."""
 
-    ticks: int = 0
-    deadline_misses: int = 0
-    silence_frames: int = 0
-    dropped_input_frames: float = 0.0
-    last_tick_s: float = 0.0
-    max_tick_s: float = 0.0
+    period_s: float
 
-    def count(self, duration: float, silence: int) -> None:
-        """One tick whose step took `duration` and stepped `silence` late frames."""
-        self.ticks += 1
-        self.silence_frames += silence
-        self.last_tick_s = duration
-        self.max_tick_s = max(self.max_tick_s, duration)
+    def first_due(self, now: float) -> float:
+        """The first step after an idle spell: one period on (a frame of input arrives first)."""
+        return now + self.period_s
 
-
-@dataclasses.dataclass
-class SlotState:
-    """One session's slot. Written on the event loop only (the tick, ensure, feed)."""
-
-    index: int
-    session_id: str
-    frame_samples: int
-    #: input beyond this is cut back (oldest first): a client far ahead of the clock
-    max_buffered_samples: int
-    request_id: str | None = None
-    fence: DuplexFence | None = None
-    #: `open_slot` ran: the slot is stepped as active
-    opened: bool = False
-    #: the slot's `open_slot` on the model thread (None: never submitted)
-    opening: asyncio.Future[None] | None = None
-    #: bumped by an abort or a close: the outputs of a step gathered before are dropped
-    generation: int = 0
-    #: the request an abort named: no output is sent under it again
-    aborted_request_id: str | None = None
-    chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
-    buffered: int = 0
-    #: speaking a response (its frames go to the session); False: listening
-    responding: bool = False
-    quiet_frames: int = 0
-    response_frames: int = 0
-    silence_frames: int = 0
-    dropped_samples: int = 0
-
-    # ------------------------------------------------------------ input
-
-    def feed(self, samples: np.ndarray) -> int:
-        """Append input; returns the samples cut from the front to stay under the bound."""
-        if not samples.size:
-            return 0
-        self.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
-        self.buffered += samples.size
-        excess = self.buffered - self.max_buffered_samples
-        if excess <= 0:
-            return 0
-        audio = np.concatenate(self.chunks)[excess:]
-        self.chunks, self.buffered = [audio], audio.size
-        self.dropped_samples += excess
-        return excess
-
-    def take_frame(self, into: np.ndarray) -> bool:
-        """Fill `into` with the next frame of input; False (and `into` left zero, the input
-        kept for the next tick) when a whole frame has not arrived."""
-        if self.buffered < self.frame_samples:
-            self.silence_frames += 1
-            return False
-        audio = np.concatenate(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
-        into[:] = audio[: self.frame_samples]
-        rest = audio[self.frame_samples :]
-        self.chunks, self.buffered = ([rest] if rest.size else []), rest.size
-        return True
-
-    @property
-    def opened_in_model(self) -> bool:
-        """The model holds this slot open: its `open_slot` ran to its end."""
-        opening = self.opening
-        return (
-            opening is not None
-            and opening.done()
-            and not opening.cancelled()
-            and opening.exception() is None
-        )
-
-    # ------------------------------------------------------------ turn taking
-
-    def listen(self) -> None:
-        self.responding = False
-        self.quiet_frames = self.response_frames = 0
-
-    def on_frame(self, speaking: bool, listen_after: int, max_frames: int) -> tuple[bool, bool]:
-        """(send this frame to the session, then end the response with "listen")."""
-        if not self.responding:
-            if not speaking:
-                return False, False  # listening: the model's quiet frames are not sent
-            self.responding = True
-            self.quiet_frames = self.response_frames = 0
-        self.response_frames += 1
-        self.quiet_frames = 0 if speaking else self.quiet_frames + 1
-        ends = self.quiet_frames >= listen_after or self.response_frames >= max_frames
-        if ends:
-            self.listen()
-        return True, ends
+    def next_due(self, due: float, ended: float) -> tuple[float, bool]:
+        """(the next step's due time, whether the step due at `due`, ended at `ended`, missed
+        its deadline). One period on; past a miss, the next grid point after the step's end."""
+        deadline = due + self.period_s
+        if ended <= deadline:
+            return deadline, False
+        return due + self.period_s * math.ceil((ended - due) / self.period_s), True

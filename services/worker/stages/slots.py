@@ -1,0 +1,104 @@
+"""`SlotState`: one session's slot of the tick-batched stage (a row of the batch).
+
+What the stage keeps of a session between ticks: its model slot and whether it is open,
+its request id and fence, its input buffer (bounded: input far ahead of the clock is cut,
+oldest first) and its turn taking (listening, or speaking a response that
+`listen_after_frames` quiet frames or `max_response_frames` end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+
+from shared.contracts import DuplexFence
+
+
+@dataclasses.dataclass
+class SlotState:
+    """One session's slot. Written on the event loop only (the tick, ensure, feed)."""
+
+    index: int
+    session_id: str
+    frame_samples: int
+    #: input beyond this is cut back (oldest first): a client far ahead of the clock
+    max_buffered_samples: int
+    request_id: str | None = None
+    fence: DuplexFence | None = None
+    #: `open_slot` ran: the slot is stepped as active
+    opened: bool = False
+    #: the slot's `open_slot` on the model thread (None: never submitted)
+    opening: asyncio.Future[None] | None = None
+    #: bumped by an abort or a close: the outputs of a step gathered before are dropped
+    generation: int = 0
+    #: the request an abort named: no output is sent under it again
+    aborted_request_id: str | None = None
+    chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
+    buffered: int = 0
+    #: speaking a response (its frames go to the session); False: listening
+    responding: bool = False
+    quiet_frames: int = 0
+    response_frames: int = 0
+    silence_frames: int = 0
+    dropped_samples: int = 0
+
+    # ------------------------------------------------------------ input
+
+    def feed(self, samples: np.ndarray) -> int:
+        """Append input; returns the samples cut from the front to stay under the bound."""
+        if not samples.size:
+            return 0
+        self.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
+        self.buffered += samples.size
+        excess = self.buffered - self.max_buffered_samples
+        if excess <= 0:
+            return 0
+        audio = np.concatenate(self.chunks)[excess:]
+        self.chunks, self.buffered = [audio], audio.size
+        self.dropped_samples += excess
+        return excess
+
+    def take_frame(self, into: np.ndarray) -> bool:
+        """Fill `into` with the next frame of input; False (and `into` left zero, the input
+        kept for the next tick) when a whole frame has not arrived."""
+        if self.buffered < self.frame_samples:
+            self.silence_frames += 1
+            return False
+        audio = np.concatenate(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        into[:] = audio[: self.frame_samples]
+        rest = audio[self.frame_samples :]
+        self.chunks, self.buffered = ([rest] if rest.size else []), rest.size
+        return True
+
+    @property
+    def opened_in_model(self) -> bool:
+        """The model holds this slot open: its `open_slot` ran to its end."""
+        opening = self.opening
+        return (
+            opening is not None
+            and opening.done()
+            and not opening.cancelled()
+            and opening.exception() is None
+        )
+
+    # ------------------------------------------------------------ turn taking
+
+    def listen(self) -> None:
+        self.responding = False
+        self.quiet_frames = self.response_frames = 0
+
+    def on_frame(self, speaking: bool, listen_after: int, max_frames: int) -> tuple[bool, bool]:
+        """(send this frame to the session, then end the response with "listen")."""
+        if not self.responding:
+            if not speaking:
+                return False, False  # listening: the model's quiet frames are not sent
+            self.responding = True
+            self.quiet_frames = self.response_frames = 0
+        self.response_frames += 1
+        self.quiet_frames = 0 if speaking else self.quiet_frames + 1
+        ends = self.quiet_frames >= listen_after or self.response_frames >= max_frames
+        if ends:
+            self.listen()
+        return True, ends
