@@ -19,6 +19,7 @@ from shared.contracts.plugin import (
 from shared.contracts.stages import (
     DuplexFence,
     FunctionCall,
+    InputFedStagePort,
     OutputSink,
     StageCleanupError,
     StageOutput,
@@ -42,6 +43,7 @@ __all__ = [
     "FrameModel",
     "FrameOutput",
     "FunctionCall",
+    "InputFedStagePort",
     "OpenResult",
     "OutputSink",
     "ResponseCreateOptions",

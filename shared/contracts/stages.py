@@ -107,7 +107,8 @@ class StageCleanupError(RuntimeError):
 class StagePort(abc.ABC):
     """ensure / submit initial / submit update / abort / cleanup of a session's stage requests.
 
-    Implementations: a plugin's local CPU stages (echo), the vLLM engine stage.
+    Implementations: a plugin's local CPU stages (echo), the vLLM engine stage, the
+    tick-batched stage of a frame-clocked model (an `InputFedStagePort`).
     Every method is called from the worker's event loop.
     """
 
@@ -136,9 +137,22 @@ class StagePort(abc.ABC):
         """Release engine resources when the worker stops."""
 
 
+class InputFedStagePort(StagePort):
+    """A stage port whose stream request hears the session's input as it is applied, not
+    in a plan's payload: the tick-batched stage of a frame-clocked model, whose slot is
+    stepped on every frame. A model-native session (`NativeStream`) feeds it every
+    converted append, in the order its runner applies them."""
+
+    @abc.abstractmethod
+    def feed(self, session_id: str, samples: np.ndarray) -> None:
+        """`session_id`'s converted input: mono float32 at the model's input rate.
+        Non-blocking; a session with no stream open (closed meanwhile) takes none."""
+
+
 __all__ = [
     "DuplexFence",
     "FunctionCall",
+    "InputFedStagePort",
     "OutputSink",
     "StageCleanupError",
     "StageOutput",

@@ -13,8 +13,9 @@ stream request on it:
   mid-step), so a stream that cannot start ends the session afterwards: its error, then
   session.closed; a session that never speaks must not hold a slot. What a plugin can
   check without its model (a PersonaPlex voice file) it refuses at the open itself;
-- every converted append is fed to the slot as the runner applies it (`feed`), so input
-  reaches the model in order and an input.cancel's dropped appends never reach it;
+- every converted append is fed to the slot as the runner applies it (`feed`: the stage
+  is an `InputFedStagePort`), so input reaches the model in order and an input.cancel's
+  dropped appends never reach it;
 - the stage's frames open responses: an "audio" (or "text") output with no active
   response opens one on the current epoch (`opens`), later frames are its deltas, and a
   "listen" output completes it (`ResponseController.on_stage_output`);
@@ -44,6 +45,7 @@ from shared.contracts import (
     DuplexRuntimeConfigError,
     DuplexSessionError,
     FrameClockedPlugin,
+    InputFedStagePort,
     StageOutput,
     StagePlan,
     StagePort,
@@ -99,9 +101,8 @@ class NativeStream:
 
     def feed(self, samples: np.ndarray) -> None:
         """An applied append: to the model's slot, and the ledger kept within its window."""
-        feed = getattr(self.port, "feed", None)
-        if feed is not None:
-            feed(self.session.session_id, samples)
+        if isinstance(self.port, InputFedStagePort):
+            self.port.feed(self.session.session_id, samples)
         ledger = self.session.input
         # the stream's input is never replayed into a model (its state never moves): a
         # checkpoint's `applied` must not go back to the stream's first append (before_turn)

@@ -46,11 +46,11 @@ from shared.contracts import (
     FrameClockedPlugin,
     FrameModel,
     FrameOutput,
+    InputFedStagePort,
     OutputSink,
     StageCleanupError,
     StageOutput,
     StagePlan,
-    StagePort,
     parse_stage_request_id,
     stage_request_id,
 )
@@ -84,7 +84,7 @@ class TickCounters:
         self.max_tick_s = max(self.max_tick_s, duration)
 
 
-class TickBatchedStagePort(StagePort):
+class TickBatchedStagePort(InputFedStagePort):
     def __init__(
         self,
         model: FrameModel,
@@ -139,7 +139,7 @@ class TickBatchedStagePort(StagePort):
             clock=clock,
         )
 
-    # ------------------------------------------------------------ StagePort
+    # ------------------------------------------------------------ InputFedStagePort
 
     def bind(self, session_id: str, sink: OutputSink) -> None:
         self._sinks[session_id] = sink
