@@ -9,6 +9,10 @@ Three tasks per socket, none of them restarted (a restarted writer or pump would
 out of order or after a takeover): this one reads; `ws-writer` sends what is queued and
 closes the socket after a closure notice; `ws-live:<session>` is the delivery pump.
 
+The formats appends are parsed with are the worker's (`SessionView`): a session.update
+that would change the input format is not applied here; the reader holds the next frames
+until the worker has answered it (session.updated, or its refusal).
+
 On the openai surface (plain /v1/realtime) the worker already emits OpenAI GA's events
 (services/worker/session/surface.py); here the client's duplex-only events are refused
 (`unknown_event`), and a closure notice closes the socket without being sent (GA has no
@@ -57,6 +61,10 @@ log = logging.getLogger(__name__)
 PARSE_INLINE_MAX_CHARS = 256 * 1024
 #: what ends the socket on the openai surface, unsent: the closures and a lost journal
 OPENAI_ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
+#: how long the reader holds the client's frames behind a session.update that changes the
+#: input format, waiting for the worker's answer: a safety net (an answer is lost only with
+#: its worker; a moved session's next worker answers the commands forwarded to it)
+UPDATE_ANSWER_TIMEOUT_S = 10.0
 
 
 def duplex_only(command: Any) -> bool:
@@ -75,6 +83,8 @@ class HandshakeFailed(Exception):
 
 
 class RealtimeConnection:
+    update_answer_timeout_s = UPDATE_ANSWER_TIMEOUT_S
+
     def __init__(
         self,
         websocket: WebSocket,
@@ -332,6 +342,9 @@ class RealtimeConnection:
         return False
 
     async def _deliver(self, command: Any) -> None:
+        """A command to its session. A session.update that would change the input format
+        returns once the worker has answered it (`SessionView`): the appends after it are
+        parsed with the format the worker decided, the refused update's or not."""
         if isinstance(command, SessionEventAck):
             if not await self.attachment.acknowledge(command.server_event_seq):
                 self.delivery.error(
@@ -340,15 +353,29 @@ class RealtimeConnection:
                     command.event_id,
                 )
             return
+        awaits_answer = False
         if isinstance(command, UpdateSession):
             if isinstance(command.patch, dict):
                 command.patch.pop(SURFACE_KEY, None)  # the surface is the pod's to say
-            self.view.adopt(command.patch)
+            # not applied here: the worker may refuse it (SessionView)
+            awaits_answer = self.view.expect(command.patch, command.event_id)
         started = time.perf_counter()
-        await self.attachment.command(command)
+        try:
+            await self.attachment.command(command)
+        except BaseException:
+            if awaits_answer:
+                self.view.settle()  # not written: the worker will not answer it
+            raise
         self.metrics.command_latency.observe(time.perf_counter() - started)
         if isinstance(command, CloseSession):
             self.metrics.sessions_closed.inc()
+        if awaits_answer and not await self.view.answer(self.update_answer_timeout_s):
+            log.warning(
+                "session %s: no answer to a session.update within %.0f s; appends are parsed "
+                "with the input format the worker last confirmed",
+                self.attachment.session_id,
+                self.update_answer_timeout_s,
+            )
 
     # ------------------------------------------------------------ worker -> client
 

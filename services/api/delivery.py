@@ -20,10 +20,14 @@ ahead of the exact JSON the client gets (shared/redis/live_message.py): the pump
 it and routes each event on its header, and the journal's records alike (split from its
 entries as the pump splits a live message),
 without parsing the JSON. Only the rare events whose content the pod needs are parsed:
-session.created / .updated (the `SessionView`) and errors (their code, for the metrics).
+session.created / .updated (the `SessionView`) and errors (their code, for the metrics,
+and their event_id: the refusal of a session.update the connection waits on).
 
-`SessionView` is the session object as last delivered: the formats the client's appends
-are parsed with and its idle timeout, which the connection reads.
+`SessionView` is the session object as the worker last confirmed it: the formats the
+client's appends are parsed with and its idle timeout, which the connection reads. A
+session.update changes them only once the worker accepted it (its session.updated); one
+that would change the input format holds the client's next frames until the worker's
+answer is delivered (`SessionView.expect` / `answer`): a refused one leaves them as they were.
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ from services.api.attachment import Attachment, error
 from services.api.live import CATCH_UP, LiveFeed
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import OutItem, OutputQueue
+from services.api.waitables import Flag
 from shared.protocol.duplex import (
+    AudioFormat,
     CommandContext,
     DuplexErrorEvent,
     DuplexEvent,
@@ -62,12 +68,36 @@ ENDINGS = frozenset({"session.closed", "session.expired"})
 SESSION_TYPES = frozenset({"session.created", "session.updated"})
 
 
+class PendingUpdate:
+    """A session.update on its way to the worker that would change the input format."""
+
+    __slots__ = ("answered", "before", "event_id")
+
+    def __init__(self, before: AudioFormat, event_id: str | None) -> None:
+        self.before = before  # the input format the worker last confirmed
+        self.event_id = event_id  # the update's, which the worker's refusal carries
+        self.answered = Flag()
+
+
 class SessionView:
-    """The session object as the client last heard it, for parsing what it sends."""
+    """The session object as the worker last confirmed it, for parsing what the client sends.
+
+    Its formats change only when the worker says so: a session.created, .updated or
+    .resumed delivered to the client (`observe`). A session.update the client sends is not
+    applied here: the worker may refuse it (`voice_update_after_audio_unsupported`, a
+    model change, ...), and then the appends that follow it are still in the old format.
+
+    An append without a format of its own crosses to the worker with the one resolved
+    here, so an update that would change the input format is a barrier: the connection
+    announces it (`expect`) and reads the client's next frame only once the worker has
+    answered it (`answer`): its session.updated, or its refusal (an error with the
+    update's event_id). Updates that leave the input format as it is are not waited for.
+    """
 
     def __init__(self) -> None:
         self.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S
         self.defaults = InputAudioDefaults()  # sets self.context too
+        self._pending: PendingUpdate | None = None  # only while a format change is in flight
 
     @property
     def defaults(self) -> InputAudioDefaults:
@@ -87,12 +117,56 @@ class SessionView:
             timeout = session.get("idle_timeout_s")
             if isinstance(timeout, int | float) and timeout > 0:
                 self.idle_timeout_s = float(timeout)
+        pending = self._pending
+        if pending is not None and self.defaults.input_format != pending.before:
+            # the update's session.updated: an earlier update's (or the open's) still
+            # says the format in force before it
+            self.settle()
 
-    def adopt(self, patch: dict[str, Any]) -> None:
-        """A session.update the client sent: appends right after it use its formats now,
-        not when session.updated comes back (the worker refuses an invalid one itself)."""
-        with contextlib.suppress(RealtimeProtocolError):
-            self.defaults = self.defaults.updated(patch)
+    def expect(self, patch: dict[str, Any], event_id: str | None) -> bool:
+        """A session.update is about to cross to the worker: True when, accepted, it would
+        change the input format appends are parsed with (then `answer` waits for the
+        worker's answer); False when it changes nothing the parse reads, or is invalid
+        (the worker refuses it the same way, and nothing changes)."""
+        try:
+            proposed = self.defaults.updated(patch).input_format
+        except RealtimeProtocolError:
+            return False
+        if proposed == self.defaults.input_format:
+            return False
+        self._pending = PendingUpdate(self.defaults.input_format, event_id)
+        return True
+
+    async def answer(self, timeout_s: float) -> bool:
+        """Wait for the worker's answer to the update `expect` announced: True once it
+        came (the formats are the worker's again), False after `timeout_s` without one
+        (they stay what the worker last confirmed)."""
+        pending = self._pending
+        if pending is None:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await pending.answered.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if self._pending is pending:
+                self._pending = None
+
+    def refused(self, event_id: str | None) -> None:
+        """An error delivered: the refusal of the awaited update when it names the update's
+        event_id (an update sent without one is answered by an error without one)."""
+        pending = self._pending
+        if pending is not None and event_id == pending.event_id:
+            self.settle()
+
+    def settle(self) -> None:
+        """Stop waiting for an answer: it came, or will not (the update was not written,
+        the session ended, the socket was taken over)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.answered.set()
 
 
 class Delivery:
@@ -162,11 +236,13 @@ class Delivery:
             self.view.observe(event.get("session"))
         if wire_type in ENDINGS:
             self.attachment.end()
+            self.view.settle()  # an update still unanswered never will be
         elif wire_type == "error":  # the worker's errors count with the pod's own
             event = event if event is not None else _parsed(record.data)
             error = event.get("error")
-            code = error.get("code") if isinstance(error, dict) else None
-            self.metrics.errors.labels(code or "unknown").inc()
+            error = error if isinstance(error, dict) else {}
+            self.metrics.errors.labels(error.get("code") or "unknown").inc()
+            self.view.refused(error.get("event_id"))
         accepted = self.queue.put(OutItem(record.data, wire_type, record.response_id))
         self.metrics.events.inc()
         if not accepted and self.queue.overflowed and self.overflow_close is None:
@@ -194,6 +270,12 @@ class Delivery:
     async def pump(self) -> None:
         """Live messages to the client until a takeover or a journal gap ends it (a
         per-connection task: never restarted, cancelled when its socket goes)."""
+        try:
+            await self._pump()
+        finally:  # taken over, resync, or the socket is gone: no answer will be delivered
+            self.view.settle()
+
+    async def _pump(self) -> None:
         attachment = self.attachment
         while True:
             data = await self.feed.get()
