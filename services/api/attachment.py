@@ -35,6 +35,7 @@ from services.api.liveness import PodLiveness
 from services.api.worker_client import WorkerClient
 from shared.ids import new_session_id
 from shared.protocol.duplex import (
+    DuplexCommand,
     DuplexErrorEvent,
     DuplexEvent,
     DuplexSessionCreated,
@@ -335,7 +336,7 @@ class Attachment:
     def command_seq(self) -> int:  # the last handed out (a refused entry gives its seqs back)
         return self.commands.seqs.last
 
-    async def command(self, command: Any) -> None:
+    async def command(self, command: DuplexCommand) -> None:
         """A client command to the worker. An append returns once queued (`CommandSender`);
         any other raises `InboxFull` when the inbox's budget refused it, or Redis' error."""
         sid, worker_id = self._held()

@@ -24,15 +24,13 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from redis.exceptions import RedisError
 
 from services.api.inbox_writer import CommandSeq, InboxFull
 from services.api.live import LiveFeed
 from services.api.worker_client import WorkerClient
-from shared.protocol.duplex import DuplexErrorEvent
-from shared.redis.boundary import APPEND_TYPE
+from shared.protocol.duplex import AppendAudio, DuplexCommand, DuplexErrorEvent
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +67,12 @@ class CommandSender:
         return len(self._unsent)
 
     async def send(
-        self, worker_id: str, session_id: str, attachment: int, command: Any
+        self, worker_id: str, session_id: str, attachment: int, command: DuplexCommand
     ) -> asyncio.Future[None] | None:
         """Queue the command. An append returns None once queued (its failure is reported);
         any other command returns its future, for the caller to await."""
         written = self._workers.send_command(worker_id, session_id, attachment, self.seqs, command)
-        if command.TYPE != APPEND_TYPE:
+        if not isinstance(command, AppendAudio):
             return written
         size = len(command.audio)
         self._unsent.append((written, size))

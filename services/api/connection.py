@@ -44,6 +44,7 @@ from shared.protocol.duplex import (
     SURFACE_OPENAI,
     AppendAudio,
     CloseSession,
+    DuplexCommand,
     DuplexErrorEvent,
     RealtimeProtocolError,
     SessionEventAck,
@@ -66,8 +67,12 @@ OPENAI_ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
 #: its worker; a moved session's next worker answers the commands forwarded to it)
 UPDATE_ANSWER_TIMEOUT_S = 10.0
 
+#: what a client frame parses as: a session's command, or an envelope event of the
+#: socket's own (`conversation.item.retrieve` comes as its SignalTurn, a command)
+ClientFrame = DuplexCommand | SessionResume | SessionEventAck
 
-def duplex_only(command: Any) -> bool:
+
+def duplex_only(command: ClientFrame) -> bool:
     """A client event the OpenAI Realtime API does not have: a Tier 3 command, or an
     envelope event of ours (`conversation.item.retrieve`, which is GA's, comes as its
     SignalTurn and passes)."""
@@ -268,7 +273,7 @@ class RealtimeConnection:
                 return  # an idle socket is a disconnect
             await self._handle_frame(frame)
 
-    async def _parse(self, frame: str) -> Any:
+    async def _parse(self, frame: str) -> ClientFrame:
         """A client frame as a command. A large one is parsed on a thread: JSON and base64
         cost about 5 ms per MiB, and a 10 MiB append parsed here held every socket of the
         pod for 40-75 ms (bench/exhaustion.py, inbox_flood). The GIL still makes the loop
@@ -318,7 +323,7 @@ class RealtimeConnection:
                 retryable=True,
             )
 
-    def _refuse_duplex_only(self, command: Any) -> None:
+    def _refuse_duplex_only(self, command: ClientFrame) -> None:
         self.delivery.error(
             "unknown_event",
             f"{command.wire_type} is not an OpenAI Realtime event; "
@@ -341,7 +346,7 @@ class RealtimeConnection:
         )
         return False
 
-    async def _deliver(self, command: Any) -> None:
+    async def _deliver(self, command: DuplexCommand | SessionEventAck) -> None:
         """A command to its session. A session.update that would change the input format
         returns once the worker has answered it (`SessionView`): the appends after it are
         parsed with the format the worker decided, the refused update's or not."""
