@@ -22,6 +22,12 @@
 
 One INFO line per move gives the pause it caused: from the moment the session stopped
 being served here to the moment its RestoreRequest and notice were out.
+
+A session's move state is in its record (`session/table.py`): the task moving (or closing)
+it and the inbox messages kept back meanwhile; the record stays until they are sent on.
+The drain itself keeps only what is not any session's state here: where the sessions it
+moved away went (their late messages are forwarded there) and which models other workers
+have room for.
 """
 
 from __future__ import annotations
@@ -32,17 +38,18 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from services.worker.handover import hand_over
+from services.worker.publisher import RedisEventPublisher
+from services.worker.session.manager import SessionManager
+from services.worker.session.table import SessionTable
 from shared.contracts import DuplexSessionError
 from shared.ids import now_ms
 from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, InboxMessage
 from shared.redis.placement import WorkerDirectory
-
-if TYPE_CHECKING:
-    from services.worker.host import WorkerHost
+from shared.redis.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +66,8 @@ NO_TARGET_RECHECK_S = 0.5
 #: how long the inbox read blocks while draining (so the linger ends soon after it may)
 DRAIN_READ_BLOCK_MS = 100
 
-Fields = Mapping[bytes, Any]
+Dispatch = Callable[[InboxMessage], Awaitable[None]]
+Notify = Callable[[str, ControlNotice], Awaitable[None]]
 
 
 @dataclasses.dataclass
@@ -73,26 +81,41 @@ class MoveRecord:
 class Drain:
     def __init__(
         self,
-        worker: WorkerHost,
+        worker_id: str,
+        store: SessionStore,
+        manager: SessionManager,
+        publisher: RedisEventPublisher,
         *,
+        drain_timeout_s: float,
+        heartbeat_ttl_s: float,
+        dispatch: Dispatch,
+        release_held: Callable[[str], Awaitable[None]],
+        notify: Notify,
         clock: Callable[[], float] = time.monotonic,
         linger_s: float = LINGER_S,
     ) -> None:
-        self.worker = worker
+        self.worker_id = worker_id
+        self.store = store
+        self.manager = manager
+        self.moves = manager.moves
+        self.table: SessionTable = manager.table
+        self.publisher = publisher
+        self.drain_timeout_s = drain_timeout_s
+        self.dispatch = dispatch
+        self.release_held = release_held
+        self.notify = notify
         self.clock = clock
         self.linger_s = linger_s
-        self.directory = WorkerDirectory(
-            worker.redis.client, worker.keys, worker.settings.heartbeat_ttl_s
-        )
-        #: sessions whose move is under way -> the entries read for them meanwhile
-        self.moving: dict[str, list[Fields]] = {}
-        #: sessions moved away -> their new worker
+        self.directory = WorkerDirectory(store.client, store.keys, heartbeat_ttl_s)
+        #: sessions moved away -> their new worker (they are not held here any more: this
+        #: is where their late inbox messages go)
         self.moved: dict[str, str] = {}
-        self.moves: list[MoveRecord] = []
+        self.moves_done: list[MoveRecord] = []
         self.closed: list[str] = []
         self.forwarded = 0
         self._placed: collections.Counter[str] = collections.Counter()
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: the move and close tasks still running (a session's own is in its record)
+        self._running: set[asyncio.Task[None]] = set()
         #: model -> (when it was asked, whether another worker has room for it)
         self._room: dict[str, tuple[float, bool]] = {}
         self._last_activity = self._last_move_at = clock()
@@ -106,77 +129,72 @@ class Drain:
         self._rounds += 1
         self._activity.set()
 
-    async def take(self, fields: Fields) -> bool:
-        """An entry read from the inbox: True when it belongs to a session moving or moved
+    async def take(self, message: InboxMessage) -> bool:
+        """A message read from the inbox: True when it belongs to a session moving or moved
         away (kept back, or forwarded), False when the worker handles it itself."""
-        raw = fields.get(b"s")
-        if raw is None:
-            return False
-        sid = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if sid in self.moving:
-            self.moving[sid].append(fields)
+        sid = message.session_id
+        record = self.table.get(sid)
+        if record is not None and record.kept_back is not None:
+            record.kept_back.append(message)
             return True
         target = self.moved.get(sid)
         if target is None:
             return False
-        await self._forward(sid, target, [fields])
+        await self._forward(sid, target, [message])
         return True
 
-    async def _forward(self, sid: str, target: str, entries: list[Fields]) -> None:
-        forwarded = [fields for fields in entries if fields.get(b"k") in FORWARDED_KINDS]
-        for fields in entries:
-            if fields.get(b"k") not in FORWARDED_KINDS:
-                kind = fields.get(b"k", b"?")
-                log.info("session %s moved: a %r entry for it is not forwarded", sid, kind)
-        await self.worker.store.inbox_forward(target, forwarded)
+    async def _forward(self, sid: str, target: str, messages: list[InboxMessage]) -> None:
+        forwarded = [message for message in messages if isinstance(message, FORWARDED_KINDS)]
+        for message in messages:
+            if not isinstance(message, FORWARDED_KINDS):
+                kind = type(message).__name__
+                log.info("session %s moved: a %s for it is not forwarded", sid, kind)
+        await self.store.inbox_forward(target, forwarded)
         if forwarded:
             self.forwarded += len(forwarded)
             self._last_activity = self.clock()
             log.info(
-                "%d inbox entries of moved session %s forwarded to %s", len(forwarded), sid, target
+                "%d inbox messages of moved session %s forwarded to %s", len(forwarded), sid, target
             )
 
     # ------------------------------------------------------------ the drain
 
     async def run(self) -> None:
         """Move every session away, then linger; returns when the worker may deregister."""
-        worker = self.worker
-        worker.read_block_ms = DRAIN_READ_BLOCK_MS
         started = self.clock()
-        deadline = started + worker.settings.drain_timeout_s
+        deadline = started + self.drain_timeout_s
         log.info(
             "worker %s draining: %d sessions to move (deadline %.1f s)",
-            worker.worker_id,
-            len(worker.manager.session_ids()),
-            worker.settings.drain_timeout_s,
+            self.worker_id,
+            len(self.table.live_ids()),
+            self.drain_timeout_s,
         )
         await self._drain(deadline)
         log.info(
             "worker %s drained in %.2f s: %d sessions moved, %d closed, %d inbox entries forwarded",
-            worker.worker_id,
+            self.worker_id,
             self.clock() - started,
-            len(self.moves),
+            len(self.moves_done),
             len(self.closed),
             self.forwarded,
         )
 
     async def _drain(self, deadline: float) -> None:
-        manager = self.worker.manager
         while True:
             now = self.clock()
             if now >= deadline + LINGER_MAX_S:  # moves keep failing (Redis is away)
                 log.warning(
                     "drain past its deadline with %d sessions left: they close (shutdown)",
-                    len(manager.session_ids()),
+                    len(self.table.live_ids()),
                 )
-                if self._tasks:
-                    await asyncio.wait(list(self._tasks.values()), timeout=LINGER_MAX_S)
+                if self._running:
+                    await asyncio.wait(list(self._running), timeout=LINGER_MAX_S)
                 return
             try:
                 await self._start_moves(overdue=now >= deadline)
             except Exception:
                 log.warning("drain: looking for workers to move to failed; retrying", exc_info=True)
-            if manager.session_ids() or self._tasks:
+            if self.table.live_ids() or self._running:
                 await self._wait(POLL_S)
                 continue
             if not self.moved or self._quiet():
@@ -198,32 +216,44 @@ class Drain:
                 await self._activity.wait()
 
     async def _start_moves(self, overdue: bool) -> None:
-        manager = self.worker.manager
-        for sid in manager.session_ids():
-            if sid in self._tasks:
+        for record in self.table.live():
+            if record.drain_task is not None:
                 continue
-            busy = not manager.is_idle(sid) or self.worker.order.held(sid)
+            sid = record.session_id
+            busy = not self.moves.is_idle(sid) or record.order.held
             if not overdue and busy:
-                if await self._has_no_target(manager.model_of(sid)):
-                    self._start(sid, self._close(sid))
+                if await self._has_no_target(self.moves.model_of(sid)):
+                    record.drain_task = self._start(sid, self._close(sid))
                 continue
-            # from now on its entries are kept back: nothing reaches the session after the
+            # from now on its messages are kept back: nothing reaches the session after the
             # idle check (a commit that came meanwhile would start a response the hand-off
             # then cancels)
-            self.moving[sid] = []
-            self._start(sid, self._move(sid, cancel=overdue))
+            record.kept_back = []
+            record.drain_task = self._start(sid, self._move(sid, cancel=overdue))
 
-    def _start(self, sid: str, work: Any) -> None:
+    def _start(self, sid: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=f"drain-move:{sid}")
-        self._tasks[sid] = task
+        self._running.add(task)
         task.add_done_callback(lambda done, sid=sid: self._done(sid, done))
+        return task
 
     def _done(self, sid: str, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(sid, None)
+        self._running.discard(task)
         self._activity.set()
+        record = self.table.get(sid)
+        if record is not None and record.drain_task is task:
+            record.drain_task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("moving session %s failed", sid, exc_info=task.exception())
-            self.moving.pop(sid, None)
+            if record is not None:
+                self._let_go(record.session_id)
+
+    def _let_go(self, sid: str) -> None:
+        """The session's messages are not kept back any more: its record may go."""
+        record = self.table.get(sid)
+        if record is not None:
+            record.kept_back = None
+            self.table.settle(record)
 
     async def _has_no_target(self, model: str) -> bool:
         """No other live worker of the model has room (the answer is kept for
@@ -238,36 +268,36 @@ class Drain:
         self, model: str, sid: str, exclude: frozenset[str] = frozenset()
     ) -> str | None:
         return await self.directory.first_with_room(
-            model, sid, exclude | {self.worker.worker_id}, self._placed
+            model, sid, exclude | {self.worker_id}, self._placed
         )
 
     async def _close(self, sid: str) -> None:
         log.info("session %s: no other worker can take it; closing it (shutdown)", sid)
-        await self.worker.manager.close(sid, "shutdown")
-        self.worker.order.forget(sid)
+        await self.manager.close(sid, "shutdown")
         self.closed.append(sid)
 
     async def _give_back(self, sid: str) -> None:
-        """The move did not begin: the entries kept back are handled here after all, in
-        the order read (the consume loop keeps adding to them until they are all out)."""
-        while self.moving.get(sid):
-            entries, self.moving[sid] = self.moving[sid], []
-            for fields in entries:
+        """The move did not begin: the messages kept back are dispatched here after all, as
+        they were decoded, in the order read (the consume loop keeps adding to them until
+        they are all out)."""
+        record = self.table.get(sid)
+        while record is not None and record.kept_back:
+            kept, record.kept_back = record.kept_back, []
+            for message in kept:
                 try:
-                    await self.worker.dispatch(InboxMessage.from_fields(fields))
+                    await self.dispatch(message)
                 except Exception:
-                    log.exception("session %s: an inbox entry kept back failed", sid)
-        self.moving.pop(sid, None)
+                    log.exception("session %s: an inbox message kept back failed", sid)
+        self._let_go(sid)
 
     async def _move(self, sid: str, *, cancel: bool) -> None:
-        worker = self.worker
-        manager = worker.manager
+        moves = self.moves
         try:
-            target = await self._target(manager.model_of(sid), sid)
-            if target is not None and cancel and not manager.is_idle(sid):
+            target = await self._target(moves.model_of(sid), sid)
+            if target is not None and cancel and not moves.is_idle(sid):
                 log.info("session %s: drain deadline passed; cancelling its response", sid)
-                await manager.cancel_active(sid, "shutdown")
-            generation = manager.owned_sessions().get(sid)
+                await moves.cancel_active(sid, "shutdown")
+            generation = self.table.owner_generation(sid)
         except BaseException:
             await self._give_back(sid)
             raise
@@ -281,45 +311,51 @@ class Drain:
         began = time.perf_counter()
         # commands still held for their predecessors are applied now (gaps reported): the
         # checkpoint must hold them, as it holds everything read before the move
-        await worker.release_held(sid)
+        await self.release_held(sid)
         try:
-            checkpoint = await manager.hand_off(sid)
+            checkpoint = await moves.hand_off(sid)
         except DuplexSessionError as exc:
             log.info("session %s not moved: %s", sid, exc.message)
             self._placed[target] -= 1
-            self.moving.pop(sid, None)
+            self._let_go(sid)
             return
-        worker.order.forget(sid)
-        if not await worker.publisher.write_checkpoint(sid, checkpoint):
+        if not await self.publisher.write_checkpoint(sid, checkpoint):
             log.warning("session %s: its final checkpoint was refused (fenced out)", sid)
             self._placed[target] -= 1
-            self.moving.pop(sid, None)
+            self._let_go(sid)
             return
-        self._forget(sid)
         handed = await hand_over(
-            worker, sid, target, generation, paused_at, self._notify, self._target_excluding
+            self.store,
+            self.worker_id,
+            sid,
+            target,
+            generation,
+            paused_at,
+            self.notify,
+            self._target_excluding,
         )
         if handed is None:
             log.warning(
                 "session %s: not moved to %s (closed, or owned by another worker now)", sid, target
             )
             self._placed[target] -= 1
-            self.moving.pop(sid, None)
+            self._let_go(sid)
             return
         if handed[0] != target:
             self._placed[target] -= 1
             self._placed[handed[0]] += 1
         target, new_generation = handed
         pause_ms = (time.perf_counter() - began) * 1000
-        # what was read for it meanwhile goes first; later entries are forwarded as read
-        while self.moving[sid]:
-            entries, self.moving[sid] = self.moving[sid], []
+        # what was read for it meanwhile goes first; later messages are forwarded as read
+        record = self.table.get(sid)
+        while record is not None and record.kept_back:
+            entries, record.kept_back = record.kept_back, []
             await self._forward(sid, target, entries)
-        del self.moving[sid]
         self.moved[sid] = target
+        self._let_go(sid)
         self._last_activity = self._last_move_at = self.clock()
         self._rounds = 0
-        self.moves.append(MoveRecord(sid, target, new_generation, pause_ms))
+        self.moves_done.append(MoveRecord(sid, target, new_generation, pause_ms))
         log.info(
             "session %s moved to %s (owner generation %d, %d checkpoint bytes): paused %.0f ms",
             sid,
@@ -330,14 +366,4 @@ class Drain:
         )
 
     async def _target_excluding(self, exclude: frozenset[str]) -> str | None:
-        return await self._target(self.worker.manager.plugin.plugin_id, "", exclude)
-
-    async def _notify(self, sid: str, notice: ControlNotice) -> None:
-        """The notice on the session's live channel (SPUBLISH on a cluster: to the shard
-        that owns the channel, where its API pods listen)."""
-        await self.worker.redis.publish(self.worker.keys.live(sid), notice.to_bytes())
-
-    def _forget(self, sid: str) -> None:
-        forget = getattr(self.worker.publisher, "forget_session", None)
-        if callable(forget):
-            forget(sid)
+        return await self._target(self.moves.builder.plugin.plugin_id, "", exclude)

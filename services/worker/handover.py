@@ -20,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from shared.redis.boundary import ControlNotice, RestoreRequest
-
-if TYPE_CHECKING:
-    from services.worker.host import WorkerHost
+from shared.redis.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +56,16 @@ async def retried(label: str, step: Callable[[], Awaitable[T]]) -> T:
 
 
 async def _move_owner(
-    worker: WorkerHost, sid: str, source: str, target: str, generation: int, paused_at: int | None
+    store: SessionStore, sid: str, source: str, target: str, generation: int, paused_at: int | None
 ) -> int:
     async def step() -> int:
-        moved = await worker.store.move_owner(
+        moved = await store.move_owner(
             sid, source, target, WHY, expected_generation=generation, paused_at_ms=paused_at
         )
         if moved:
             return moved
         # a CAS that went through but whose reply was lost: on the target, one further on
-        meta = await worker.store.meta(sid)
+        meta = await store.meta(sid)
         if meta.get("worker") == target and meta.get("owner_generation") == str(generation + 1):
             return generation + 1
         return 0
@@ -75,13 +73,14 @@ async def _move_owner(
     return await retried(f"moving session {sid} to {target}", step)
 
 
-async def _still_registered(worker: WorkerHost, target: str) -> bool:
-    score: Any = await worker.redis.client.zscore(worker.keys.workers(), target)
+async def _still_registered(store: SessionStore, target: str) -> bool:
+    score: Any = await store.client.zscore(store.keys.workers(), target)
     return score is not None
 
 
 async def hand_over(
-    worker: WorkerHost,
+    store: SessionStore,
+    worker_id: str,
     sid: str,
     target: str,
     generation: int,
@@ -89,16 +88,16 @@ async def hand_over(
     notify: Notify,
     pick: PickTarget,
 ) -> tuple[str, int] | None:
-    """Move `sid` (owned here at `generation`, its final checkpoint written) to `target`;
+    """Move `sid` (owned by `worker_id` at `generation`, its final checkpoint written) to `target`;
     returns (the worker that has it, its owner generation), or None when the session was
     not ours to move any more (closed, or taken by another owner)."""
-    source, tried = worker.worker_id, {worker.worker_id}
+    source, tried = worker_id, {worker_id}
     new_generation = generation
     for _ in range(MOVES_ON + 1):
-        new_generation = await _move_owner(worker, sid, source, target, generation, paused_at)
+        new_generation = await _move_owner(store, sid, source, target, generation, paused_at)
         if not new_generation:
             return None
-        if await _place(worker, sid, source, target, new_generation, notify):
+        if await _place(store, worker_id, sid, source, target, new_generation, notify):
             return target, new_generation
         # the target left the registry: it may have stopped reading before the entry came
         tried.add(target)
@@ -117,21 +116,26 @@ async def hand_over(
 
 
 async def _place(
-    worker: WorkerHost, sid: str, source: str, target: str, generation: int, notify: Notify
+    store: SessionStore,
+    worker_id: str,
+    sid: str,
+    source: str,
+    target: str,
+    generation: int,
+    notify: Notify,
 ) -> bool:
     """The steps after the owner CAS; False when the target has left the registry since."""
-    client = worker.redis.client
     label = f"session {sid} to {target}"
-    await retried(f"{label}: session sets", lambda: _swap_sets(client, worker, sid, source, target))
-    restore = RestoreRequest(sid, generation, WHY, worker.worker_id)
+    await retried(f"{label}: session sets", lambda: _swap_sets(store, sid, source, target))
+    restore = RestoreRequest(sid, generation, WHY, worker_id)
     await retried(
-        f"{label}: restore entry", lambda: worker.store.inbox_append(target, restore.to_fields())
+        f"{label}: restore entry", lambda: store.inbox_append(target, restore.to_fields())
     )
     notice = ControlNotice.moved(generation, target)
     await retried(f"{label}: moved notice", lambda: notify(sid, notice))
-    return await retried(f"{label}: is it live", lambda: _still_registered(worker, target))
+    return await retried(f"{label}: is it live", lambda: _still_registered(store, target))
 
 
-async def _swap_sets(client: Any, worker: WorkerHost, sid: str, source: str, target: str) -> None:
-    await client.srem(worker.keys.worker_sessions(source), sid)
-    await client.sadd(worker.keys.worker_sessions(target), sid)
+async def _swap_sets(store: SessionStore, sid: str, source: str, target: str) -> None:
+    await store.client.srem(store.keys.worker_sessions(source), sid)
+    await store.client.sadd(store.keys.worker_sessions(target), sid)

@@ -1,11 +1,16 @@
 """The worker process: registry + heartbeat, the inbox consumer, the session manager.
 
+The composition root of a worker: it builds the session table (`session/table.py`, one
+record per session), the publisher, the session manager and its moves, the ownership checks
+and, on SIGTERM, the drain, and hands each exactly what it uses.
+
 The inbox consumer (`inbox_reader`) reads the worker's inbox stream, unpacks each entry and
 dispatches its messages in order; entries are acknowledged in batches after dispatch.
 Commands carry (attachment generation, seq): a redelivered one is dropped, and a session
-moved here gets its commands in order (`command_order`). Entries and the registration hash
-are records of `shared.redis.boundary`; the long-lived loops run supervised (`shared.supervised`).
-SIGTERM drains (`drain`); restores and the zombie check are in `ownership`.
+moved here gets its commands in order (its record's `CommandOrder`). Entries and the
+registration hash are records of `shared.redis.boundary`; the long-lived loops run
+supervised (`shared.supervised`). SIGTERM drains (`drain`); restores and the zombie check
+are in `ownership`.
 """
 
 from __future__ import annotations
@@ -19,23 +24,25 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
-from services.worker import ownership
-from services.worker.command_order import CommandOrder, Released
-from services.worker.drain import Drain
+from services.worker.drain import DRAIN_READ_BLOCK_MS, Drain
 from services.worker.health import HealthServer
-from services.worker.host import WorkerHost
 from services.worker.inbox_reader import InboxReader
 from services.worker.metrics import WorkerMetrics
+from services.worker.ownership import Ownership
 from services.worker.plugins import build_frame_stage, load_plugin
 from services.worker.publisher import RedisEventPublisher
+from services.worker.session.command_marks import Mark
+from services.worker.session.command_order import Released
 from services.worker.session.manager import SessionManager
+from services.worker.session.table import SessionTable
 from shared.contracts import DuplexSessionError, FrameClockedPlugin, SessionRuntimeConfig
-from shared.protocol.duplex import DuplexErrorEvent, RealtimeProtocolError
+from shared.protocol.duplex import DuplexCommand, DuplexErrorEvent, RealtimeProtocolError
 from shared.redis.boundary import (
     ChatReply,
     ChatRequest,
     CloseRequest,
     CommandRecord,
+    ControlNotice,
     InboxMessage,
     OpenRequest,
     RestoreRequest,
@@ -55,7 +62,7 @@ REPLY_TTL_S = 60
 NOT_HELD = frozenset({"unknown_session", "session_closed"})
 
 
-class WorkerProcess(WorkerHost):
+class WorkerProcess:
     def __init__(
         self, settings: WorkerSettings, redis: Any, runtime: SessionRuntimeConfig | None = None
     ) -> None:
@@ -69,23 +76,30 @@ class WorkerProcess(WorkerHost):
         self.runtime = runtime or settings.session_policy()
         #: GET /metrics on the health port (services/serve.py hands its registry over)
         self.metrics = WorkerMetrics()
+        #: every session this worker holds, one record each
+        self.table = SessionTable(self.runtime.max_sessions)
         self.publisher = RedisEventPublisher(
             self.store,
+            self.table,
             max_bytes=self.runtime.resume_replay_max_bytes_per_session,
             ttl_s=self.runtime.resume_replay_ttl_s,
             closed_ttl_s=settings.closed_ttl_s,
             sessions_key=self.keys.worker_sessions(settings.worker_id),
         )
+        self.inbox = self.keys.inbox(settings.worker_id)
         # a frame-clocked model is loaded in `start` (off the loop), its manager with it
-        self.manager: SessionManager = None  # type: ignore[assignment]
+        self._manager: SessionManager | None = None
+        self._ownership: Ownership | None = None
         if not isinstance(self.plugin, FrameClockedPlugin):
             self._serve_with(
                 SessionManager(
-                    self.plugin, self.runtime, self.publisher, report_load=self.report_load
+                    self.plugin,
+                    self.runtime,
+                    self.publisher,
+                    table=self.table,
+                    report_load=self.report_load,
                 )
             )
-        self.inbox = self.keys.inbox(settings.worker_id)
-        self.order = CommandOrder()  # which commands apply when (redelivery, moves)
         self._order_lock = asyncio.Lock()  # released commands reach the manager in order
         self._order_wake = asyncio.Event()
         self.drain: Drain | None = None  # set by `stop`: SIGTERM
@@ -109,8 +123,30 @@ class WorkerProcess(WorkerHost):
     def worker_id(self) -> str:
         return self.settings.worker_id
 
+    @property
+    def manager(self) -> SessionManager:
+        if self._manager is None:
+            raise RuntimeError("the worker's model is not loaded yet (`start` loads it)")
+        return self._manager
+
+    @property
+    def ownership(self) -> Ownership:
+        if self._ownership is None:
+            raise RuntimeError("the worker's model is not loaded yet (`start` loads it)")
+        return self._ownership
+
     def _serve_with(self, manager: SessionManager) -> None:
-        self.manager = manager
+        self._manager = manager
+        self.publisher.serve(manager.moves)
+        self._ownership = Ownership(
+            self.worker_id,
+            self.store,
+            manager.moves,
+            self.publisher,
+            inbox=self.inbox,
+            notify=self.notify,
+            report_load=self.report_load,
+        )
         self.registration = WorkerRegistration(
             worker_id=self.settings.worker_id,
             model=self.plugin.plugin_id,
@@ -127,14 +163,19 @@ class WorkerProcess(WorkerHost):
         self.runtime = dataclasses.replace(self.runtime, max_sessions=slots)
         self._serve_with(
             SessionManager(
-                plugin, self.runtime, self.publisher, port=port, report_load=self.report_load
+                plugin,
+                self.runtime,
+                self.publisher,
+                table=self.table,
+                port=port,
+                report_load=self.report_load,
             )
         )
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        if self.manager is None and isinstance(self.plugin, FrameClockedPlugin):
+        if self._manager is None and isinstance(self.plugin, FrameClockedPlugin):
             await self._load_frame_model(self.plugin)
         client = self.redis.client
         await self.store.scripts.ensure_loaded(client)
@@ -152,7 +193,7 @@ class WorkerProcess(WorkerHost):
         ]
         # a previous process under this id left sessions (killed, restarted within the
         # heartbeat TTL): restored before its unhandled inbox entries are read
-        await ownership.adopt(self)
+        await self.ownership.adopt()
         self._loops += [
             SupervisedLoop("worker-inbox", self.reader.consume).start(),
             SupervisedLoop("worker-inbox-ack", self.reader.ack_loop).start(),
@@ -175,7 +216,7 @@ class WorkerProcess(WorkerHost):
         self._stopping.set()
         if first and self._loops:
             self.registration = dataclasses.replace(self.registration, draining=True)
-            self.drain = Drain(self)
+            self.drain = self._new_drain()
             with contextlib.suppress(Exception):
                 await self._beat()
             try:
@@ -189,11 +230,12 @@ class WorkerProcess(WorkerHost):
             await self.health.stop()
         with contextlib.suppress(Exception):
             await self.reader.ack_pending(check_empty=True)
-        if self.manager is not None:  # None: a frame-clocked model that never loaded
-            await self.manager.shutdown("shutdown")
+        if self._manager is not None:  # None: a frame-clocked model that never loaded
+            await self._manager.shutdown("shutdown")
         await self.publisher.stop()
-        with contextlib.suppress(Exception):
-            await ownership.leave(self)
+        if self._ownership is not None:
+            with contextlib.suppress(Exception):
+                await self._ownership.leave()
 
     async def _register(self) -> None:
         started_at = int(time.time() * 1000)
@@ -204,7 +246,7 @@ class WorkerProcess(WorkerHost):
         """The whole registration, every beat: a Redis that restarted empty learns it again.
         True when the ZADD added the worker anew (the first beat, or the sweep removed it)."""
         client = self.redis.client
-        registration = dataclasses.replace(self.registration, active=self.manager.slots_in_use)
+        registration = dataclasses.replace(self.registration, active=self.table.slots_in_use)
         pipeline = client.pipeline(transaction=False)
         pipeline.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash())
         pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
@@ -223,56 +265,79 @@ class WorkerProcess(WorkerHost):
 
     async def report_load(self) -> None:
         """Placement reads `active`: keep it current between heartbeats."""
-        load = WorkerRegistration.load_fields(self.manager.slots_in_use)
+        load = WorkerRegistration.load_fields(self.table.slots_in_use)
         await self.redis.client.hset(self.keys.worker(self.worker_id), mapping=load)
 
     async def _heartbeat(self) -> None:
         """One beat (every heartbeat interval). A failed one turns readiness false and is
         tried again at the next interval: Redis being away is no failure of the loop."""
         try:
-            if await self._beat() and self.manager.owned_sessions():
-                await ownership.rejoined(self)
-            # marks of sessions no longer held here (closed, expired, moved) go
-            self.order.retain(self.manager.session_ids())
+            if await self._beat() and self.table.live():
+                await self.ownership.rejoined()
         except Exception:
             self._last_beat_ok = False
             log.exception("worker heartbeat failed")
 
-    # ------------------------------------------------------------ inbox (inbox_reader)
+    def _new_drain(self) -> Drain:
+        self.reader.block_ms = DRAIN_READ_BLOCK_MS  # so the linger ends soon after it may
+        return Drain(
+            self.worker_id,
+            self.store,
+            self.manager,
+            self.publisher,
+            drain_timeout_s=self.settings.drain_timeout_s,
+            heartbeat_ttl_s=self.settings.heartbeat_ttl_s,
+            dispatch=self.dispatch,
+            release_held=self.release_held,
+            notify=self.notify,
+        )
 
-    @property
-    def read_block_ms(self) -> int:
-        return self.reader.block_ms
-
-    @read_block_ms.setter
-    def read_block_ms(self, value: int) -> None:  # the drain reads with a short block
-        self.reader.block_ms = value
+    async def notify(self, session_id: str, notice: ControlNotice) -> None:
+        """A control notice on the session's live channel (SPUBLISH on a cluster: to the
+        shard that owns the channel, where its API pods listen)."""
+        await self.redis.publish(self.keys.live(session_id), notice.to_bytes())
 
     # ------------------------------------------------------------ command order
 
     async def _apply(self, session_id: str, released: list[Released]) -> None:
-        """Commands `order` released, to the manager in order; a gap before one is told
-        to the client first (input_lost). Under the order lock."""
+        """Commands a session's order released, to the manager in order; a gap before one
+        is told to the client first (input_lost). Under the order lock."""
         for command in released:
             try:
                 if command.lost:
-                    self.manager.report_lost_commands(session_id, command.lost)
+                    self.manager.moves.report_lost_commands(session_id, command.lost)
                 await self.manager.submit(session_id, command.command, mark=command.mark)
             except (DuplexSessionError, RealtimeProtocolError) as exc:
-                event_id = getattr(command.command, "event_id", None)
-                self._publish_error(session_id, exc, event_id)
+                self._publish_error(session_id, exc, command.command.event_id)
+
+    async def apply_command(self, session_id: str, mark: Mark, command: DuplexCommand) -> None:
+        """A command read from the inbox: applied now, held for its gap, or dropped as a
+        redelivery, by the session's command order. A session not held here has none: the
+        command goes to the manager, which refuses it (`unknown_session`)."""
+        async with self._order_lock:
+            record = self.table.get(session_id)
+            if record is None:
+                released = [Released(mark, command)]
+            else:
+                released = record.order.offer(mark, command)
+            await self._apply(session_id, released)
+            if record is not None and record.order.held:
+                self._order_wake.set()
 
     async def release_held(self, session_id: str) -> None:
         """Apply the session's held commands now, without waiting for their gaps (a move)."""
         async with self._order_lock:
-            await self._apply(session_id, self.order.release(session_id))
+            record = self.table.get(session_id)
+            if record is not None:
+                await self._apply(session_id, record.order.release())
 
     async def _order_loop(self) -> None:
         """Held commands whose hold window ended are applied (gaps reported)."""
         while True:
-            deadline = self.order.next_deadline()
-            if deadline is None or deadline > self.order.clock():
-                timeout = None if deadline is None else deadline - self.order.clock()
+            deadline = self.table.next_hold_deadline()
+            now = self.table.clock()
+            if deadline is None or deadline > now:
+                timeout = None if deadline is None else deadline - now
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
                         await self._order_wake.wait()
@@ -282,8 +347,10 @@ class WorkerProcess(WorkerHost):
 
     async def release_expired(self) -> None:
         async with self._order_lock:
-            for session_id, commands in self.order.expired():
-                await self._apply(session_id, commands)
+            for record in self.table:
+                released = record.order.expired()
+                if released:
+                    await self._apply(record.session_id, released)
 
     async def dispatch(self, message: InboxMessage) -> None:
         sid = message.session_id
@@ -291,10 +358,7 @@ class WorkerProcess(WorkerHost):
             match message.record():  # a command is rebuilt as the API validated it
                 case CommandRecord() as record:
                     mark = (record.attachment, record.seq)
-                    async with self._order_lock:
-                        await self._apply(sid, self.order.offer(sid, mark, record.command))
-                    if self.order.held(sid):
-                        self._order_wake.set()
+                    await self.apply_command(sid, mark, record.command)
                 case OpenRequest(session=session):
                     if self.drain is not None:
                         raise DuplexSessionError(
@@ -304,10 +368,9 @@ class WorkerProcess(WorkerHost):
                     await self.redis.client.sadd(self.keys.worker_sessions(self.worker_id), sid)
                     await self.report_load()
                 case RestoreRequest() as request:
-                    await ownership.restore(self, request)
+                    await self.ownership.restore(request)
                 case CloseRequest(reason=reason):
                     await self.manager.close(sid, reason)  # reports the load itself
-                    self.order.forget(sid)
                 case TouchRequest():
                     await self.manager.touch(sid)
                 case ChatRequest() as request:
@@ -321,15 +384,17 @@ class WorkerProcess(WorkerHost):
     def _publish_error(
         self, sid: str, exc: DuplexSessionError | RealtimeProtocolError, event_id: str | None
     ) -> None:
-        if exc.code in NOT_HELD and self.publisher.owner(sid) is None:
-            # not a session of ours (moved away, or the entry of a previous process): an
-            # error from here would reach its client unfenced, from a worker it left
-            log.info("%s for session %s, which this worker does not hold: dropped", exc.code, sid)
-            return
         error = DuplexErrorEvent.for_code(
             exc.code, exc.message, param=exc.param, related_event_id=event_id
         )
-        self.publisher.emit(sid, error)
+        if self.table.owner_generation(sid) is not None:
+            self.publisher.emit(sid, error)  # fenced on the owner generation held here
+        elif exc.code in NOT_HELD:
+            # not a session of ours (moved away, or the entry of a previous process): an
+            # error from here would reach its client unfenced, from a worker it left
+            log.info("%s for session %s, which this worker does not hold: dropped", exc.code, sid)
+        else:  # an open refused: the client waits for this error on the live channel
+            self.publisher.emit_unowned(sid, error)
 
     async def _chat(self, request: ChatRequest) -> None:
         reply_key = self.keys.reply(request.request_id)

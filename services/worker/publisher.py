@@ -7,21 +7,28 @@ Events of one session keep their order: the flusher is the only sender. The
 flusher is a supervised loop: a failed batch is put back in front and retried by
 the loop itself; anything else that escapes restarts it, with what it holds.
 
-Fencing: each session's calls carry the owner generation this worker holds it at
-(`set_owner`: 1 at open, the restored one after a move). A `[-2]` reply means another
-worker owns the session now: its remaining events are dropped, nothing more is sent
-for it, and `on_fenced(session_id)` (the manager's `drop`) forgets it locally.
+Per-session state lives in the session's record of the worker's `SessionTable`
+(`services/worker/session/table.py`): its `Outbox` (pending events, whether they are
+journaled, the dirty flag, a drain's final checkpoint, the checkpoint of a failed batch)
+and its owner generation. The publisher keeps only the queue of records that have
+something to send. A record whose session has gone settles (leaves the table) once its
+last events are in Redis.
 
-Checkpoints: a durable event (`DURABLE`) marks its session dirty; when a batch is
-taken, `snapshot(session_id)` (the manager's, synchronous) is called for each dirty
-session of the batch and its checkpoint goes in the same call as the events, so it
-matches the journal up to the call's last event. `write_checkpoint` sends a drain's
-final checkpoint after the session's pending events.
+Fencing: each session's calls carry the owner generation this worker holds it at (1 at
+open, the restored one after a move). A `[-2]` reply means another worker owns the session
+now: its remaining events are dropped, nothing more is sent for it, and the host's `drop`
+(`PublishHost`, the manager's moves) forgets it locally.
+
+Checkpoints: a durable event (`DURABLE`) marks its session dirty; when a batch is taken,
+`host.snapshot(session_id)` (synchronous) is called for each dirty session of the batch and
+its checkpoint goes in the same call as the events, so it matches the journal up to the
+call's last event. `write_checkpoint` sends a drain's final checkpoint after the session's
+pending events.
 
 A session's events of one round go out as one live message (event_publish.lua frames
 them: shared/redis/live_message.py), each with its response's id in its header. An
-openai-surface session (`set_owner(..., stamp_seq=False)`) publishes its JSON without
-`server_event_seq`: GA's events have no such key; the seq still travels in the header.
+openai-surface session publishes its JSON without `server_event_seq`: GA's events have no
+such key; the seq still travels in the header.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
 
+from services.worker.session.moves import FENCED_OUT, PublishHost
+from services.worker.session.table import FinalCheckpoint, SessionRecord, SessionTable
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.protocol.duplex import DuplexEvent, dumps
@@ -75,41 +83,26 @@ def _response_id(event: DuplexEvent, wire_type: str) -> str | None:
     return response_id if isinstance(response_id, str) else None
 
 
-@dataclasses.dataclass
-class _Final:
-    """A drain's final checkpoint, sent after the session's pending events."""
-
-    data: bytes
-    done: asyncio.Future[bool]
-
-
 class RedisEventPublisher(SessionEventSink):
     def __init__(
         self,
         store: SessionStore,
+        table: SessionTable,
         *,
         max_bytes: int,
         ttl_s: float,
         closed_ttl_s: float,
         sessions_key: str | None = None,
-        snapshot: Callable[[str], bytes | None] | None = None,
-        on_fenced: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        self.table = table
         self.sessions_key = sessions_key  # the worker's set of sessions: closed ones leave it
         self.max_bytes = max_bytes
         self.ttl_ms = int(ttl_s * 1000)
         self.closed_ttl_ms = int(closed_ttl_s * 1000)
-        self.snapshot = snapshot
-        self.on_fenced = on_fenced
-        self._pending: dict[str, list[PublishItem]] = {}
-        self._created: set[str] = set()
-        self._owners: dict[str, int] = {}
-        self._unstamped: set[str] = set()  # openai-surface sessions: no seq in their JSON
-        self._dirty: set[str] = set()
-        self._finals: dict[str, _Final] = {}
-        self._kept: dict[str, bytes] = {}  # checkpoints of a failed batch, sent with its retry
-        self._fenced: set[str] = set()  # sessions nothing is sent for any more
+        self.host: PublishHost | None = None
+        #: the records with something to send, in the order they first had it
+        self._ready: dict[str, SessionRecord] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -118,76 +111,60 @@ class RedisEventPublisher(SessionEventSink):
         self.published = 0
         self.checkpoints = 0
 
-    # ------------------------------------------------------------ the session host's side
+    def serve(self, host: PublishHost) -> None:
+        """Whom to ask for checkpoints, and to tell of a session fenced out."""
+        self.host = host
 
-    def attach_host(
-        self,
-        *,
-        snapshot: Callable[[str], bytes | None],
-        on_fenced: Callable[[str], None],
-    ) -> None:
-        """The manager's checkpoint source and its `drop`."""
-        self.snapshot = snapshot
-        self.on_fenced = on_fenced
-
-    def set_owner(self, session_id: str, generation: int, *, stamp_seq: bool = True) -> None:
-        """Fence the session's publishes on `generation` from now on; its events are
-        journaled (a restored session has no session.created of its own here).
-        `stamp_seq` False: the session is on the openai surface, its JSON has no seq."""
-        self._owners[session_id] = generation
-        self._created.add(session_id)
-        self._fenced.discard(session_id)
-        if stamp_seq:
-            self._unstamped.discard(session_id)
-        else:
-            self._unstamped.add(session_id)
-
-    def owner(self, session_id: str) -> int | None:
-        return self._owners.get(session_id)
-
-    def forget_session(self, session_id: str) -> None:
-        """Send nothing more for the session (dropped or fenced out): its pending events
-        are discarded and later ones ignored until it is owned here again."""
-        self._fenced.add(session_id)
-        self._pending.pop(session_id, None)
-        self._owners.pop(session_id, None)
-        self._unstamped.discard(session_id)
-        self._created.discard(session_id)
-        self._dirty.discard(session_id)
-        final = self._finals.pop(session_id, None)
-        if final is not None and not final.done.done():
-            final.done.set_result(False)
+    # ------------------------------------------------------------ the sessions' side
 
     def emit(self, session_id: str, event: DuplexEvent) -> None:
-        if session_id in self._fenced:
+        """An event of a session held here; one of a session not (or no longer) held here,
+        or fenced out, is dropped."""
+        record = self.table.get(session_id)
+        if record is None or record.fenced:
             return
+        self._queue(record, event)
+
+    def emit_unowned(self, session_id: str, event: DuplexEvent) -> None:
+        """An event for a session this worker does not hold (the error refusing an open):
+        published unfenced and not journaled."""
+        record = self.table.get(session_id) or self.table.unowned(session_id)
+        if not record.fenced:
+            self._queue(record, event)
+
+    def _queue(self, record: SessionRecord, event: DuplexEvent) -> None:
+        outbox = record.outbox
         wire_type = event.wire_type
+        journaled = outbox.journaled and wire_type not in _UNJOURNALED
         if wire_type == "session.created":
-            self._created.add(session_id)
-        journaled = session_id in self._created and wire_type not in _UNJOURNALED
+            outbox.journaled = True
         session_json = dumps(event.session) if wire_type in _CARRIES_SESSION else b""  # type: ignore[attr-defined]
-        item = PublishItem(
-            event.to_json(), wire_type, journaled, session_json, _response_id(event, wire_type)
+        outbox.pending.append(
+            PublishItem(
+                event.to_json(), wire_type, journaled, session_json, _response_id(event, wire_type)
+            )
         )
-        self._pending.setdefault(session_id, []).append(item)
         if wire_type in DURABLE:
-            self._dirty.add(session_id)
+            outbox.dirty = True
         if wire_type == "session.closed":
-            self._created.discard(session_id)
+            outbox.journaled = False
+        self._ready.setdefault(record.session_id, record)
         self._idle.clear()
         self._wake.set()
 
     async def write_checkpoint(self, session_id: str, data: bytes) -> bool:
         """Store a drain's final checkpoint, after every event of the session emitted so
         far, fenced like them. False: another worker owns the session (nothing written)."""
-        if session_id in self._fenced:
+        record = self.table.get(session_id)
+        if record is None or record.fenced:
             return False
+        outbox = record.outbox
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        previous = self._finals.get(session_id)
-        if previous is not None and not previous.done.done():
-            previous.done.set_result(True)  # superseded: this one is written in its place
-        self._finals[session_id] = _Final(data, done)
-        self._dirty.discard(session_id)
+        if outbox.final is not None and not outbox.final.done.done():
+            outbox.final.done.set_result(True)  # superseded: this one is written in its place
+        outbox.final = FinalCheckpoint(data, done)
+        outbox.dirty = False
+        self._ready.setdefault(session_id, record)
         self._idle.clear()
         self._wake.set()
         return await done
@@ -197,136 +174,142 @@ class RedisEventPublisher(SessionEventSink):
     def start(self) -> None:
         self._loop = SupervisedLoop("event-publisher", self._run).start()
 
-    def _take(self) -> tuple[dict[str, list[PublishItem]], dict[str, bytes], dict[str, _Final]]:
+    def _take(self) -> list[_Round]:
         """The batch, and the checkpoints that go with it, taken at one instant."""
-        batch, self._pending = self._pending, {}
-        finals, self._finals = self._finals, {}
-        for session_id in finals:
-            batch.setdefault(session_id, [])
-        kept, self._kept = self._kept, {}
-        checkpoints = {sid: final.data for sid, final in finals.items()}
-        for session_id in batch:
-            if session_id in checkpoints:
-                self._dirty.discard(session_id)
-            elif session_id in self._dirty:
-                self._dirty.discard(session_id)
-                data = self._snapshot(session_id)
-                if data is not None:
-                    checkpoints[session_id] = data
-                elif session_id in kept:
-                    checkpoints[session_id] = kept[session_id]
-            elif session_id in kept:
-                checkpoints[session_id] = kept[session_id]
-        return batch, checkpoints, finals
+        ready, self._ready = self._ready, {}
+        rounds = []
+        for record in ready.values():
+            outbox = record.outbox
+            if record.fenced:
+                continue  # nothing is sent for it any more
+            if not outbox.pending and outbox.final is None:
+                continue
+            items, outbox.pending = outbox.pending, []
+            final, outbox.final = outbox.final, None
+            kept, outbox.kept = outbox.kept, None
+            checkpoint = kept
+            if final is not None:
+                checkpoint = final.data
+                outbox.dirty = False
+            elif outbox.dirty:
+                outbox.dirty = False
+                checkpoint = self._snapshot(record.session_id) or kept
+            outbox.in_flight = True
+            rounds.append(_Round(record, items, checkpoint, final))
+        return rounds
 
     def _snapshot(self, session_id: str) -> bytes | None:
-        if self.snapshot is None:
+        if self.host is None:
             return None
         try:
-            return self.snapshot(session_id)
+            return self.host.snapshot(session_id)
         except Exception:
             log.exception("checkpoint of session %s failed; its events go without", session_id)
             return None
 
     async def _run(self) -> None:
-        if self._pending or self._finals:
+        if self._ready:
             self._wake.set()  # restarted with events in hand: send them first
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch, checkpoints, finals = self._take()
+            rounds = self._take()
             try:
-                await self._send(batch, checkpoints, finals)
+                await self._send(rounds)
             except asyncio.CancelledError:
-                self._put_back(batch, checkpoints, finals)
+                self._put_back(rounds)
                 raise
             except Exception:
                 # Redis is unreachable: put the batch back in front, retry after a pause
                 log.warning(
-                    "publishing %d sessions' events failed; retrying", len(batch), exc_info=True
+                    "publishing %d sessions' events failed; retrying", len(rounds), exc_info=True
                 )
-                self._put_back(batch, checkpoints, finals)
+                self._put_back(rounds)
                 await asyncio.sleep(self._backoff.next_delay())
                 self._wake.set()
                 continue
             self._backoff.reset()
-            if not self._pending and not self._finals:
+            if not self._ready:
                 self._idle.set()
 
-    def _put_back(
-        self,
-        batch: dict[str, list[PublishItem]],
-        checkpoints: dict[str, bytes],
-        finals: dict[str, _Final],
-    ) -> None:
+    def _put_back(self, rounds: list[_Round]) -> None:
         """A batch that failed goes back in front, its checkpoints with it: a session's
         checkpoint taken then is still the one matching those events (a later batch of the
         session marks it dirty again and takes a newer one)."""
-        for session_id, items in batch.items():
-            if session_id in self._fenced:
+        ready, self._ready = self._ready, {}
+        for round_ in rounds:
+            record, outbox = round_.record, round_.record.outbox
+            outbox.in_flight = False
+            if record.fenced:
                 continue
-            self._pending[session_id] = items + self._pending.get(session_id, [])
-            final = finals.get(session_id)
-            if final is not None:
-                newer = self._finals.get(session_id)
-                if newer is None:
-                    self._finals[session_id] = final
-                elif not final.done.done():
-                    final.done.set_result(True)  # superseded by the newer final checkpoint
-            elif session_id in checkpoints:
-                self._kept[session_id] = checkpoints[session_id]
+            outbox.pending = round_.items + outbox.pending
+            if round_.final is not None:
+                if outbox.final is None:
+                    outbox.final = round_.final
+                elif not round_.final.done.done():
+                    round_.final.done.set_result(True)  # superseded by the newer final
+            elif round_.checkpoint is not None:
+                outbox.kept = round_.checkpoint
+            self._ready[record.session_id] = record
+        for session_id, record in ready.items():
+            self._ready.setdefault(session_id, record)
 
-    async def _send(
-        self,
-        batch: dict[str, list[PublishItem]],
-        checkpoints: dict[str, bytes],
-        finals: dict[str, _Final],
-    ) -> None:
-        if not batch:
+    async def _send(self, rounds: list[_Round]) -> None:
+        if not rounds:
             return
+        batch = {r.record.session_id: r.items for r in rounds}
         replies = await self.store.publish_many(
             batch,
             max_bytes=self.max_bytes,
             ttl_ms=self.ttl_ms,
             closed_ttl_ms=self.closed_ttl_ms,
-            owners={sid: self._owners[sid] for sid in batch if sid in self._owners},
-            checkpoints=checkpoints,
-            unstamped=self._unstamped,
+            owners={
+                r.record.session_id: r.record.owner_generation
+                for r in rounds
+                if r.record.owner_generation
+            },
+            checkpoints={
+                r.record.session_id: r.checkpoint for r in rounds if r.checkpoint is not None
+            },
+            unstamped={r.record.session_id for r in rounds if r.record.openai_surface},
         )
         closed = []
-        for session_id, items in batch.items():
+        for round_ in rounds:
+            record = round_.record
+            session_id = record.session_id
+            record.outbox.in_flight = False
             reply = replies.get(session_id, [])
-            fenced = reply == FENCED
-            final = finals.get(session_id)
-            if final is not None and not final.done.done():
-                final.done.set_result(reply not in (FENCED, GONE))
-            if fenced:
-                self._fenced_out(session_id, len(items))
+            if round_.final is not None and not round_.final.done.done():
+                round_.final.done.set_result(reply not in (FENCED, GONE))
+            if reply == FENCED:
+                self._fenced_out(record, len(round_.items))
                 continue
-            self.published += len(items)
-            self.checkpoints += session_id in checkpoints
-            if items and items[-1].wire_type == "session.closed":
+            self.published += len(round_.items)
+            self.checkpoints += round_.checkpoint is not None
+            if round_.items and round_.items[-1].wire_type == "session.closed":
                 closed.append(session_id)
-                self._owners.pop(session_id, None)
-                self._unstamped.discard(session_id)
+            if record.outbox.pending or record.outbox.final:
+                self._ready.setdefault(session_id, record)  # emitted while this batch flew
         if closed and self.sessions_key:
             await self.store.client.srem(self.sessions_key, *closed)
+        for round_ in rounds:
+            self.table.settle(round_.record)
 
-    def _fenced_out(self, session_id: str, refused: int) -> None:
-        dropped = len(self._pending.get(session_id, []))
+    def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(
             "session %s: refused at owner generation %s (another worker owns it now); "
             "dropping it here with %d unsent events",
-            session_id,
-            self._owners.get(session_id),
-            refused + dropped,
+            record.session_id,
+            record.owner_generation,
+            refused + len(record.outbox.pending),
         )
-        self.forget_session(session_id)
-        if self.on_fenced is not None:
+        record.fenced = True
+        record.outbox.discard()
+        if self.host is not None:
             try:
-                self.on_fenced(session_id)
+                self.host.drop(record.session_id, FENCED_OUT)
             except Exception:
-                log.exception("dropping fenced-out session %s failed", session_id)
+                log.exception("dropping fenced-out session %s failed", record.session_id)
 
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything emitted so far is in Redis."""
@@ -340,3 +323,13 @@ class RedisEventPublisher(SessionEventSink):
             except TimeoutError:
                 log.warning("stopping with unpublished events")
             await self._loop.stop()
+
+
+@dataclasses.dataclass
+class _Round:
+    """One session's part of a batch: its events, and the checkpoint that goes with them."""
+
+    record: SessionRecord
+    items: list[PublishItem]
+    checkpoint: bytes | None
+    final: FinalCheckpoint | None

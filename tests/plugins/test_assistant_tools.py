@@ -378,8 +378,8 @@ async def test_a_pending_call_is_answered_after_the_session_moves():
         await send_all(session, text_turn("get the weather in paris"))
         call = (await session.until("response.done"))[-1].response["output"][-1]
         assert json.loads(call["arguments"]) == {"city": "paris"}
-        data = a.manager.snapshot(session.session_id)
-        await b.manager.restore(session.session_id, data, owner_generation=2, reason="drain")
+        data = a.manager.moves.snapshot(session.session_id)
+        await b.manager.moves.restore(session.session_id, data, owner_generation=2, reason="drain")
         moved = InlineSession(b.manager, b.router, session.session_id, {})
         output = {"type": "function_call_output", "call_id": call["call_id"], "output": "Rain."}
         await moved.send({"type": "conversation.item.create", "item": output})

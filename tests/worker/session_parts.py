@@ -14,6 +14,7 @@ import numpy as np
 
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
+from services.worker.session.command_marks import CommandTicket
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.handlers import SessionContext, apply_result
 from services.worker.session.idle_timeout import IdleDue
@@ -96,7 +97,7 @@ class Parts:
         """Dispatch one pcm16 append of `samples`, reserving as the manager does."""
         command = AppendAudio(audio=float_to_pcm16(samples), format="pcm16", sample_rate_hz=RATE)
         self.session.pending_input_bytes += reserved
-        self.input.schedule_append(command, reserved)
+        self.input.schedule_append(command, CommandTicket(reserved))
         return command
 
     def speech(self, seconds: float) -> list[AppendAudio]:
@@ -104,14 +105,14 @@ class Parts:
         commands = appends(sine(RATE, seconds), RATE)
         for command in commands:
             self.session.pending_input_bytes += 100
-            self.input.schedule_append(command, 100)
+            self.input.schedule_append(command, CommandTicket(100))
         return commands
 
     def commit(self, **fields) -> Commit:
         """Dispatch a commit, reserving a pending commit as the manager does."""
         command = Commit(**fields)
         self.session.pending_commits += 1
-        self.input.schedule_commit(command, reserved=True)
+        self.input.schedule_commit(command, CommandTicket(1))
         return command
 
     async def next_ready(self) -> Any:

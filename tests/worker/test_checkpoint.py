@@ -109,15 +109,15 @@ async def test_a_manager_snapshot_round_trips_through_restore():
         await session.until("conversation.item.done")
         await a.manager.submit(session.session_id, Heartbeat(), (1, 9))
         await session.until("session.heartbeat_ack")
-        data = a.manager.snapshot(session.session_id)
-        applied = await b.manager.restore(
+        data = a.manager.moves.snapshot(session.session_id)
+        applied = await b.manager.moves.restore(
             session.session_id, data, owner_generation=2, reason="drain"
         )
         assert applied == (1, 9)
-        assert b.manager.snapshot(session.session_id) == data
-        assert b.manager.owned_sessions() == {session.session_id: 2}
-        assert a.manager.owned_sessions() == {session.session_id: 1}
-        assert b.manager.model_of(session.session_id) == "echo"
+        assert b.manager.moves.snapshot(session.session_id) == data
+        assert b.manager.moves.owned_sessions() == {session.session_id: 2}
+        assert a.manager.moves.owned_sessions() == {session.session_id: 1}
+        assert b.manager.moves.model_of(session.session_id) == "echo"
     finally:
         await a.manager.shutdown()
         await b.manager.shutdown()
@@ -148,9 +148,9 @@ async def test_plugin_hooks_default_and_overridden():
         session = await a.open()
         await session.send(CreateItem(item={"type": "message", "role": "user", "content": []}))
         item = (await session.until("conversation.item.done"))[-1].item
-        data = a.manager.snapshot(session.session_id)
+        data = a.manager.moves.snapshot(session.session_id)
         assert orjson.loads(data)["model_state"] == {"cache": f"state of {session.session_id}"}
-        await b.manager.restore(session.session_id, data, owner_generation=2, reason="drain")
+        await b.manager.moves.restore(session.session_id, data, owner_generation=2, reason="drain")
         assert b.manager.plugin.imported == [
             (session.session_id, {"cache": f"state of {session.session_id}"}, [item["id"]])
         ]
@@ -195,13 +195,13 @@ async def test_applied_stays_before_an_append_in_flight_while_a_later_heartbeat_
         await session.until("session.heartbeat_ack")
         await session.until("session.heartbeat_ack")  # the later heartbeat is handled
         assert runner.marks.applied == (1, 1)
-        assert orjson.loads(h.manager.snapshot(session.session_id))["applied"] == [1, 1]
-        assert not h.manager.is_idle(session.session_id)
+        assert orjson.loads(h.manager.moves.snapshot(session.session_id))["applied"] == [1, 1]
+        assert not h.manager.moves.is_idle(session.session_id)
         release.set()
         await runner.settle_input()
         assert runner.marks.applied == (1, 3)
         assert runner.session.input.samples == 8000
-        assert h.manager.is_idle(session.session_id)
+        assert h.manager.moves.is_idle(session.session_id)
     finally:
         release.set()
         await h.manager.shutdown()
@@ -243,12 +243,12 @@ async def test_an_ordinary_checkpoint_stops_before_the_uncommitted_turns_first_a
         await h.manager.submit(sid, Heartbeat(), (1, 4))
         await runner.settle_input()
         assert runner.marks.applied == (1, 4)
-        assert orjson.loads(h.manager.snapshot(sid))["applied"] == [1, 1]
+        assert orjson.loads(h.manager.moves.snapshot(sid))["applied"] == [1, 1]
         # a drain's final checkpoint carries the audio, and so the appends
         drained = orjson.loads(export_checkpoint(runner.session, applied=(1, 4), with_input=True))
         assert drained["applied"] == [1, 4] and drained["input"]["first_mark"] == [1, 2]
         await h.manager.submit(sid, Commit(create_response=True), (1, 5))
         await session.until("response.done")
-        assert orjson.loads(h.manager.snapshot(sid))["applied"] == [1, 5]
+        assert orjson.loads(h.manager.moves.snapshot(sid))["applied"] == [1, 5]
     finally:
         await h.manager.shutdown()

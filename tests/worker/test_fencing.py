@@ -7,7 +7,6 @@ import orjson
 
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
-from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import (
@@ -17,12 +16,9 @@ from shared.protocol.duplex import (
 )
 from shared.redis.keys import KeySchema
 from shared.redis.store import SessionStore
+from tests.worker.publishing import Host, own, publisher_on
 
 ITEM = {"id": "item_1", "type": "message", "role": "user", "content": []}
-
-
-def publisher_for(store, **hooks) -> RedisEventPublisher:
-    return RedisEventPublisher(store, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60, **hooks)
 
 
 async def test_a_wrong_owner_generation_writes_nothing(redis_client):
@@ -33,12 +29,11 @@ async def test_a_wrong_owner_generation_writes_nothing(redis_client):
     stale, owned = "duplex-fenced", "duplex-owned"
     for sid in (stale, owned):
         await store.open(sid, "w-a", "echo", "", "{}")
-    dropped: list[str] = []
-    publisher = publisher_for(
-        store, snapshot=lambda sid: orjson.dumps({"v": 1, "of": sid}), on_fenced=dropped.append
-    )
-    publisher.set_owner(stale, 2)  # not the session's generation: another worker's
-    publisher.set_owner(owned, 1)
+    host = Host(lambda sid: orjson.dumps({"v": 1, "of": sid}))
+    dropped = host.dropped
+    publisher = publisher_on(store, host)
+    own(publisher, stale, 2)  # not the session's generation: another worker's
+    own(publisher, owned, 1)
     publisher.start()
     try:
         for sid in (stale, owned):
@@ -79,13 +74,19 @@ class FencingStore:
 
 async def test_a_fenced_reply_drops_the_session_and_nothing_more_is_sent():
     store = FencingStore()
-    publisher = publisher_for(store)
-    manager = SessionManager(EchoPlugin(), SessionRuntimeConfig(max_sessions=2), publisher)
+    publisher = publisher_on(store)
+    manager = SessionManager(
+        EchoPlugin(), SessionRuntimeConfig(max_sessions=2), publisher, table=publisher.table
+    )
+    publisher.serve(manager.moves)
     publisher.start()
     try:
         opened = await manager.open({"extra_body": {"pace": 1}})  # real time: stays in flight
         sid = opened.session_id
-        assert manager.owned_sessions() == {sid: 1} and publisher.owner(sid) == 1
+        assert (
+            manager.moves.owned_sessions() == {sid: 1}
+            and publisher.table.owner_generation(sid) == 1
+        )
         await send_all_to(manager, sid, appends(sine(16_000, 1.0), 16_000))
         await manager.submit(sid, Commit(create_response=True))
         while not any("response.created" in call.get(sid, []) for call in store.calls):
@@ -95,7 +96,7 @@ async def test_a_fenced_reply_drops_the_session_and_nothing_more_is_sent():
         while sid in manager.session_ids():  # the next audio delta is refused: dropped
             await asyncio.sleep(0.01)
         fenced_at = len(store.calls)
-        assert manager.owned_sessions() == {}
+        assert manager.moves.owned_sessions() == {}
         await manager.shutdown()  # stops the dropped runner, cleans its stage up
         assert manager.slots_in_use == 0
         later = [call[sid] for call in store.calls[fenced_at:] if sid in call]

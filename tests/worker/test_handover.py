@@ -9,7 +9,8 @@ from __future__ import annotations
 import types
 import uuid
 
-from services.worker import handover, ownership
+from services.worker import handover
+from services.worker.ownership import Ownership
 from shared.protocol.duplex import DuplexSessionCreated
 from shared.redis.boundary import InboxMessage, RestoreRequest
 from shared.redis.keys import KeySchema
@@ -26,6 +27,19 @@ def worker_of(client, worker_id: str = "w-a") -> types.SimpleNamespace:
         inbox=KEYS.inbox(worker_id),
         store=SessionStore(client, KEYS),
         redis=types.SimpleNamespace(client=client),
+    )
+
+
+def leaving(worker: types.SimpleNamespace) -> Ownership:
+    """The ownership checks of that worker; `leave` uses its store alone."""
+    return Ownership(
+        worker.worker_id,
+        worker.store,
+        None,  # type: ignore[arg-type]  # no sessions are held here
+        None,  # type: ignore[arg-type]
+        inbox=worker.inbox,
+        notify=None,  # type: ignore[arg-type]
+        report_load=None,  # type: ignore[arg-type]
     )
 
 
@@ -59,7 +73,9 @@ async def test_a_session_handed_to_a_worker_that_left_moves_on(redis_client):
         assert exclude == frozenset({"w-a", "w-b"})
         return "w-c"
 
-    handed = await handover.hand_over(worker, sid, "w-b", 1, 123, notify, pick)
+    handed = await handover.hand_over(
+        worker.store, worker.worker_id, sid, "w-b", 1, 123, notify, pick
+    )
     assert handed == ("w-c", 3)
     meta = await worker.store.meta(sid)
     assert (meta["worker"], meta["owner_generation"], meta["moved_from"]) == ("w-c", "3", "w-b")
@@ -84,7 +100,7 @@ async def test_a_move_whose_reply_was_lost_is_recognised_on_the_retry(redis_clie
         return result
 
     worker.store.move_owner = lost_reply
-    generation = await handover._move_owner(worker, sid, "w-a", "w-b", 1, None)
+    generation = await handover._move_owner(worker.store, sid, "w-a", "w-b", 1, None)
     assert generation == 2 and len(calls) == 2
 
 
@@ -96,10 +112,10 @@ async def test_a_worker_leaving_with_a_session_it_never_took_leaves_it_to_the_sw
     await redis_client.hset(KEYS.worker("w-b"), "model", "echo")
     sid = await opened(redis_client, "w-b")  # handed over here after the consume loop stopped
     await redis_client.zrem(KEYS.workers(), "w-b")  # stop() leaves the registry first
-    await ownership.leave(worker)
+    await leaving(worker).leave()
     assert await redis_client.zscore(KEYS.workers(), "w-b") == 1  # dead for the sweep now
     assert await redis_client.smembers(KEYS.worker_sessions("w-b")) == {sid.encode()}
     # once nothing names it, it leaves for good
     await redis_client.hset(KEYS.session(sid), "worker", "w-c")
-    await ownership.leave(worker)
+    await leaving(worker).leave()
     assert not await redis_client.exists(KEYS.worker("w-b"), KEYS.worker_sessions("w-b"))

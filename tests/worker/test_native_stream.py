@@ -223,10 +223,10 @@ async def test_a_restored_session_opens_a_fresh_slot_and_speaks_again(rig):
     await rig.say(session, tone(4))
     await rig.tick(3)
     await session.until("response.output_audio.delta")  # mid-response when the worker goes
-    checkpoint = rig.manager.snapshot(session.session_id)
+    checkpoint = rig.manager.moves.snapshot(session.session_id)
     other = Rig()
     try:
-        await other.manager.restore(
+        await other.manager.moves.restore(
             session.session_id, checkpoint, owner_generation=2, reason="worker_lost"
         )
         runner = other.manager.runner(session.session_id)
@@ -290,11 +290,11 @@ async def test_a_stream_that_cannot_start_ends_the_session_and_gives_its_slot_ba
 
 async def test_a_restore_whose_stream_cannot_start_ends_the_session_and_keeps_no_slot(rig):
     session = await rig.open()
-    checkpoint = rig.manager.snapshot(session.session_id)
+    checkpoint = rig.manager.moves.snapshot(session.session_id)
     other = Rig()
     other.model.on_open = _fails_to_open(RuntimeError("out of GPU memory"))
     try:
-        await other.manager.restore(
+        await other.manager.moves.restore(
             session.session_id, checkpoint, owner_generation=2, reason="worker_lost"
         )
         moved = other.router.queue(session.session_id)

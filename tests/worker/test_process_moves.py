@@ -104,7 +104,7 @@ async def test_a_worker_the_sweep_removed_drops_the_sessions_it_lost(fleet):
     a = await fleet.worker("w-a")
     lost_live = await fleet.open("w-a", SID)
     await fleet.open("w-a", KEPT)
-    assert set(a.manager.owned_sessions()) == {SID, KEPT}
+    assert set(a.manager.moves.owned_sessions()) == {SID, KEPT}
     # the dead-worker sweep, while w-a stalled: SID re-placed on w-b, w-a's keys deleted
     assert await fleet.store.move_owner(SID, "w-a", "w-b", "worker_lost") == 2
     await fleet.client.zrem(fleet.keys.workers(), "w-a")
@@ -116,7 +116,7 @@ async def test_a_worker_the_sweep_removed_drops_the_sessions_it_lost(fleet):
     )
     # its next heartbeat adds it anew: it checks whom its sessions belong to
     await until(lambda: asyncio.sleep(0, SID not in a.manager.session_ids()))
-    assert set(a.manager.owned_sessions()) == {KEPT}
+    assert set(a.manager.moves.owned_sessions()) == {KEPT}
 
     # the session it kept goes back into the set the sweep deleted (just after the drop)
     async def kept_in_set() -> bool:
@@ -151,7 +151,7 @@ async def test_a_worker_restarted_under_its_id_restores_the_sessions_it_left(fle
     new = await fleet.worker("w-a")
     try:
         await live.item_done("item_2")
-        assert new.manager.owned_sessions() == {SID: 2}
+        assert new.manager.moves.owned_sessions() == {SID: 2}
         meta = await fleet.meta(SID)
         assert (meta["worker"], meta["owner_generation"], meta["moved_why"]) == (
             "w-a",

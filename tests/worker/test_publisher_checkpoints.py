@@ -13,6 +13,7 @@ from shared.protocol.duplex import (
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from shared.redis.store import SessionStore
+from tests.worker.publishing import Host, own, publisher_on
 
 SID = "duplex-ckpt"
 ITEM = {"id": "item_1", "type": "message", "role": "user", "content": []}
@@ -53,9 +54,8 @@ class Snapshots:
 
 
 def make(store, snapshot=None) -> RedisEventPublisher:
-    publisher = RedisEventPublisher(store, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60)
-    publisher.attach_host(snapshot=snapshot or Snapshots(), on_fenced=lambda sid: None)
-    publisher.set_owner(SID, 4)
+    publisher = publisher_on(store, Host(snapshot or Snapshots()))
+    own(publisher, SID, 4)
     publisher.start()
     return publisher
 
@@ -105,7 +105,7 @@ async def test_the_final_checkpoint_follows_the_pending_events():
     store = SessionStore(handle.client, keys)
     await store.open(SID, "w-a", "echo", "", "{}")
     publisher = make(store)
-    publisher.set_owner(SID, 1)  # as opened
+    publisher.table.get(SID).owner_generation = 1  # as opened
     try:
         publisher.emit(SID, item_created())
         publisher.emit(SID, heartbeat())
@@ -113,7 +113,7 @@ async def test_the_final_checkpoint_follows_the_pending_events():
         assert await publisher.write_checkpoint(SID, final)
         assert [seq for seq, _ in await store.journal(SID, 0)] == [1, 2]
         assert await store.checkpoint(SID) == final
-        publisher.set_owner(SID, 9)  # not the session's generation any more
+        publisher.table.get(SID).owner_generation = 9  # not the session's generation any more
         assert not await publisher.write_checkpoint(SID, b'{"v":1,"late":true}')
         assert await store.checkpoint(SID) == final
     finally:

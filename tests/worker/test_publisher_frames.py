@@ -6,7 +6,6 @@ import asyncio
 
 import orjson
 
-from services.worker.publisher import RedisEventPublisher
 from services.worker.session import surface
 from shared.protocol.duplex import (
     DuplexOutputAudioDelta,
@@ -17,6 +16,7 @@ from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import split
 from shared.redis.store import SessionStore
+from tests.worker.publishing import own, publisher_on
 
 KEYS = KeySchema()
 SCOPE = {"response_id": "resp_1", "item_id": "item_1", "output_index": 0, "content_index": 0}
@@ -35,8 +35,8 @@ async def published_round(stamp_seq: bool) -> list:
     pubsub = handle.new_client().pubsub()
     await pubsub.subscribe(KEYS.live(sid))
     await pubsub.get_message(timeout=1)
-    publisher = RedisEventPublisher(store, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60)
-    publisher.set_owner(sid, 1, stamp_seq=stamp_seq)
+    publisher = publisher_on(store)
+    own(publisher, sid, 1, openai=not stamp_seq)
     publisher.start()
     done = DuplexResponseDone(response={"id": "resp_1", "status": "cancelled"})  # no top-level id
     for event in (delta(1), delta(2), done, RateLimitsUpdated(rate_limits=[])):

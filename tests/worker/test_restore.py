@@ -34,8 +34,10 @@ async def test_a_restored_session_answers_the_next_turn(two):
     session = await a.open()
     await turn(session, 0.3)
     before = a.manager.runner(session.session_id).session.conversation.items
-    data = a.manager.snapshot(session.session_id)
-    await b.manager.restore(session.session_id, data, owner_generation=2, reason="worker_lost")
+    data = a.manager.moves.snapshot(session.session_id)
+    await b.manager.moves.restore(
+        session.session_id, data, owner_generation=2, reason="worker_lost"
+    )
     moved = attach(b, session.session_id)
     assert moved.pending() == []  # no session.created, nothing else
     events = await turn(moved, 0.4)
@@ -46,7 +48,7 @@ async def test_a_restored_session_answers_the_next_turn(two):
     assert items[:2] == before and len(items) == 4  # the first turn and its answer came along
     assert b.manager.slots_in_use == 1
     with pytest.raises(DuplexSessionError) as refused:
-        await b.manager.restore("duplex-other", data, owner_generation=2, reason="drain")
+        await b.manager.moves.restore("duplex-other", data, owner_generation=2, reason="drain")
     assert refused.value.code == "resource_exhausted"
 
 
@@ -57,11 +59,13 @@ async def test_worker_lost_fails_the_response_in_flight_and_keeps_it_out_of_hist
     await session.send(Commit(create_response=True))
     created = (await session.until("response.created"))[-1]
     await session.until("response.output_audio.delta")
-    data = a.manager.snapshot(session.session_id)
+    data = a.manager.moves.snapshot(session.session_id)
     response_id = created.response["id"]
     assert orjson.loads(data)["active"]["id"] == response_id
 
-    await b.manager.restore(session.session_id, data, owner_generation=3, reason="worker_lost")
+    await b.manager.moves.restore(
+        session.session_id, data, owner_generation=3, reason="worker_lost"
+    )
     moved = attach(b, session.session_id)
     chain = await moved.until("error")
     assert types(chain) == [
@@ -101,16 +105,16 @@ async def test_hand_off_keeps_the_uncommitted_turn_and_restore_puts_it_back(two)
     await send_all(session, appends(sine(16_000, 0.3), 16_000))
     await a.manager.submit(sid, Heartbeat(), (1, 7))
     # no wait: the appends are still in flight when the hand-off starts
-    data = await a.manager.hand_off(sid)
+    data = await a.manager.moves.hand_off(sid)
     saved = orjson.loads(data)["input"]
     assert saved is not None and len(saved["audio"]) > 0
     assert orjson.loads(data)["applied"] == [1, 7]
     assert sid not in a.manager.session_ids() and a.manager.slots_in_use == 0
-    assert sid not in a.manager.owned_sessions()
+    assert sid not in a.manager.moves.owned_sessions()
     assert "session.closed" not in types(session.pending())
-    assert a.manager.snapshot(sid) is None
+    assert a.manager.moves.snapshot(sid) is None
 
-    applied = await b.manager.restore(sid, data, owner_generation=2, reason="drain")
+    applied = await b.manager.moves.restore(sid, data, owner_generation=2, reason="drain")
     assert applied == (1, 7)
     moved = attach(b, sid)
     await send_all(moved, appends(sine(16_000, 0.2), 16_000))
@@ -126,9 +130,9 @@ async def test_drop_emits_nothing_and_frees_the_slot(two):
     await session.send(Commit(create_response=True))
     await session.until("response.created")
     runner = a.manager.runner(session.session_id)
-    a.manager.drop(session.session_id, "fenced out in a test")
-    a.manager.drop(session.session_id, "twice")  # idempotent
-    assert session.session_id not in a.manager.owned_sessions()
+    a.manager.moves.drop(session.session_id, "fenced out in a test")
+    a.manager.moves.drop(session.session_id, "twice")  # idempotent
+    assert session.session_id not in a.manager.moves.owned_sessions()
     await a.manager.shutdown()  # waits for the drop's stage cleanup
     assert not runner.running and a.manager.slots_in_use == 0
     after = types(session.pending())
@@ -139,17 +143,17 @@ async def test_cancel_active_report_lost_commands_and_is_idle(two):
     a, _ = two
     session = await a.open({"extra_body": {"pace": 1}})
     sid = session.session_id
-    assert a.manager.is_idle(sid)
+    assert a.manager.moves.is_idle(sid)
     await send_all(session, appends(sine(16_000, 1.0), 16_000))
     await session.send(Commit(create_response=True))
     await session.until("response.created")
-    assert not a.manager.is_idle(sid)
-    await a.manager.cancel_active(sid)
+    assert not a.manager.moves.is_idle(sid)
+    await a.manager.moves.cancel_active(sid)
     done = (await session.until("response.done"))[-1]
     assert done.response["status"] == "cancelled"
     assert done.response["status_details"]["reason"] == "shutdown"
-    assert a.manager.is_idle(sid)
-    a.manager.report_lost_commands(sid, 3)
+    assert a.manager.moves.is_idle(sid)
+    a.manager.moves.report_lost_commands(sid, 3)
     error = (await session.until("error"))[-1]
     assert (error.code, error.retryable, error.extra["lost_commands"]) == ("input_lost", True, 3)
 
@@ -158,7 +162,9 @@ async def test_an_unreadable_checkpoint_is_refused_and_holds_no_slot(two):
     _, b = two
     for data in (b"not json", b'{"v": 99}', orjson.dumps({"v": 1, "session_id": "duplex-x"})):
         with pytest.raises(DuplexSessionError) as refused:
-            await b.manager.restore("duplex-x", data, owner_generation=2, reason="worker_lost")
+            await b.manager.moves.restore(
+                "duplex-x", data, owner_generation=2, reason="worker_lost"
+            )
         assert refused.value.code == "worker_lost"
     assert b.manager.slots_in_use == 0
 
@@ -168,13 +174,13 @@ async def test_a_restore_that_fails_once_registered_keeps_no_runner_or_slot(two,
     while the caller closes it (worker_lost) for want of a worker."""
     a, b = two
     session = await a.open(FAST)
-    data = a.manager.snapshot(session.session_id)
+    data = a.manager.moves.snapshot(session.session_id)
 
     def broken(self, first_event=None):
         raise RuntimeError("the runner could not start")
 
     monkeypatch.setattr("services.worker.session.runner.SessionRunner.start", broken)
     with pytest.raises(RuntimeError):
-        await b.manager.restore(session.session_id, data, owner_generation=2, reason="drain")
+        await b.manager.moves.restore(session.session_id, data, owner_generation=2, reason="drain")
     assert b.manager.slots_in_use == 0
-    assert b.manager.session_ids() == [] and b.manager.owned_sessions() == {}
+    assert b.manager.session_ids() == [] and b.manager.moves.owned_sessions() == {}

@@ -152,7 +152,7 @@ async def test_a_streams_checkpoint_never_asks_to_replay_its_whole_input():
             seq += 1  # 600 appends: 48 s, past the ledger's window
             await rig.manager.submit(opened.session_id, command, (1, seq))
         await runner.settle_input()
-        document = read_checkpoint(rig.manager.snapshot(opened.session_id))
+        document = read_checkpoint(rig.manager.moves.snapshot(opened.session_id))
         assert document["applied"][1] > seq - 10
     finally:
         await rig.manager.shutdown()

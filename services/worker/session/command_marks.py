@@ -61,3 +61,22 @@ class CommandMarks:
         """A command complete as it arrived (refused at submit)."""
         self.begin(mark)
         self.complete(mark)
+
+
+class CommandTicket:
+    """One command on its way through a handler: what the manager reserved for it and its
+    mark. A handler that hands the command to input work (`InputController.schedule_*`)
+    takes the mark with it (`defer`): the command completes when that work is applied.
+    Otherwise it completes when its handler returns."""
+
+    __slots__ = ("deferred", "mark", "reserved")
+
+    def __init__(self, reserved: int = 0, mark: Mark = NO_MARK) -> None:
+        self.reserved = reserved
+        self.mark = mark
+        self.deferred = False
+
+    def defer(self) -> Mark:
+        """The mark, for the input work that completes the command later."""
+        self.deferred = True
+        return self.mark

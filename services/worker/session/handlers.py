@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from services.worker.session.command_marks import CommandTicket
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
@@ -78,9 +79,10 @@ class SessionContext:
     on_close: Callable[[str, str], None] | None = None
 
 
-#: `reserved` is what the manager reserved at dispatch: input bytes for an append, a
-#: pending commit for a commit, 0 for the rest.
-Handler = Callable[[SessionContext, Any, int], Awaitable[None]]
+#: A handler gets its command and the command's ticket (`command_marks.CommandTicket`):
+#: what the manager reserved at dispatch (input bytes for an append, a pending commit for a
+#: commit, 0 for the rest) and the mark that input work takes when it completes the command.
+Handler = Callable[..., Awaitable[None]]
 
 #: commands that act on the input stream: they wait for the appends and commits sent before them
 IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput)
@@ -104,37 +106,42 @@ async def apply_result(ctx: SessionContext, item: Any) -> bool:
 
 
 async def dispatch(
-    ctx: SessionContext, command: DuplexCommand, reserved: int = 0, *, in_order: bool = False
+    ctx: SessionContext,
+    command: DuplexCommand,
+    ticket: CommandTicket | None = None,
+    *,
+    in_order: bool = False,
 ) -> None:
     """Run one command; `in_order`: it has come back from the input queue (module head)."""
+    ticket = ticket or CommandTicket()
     handler = HANDLERS.get(type(command))
     if handler is None:
         raise DuplexSessionError("unknown_event", f"{command.wire_type} is not a session command")
     if isinstance(command, IN_INPUT_ORDER) and not in_order:
-        ctx.input.schedule_in_order(command)
+        ctx.input.schedule_in_order(command, ticket)
         return
-    await handler(ctx, command, reserved)
+    await handler(ctx, command, ticket)
 
 
 # ---------------------------------------------------------------- input
 
 
-async def _append(ctx: SessionContext, command: AppendAudio, reserved: int) -> None:
+async def _append(ctx: SessionContext, command: AppendAudio, ticket: CommandTicket) -> None:
     if not command.audio and (
         not command.video_frames or not ctx.session.capabilities.allows_video_without_audio
     ):
         # never scheduled: what the manager reserved for it comes back here, or the
         # session stays busy (never idle-expires) with a budget that shrank for good
-        ctx.input.release(ctx.session.input_generation, input_bytes=reserved)
+        ctx.input.release(ctx.session.input_generation, input_bytes=ticket.reserved)
         if command.video_frames:
             raise DuplexSessionError(
                 "invalid_video_frames", "this model needs audio with every video frame"
             )
         return  # an empty append is a no-op
-    ctx.input.schedule_append(command, reserved)
+    ctx.input.schedule_append(command, ticket)
 
 
-async def _append_text(ctx: SessionContext, command: AppendText, reserved: int) -> None:
+async def _append_text(ctx: SessionContext, command: AppendText, ticket: CommandTicket) -> None:
     if ctx.session.model_native:
         raise DuplexSessionError(
             "native_text_append_unsupported", "a model-native session takes audio only"
@@ -142,17 +149,17 @@ async def _append_text(ctx: SessionContext, command: AppendText, reserved: int) 
     ctx.input.append_text(command.text)
 
 
-async def _commit(ctx: SessionContext, command: Commit, reserved: int) -> None:
-    ctx.input.schedule_commit(command, reserved=bool(reserved))
+async def _commit(ctx: SessionContext, command: Commit, ticket: CommandTicket) -> None:
+    ctx.input.schedule_commit(command, ticket)
 
 
-async def _clear_input(ctx: SessionContext, command: ClearInput, reserved: int) -> None:
+async def _clear_input(ctx: SessionContext, command: ClearInput, ticket: CommandTicket) -> None:
     """Runs in input order: what was appended before it is applied, then dropped."""
     ctx.input.reset()
     ctx.emit(InputAudioBufferCleared())
 
 
-async def _cancel_input(ctx: SessionContext, command: CancelInput, reserved: int) -> None:
+async def _cancel_input(ctx: SessionContext, command: CancelInput, ticket: CommandTicket) -> None:
     """Runs at once: input still in flight is dropped, not waited for."""
     ctx.input.drop_in_flight()
     ctx.input.reset()
@@ -163,7 +170,9 @@ async def _cancel_input(ctx: SessionContext, command: CancelInput, reserved: int
 # ---------------------------------------------------------------- responses
 
 
-async def _create_response(ctx: SessionContext, command: CreateResponse, reserved: int) -> None:
+async def _create_response(
+    ctx: SessionContext, command: CreateResponse, ticket: CommandTicket
+) -> None:
     session = ctx.session
     openai = session.config.openai_surface
     options = ResponseCreateOptions.from_realtime(
@@ -204,7 +213,9 @@ async def _create_response(ctx: SessionContext, command: CreateResponse, reserve
     await ctx.responses.start_response(turn, options, command.event_id)
 
 
-async def _cancel_response(ctx: SessionContext, command: CancelResponse, reserved: int) -> None:
+async def _cancel_response(
+    ctx: SessionContext, command: CancelResponse, ticket: CommandTicket
+) -> None:
     active = ctx.session.active
     if active is None or (
         command.response_id is not None and command.response_id != active.response_id
@@ -241,7 +252,9 @@ def conversation_turn(session: EngineSession, sample_rate_hz: int) -> CommittedT
     )
 
 
-async def _clear_output(ctx: SessionContext, command: ClearOutputAudio, reserved: int) -> None:
+async def _clear_output(
+    ctx: SessionContext, command: ClearOutputAudio, ticket: CommandTicket
+) -> None:
     session = ctx.session
     active, last = session.active, session.last_response
     target = command.response_id
@@ -256,24 +269,24 @@ async def _clear_output(ctx: SessionContext, command: ClearOutputAudio, reserved
     ctx.emit(OutputAudioBufferCleared(response_id=target))
 
 
-async def _barge_in(ctx: SessionContext, command: BargeIn, reserved: int) -> None:
+async def _barge_in(ctx: SessionContext, command: BargeIn, ticket: CommandTicket) -> None:
     if not ctx.session.capabilities.supports_barge_in:
         raise DuplexSessionError("barge_in_unsupported", "this model does not support barge-in")
     await ctx.responses.advance_epoch("barge_in")
 
 
-async def _ack_playback(ctx: SessionContext, command: AckPlayback, reserved: int) -> None:
+async def _ack_playback(ctx: SessionContext, command: AckPlayback, ticket: CommandTicket) -> None:
     ctx.responses.acknowledge_playback(command)
 
 
-async def _truncate_item(ctx: SessionContext, command: TruncateItem, reserved: int) -> None:
+async def _truncate_item(ctx: SessionContext, command: TruncateItem, ticket: CommandTicket) -> None:
     ctx.responses.truncate_item(command)
 
 
 # ---------------------------------------------------------------- session and conversation
 
 
-async def _update(ctx: SessionContext, command: UpdateSession, reserved: int) -> None:
+async def _update(ctx: SessionContext, command: UpdateSession, ticket: CommandTicket) -> None:
     session = ctx.session
     updated = session.config.apply_update(command.patch)
     if updated.voice != session.config.voice and session.audio_started:
@@ -287,17 +300,17 @@ async def _update(ctx: SessionContext, command: UpdateSession, reserved: int) ->
     ctx.emit(SessionUpdated(session=session.session_object()))
 
 
-async def _close(ctx: SessionContext, command: CloseSession, reserved: int) -> None:
+async def _close(ctx: SessionContext, command: CloseSession, ticket: CommandTicket) -> None:
     """Commands queued before the close have run; the manager closes the session."""
     if ctx.on_close is not None:
         ctx.on_close(ctx.session.session_id, command.reason)
 
 
-async def _heartbeat(ctx: SessionContext, command: Heartbeat, reserved: int) -> None:
+async def _heartbeat(ctx: SessionContext, command: Heartbeat, ticket: CommandTicket) -> None:
     ctx.emit(SessionHeartbeatAck(session_id=ctx.session.session_id))
 
 
-async def _create_item(ctx: SessionContext, command: CreateItem, reserved: int) -> None:
+async def _create_item(ctx: SessionContext, command: CreateItem, ticket: CommandTicket) -> None:
     conversation = ctx.session.conversation
     item = dict(command.item)
     item.setdefault("id", new_item_id())
@@ -312,12 +325,12 @@ async def _create_item(ctx: SessionContext, command: CreateItem, reserved: int) 
         ctx.emit(event_type(previous_item_id=previous, item=item))
 
 
-async def _delete_item(ctx: SessionContext, command: DeleteItem, reserved: int) -> None:
+async def _delete_item(ctx: SessionContext, command: DeleteItem, ticket: CommandTicket) -> None:
     ctx.session.conversation.delete(command.item_id)
     ctx.emit(DuplexConversationItemDeleted(item_id=command.item_id, event=command.to_dict()))
 
 
-async def _signal(ctx: SessionContext, command: SignalTurn, reserved: int) -> None:
+async def _signal(ctx: SessionContext, command: SignalTurn, ticket: CommandTicket) -> None:
     session = ctx.session
     if command.event == "conversation.item.retrieve":
         item_id = command.payload.get("item_id")

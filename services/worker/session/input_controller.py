@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 
-from services.worker.session.command_marks import NO_MARK, Mark
+from services.worker.session.command_marks import NO_MARK, CommandTicket
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.idle_timeout import IdleDue, IdleTimer
 from services.worker.session.input_pipeline import InputPipeline
@@ -96,9 +96,6 @@ class InputController:
         self.partials = PartialTranscriber(session, plugin, executor, deliver, emit)
         #: turn detection's idle_timeout_ms (`idle_timeout.py`)
         self.idle = IdleTimer(session, deliver)
-        #: the mark of the command the runner is dispatching; scheduling work takes it
-        #: (None then tells the runner its command completes with that work)
-        self.current_mark: Mark | None = NO_MARK
 
     # ------------------------------------------------------------ lifecycle
 
@@ -117,23 +114,22 @@ class InputController:
 
     # ------------------------------------------------------------ scheduling
 
-    def _take_mark(self) -> Mark:
-        mark, self.current_mark = self.current_mark, None
-        return mark or NO_MARK
-
-    def schedule_append(self, command: AppendAudio, reserved: int) -> None:
+    def schedule_append(self, command: AppendAudio, ticket: CommandTicket) -> None:
         generation = self.session.input_generation
-        self.queue.put(AppendWork(command, generation, reserved, self._take_mark()))
+        self.queue.put(AppendWork(command, generation, ticket.reserved, ticket.defer()))
 
-    def schedule_commit(self, command: Commit, *, reserved: bool = False) -> None:
-        if not reserved:  # VAD commits are not dispatched, so nothing reserved them
+    def schedule_commit(self, command: Commit, ticket: CommandTicket | None = None) -> None:
+        """`ticket`: the client's commit, dispatched with its pending turn reserved; None: a
+        commit of the session's own (server VAD, idle timeout), which nothing reserved."""
+        if ticket is None or not ticket.reserved:
             self.session.pending_commits += 1
-        self.queue.put(CommitWork(command, self.session.input_generation, self._take_mark()))
+        mark = ticket.defer() if ticket is not None else NO_MARK
+        self.queue.put(CommitWork(command, self.session.input_generation, mark))
 
-    def schedule_in_order(self, command: DuplexCommand) -> None:
+    def schedule_in_order(self, command: DuplexCommand, ticket: CommandTicket) -> None:
         """Run `command` after the input work queued before it: response.create must see the
         turn committed just before it, text not join an earlier commit, a clear not drop one."""
-        self.queue.put(InOrder(command, self._take_mark()))
+        self.queue.put(InOrder(command, ticket.defer()))
 
     def is_stale(self, generation: int) -> bool:
         return generation != self.session.input_generation

@@ -32,7 +32,7 @@ import numpy as np
 from services.worker.session.command_marks import NO_MARK, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import ConvertedAppend, InputPipeline
-from shared.protocol.duplex import AppendAudio, Commit, RealtimeProtocolError
+from shared.protocol.duplex import AppendAudio, Commit, DuplexCommand, RealtimeProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,19 @@ class CommitReady:
 
 
 @dataclasses.dataclass
+class Barrier:
+    """The runner's `settle_input`: resolved when it has passed the mailbox, then the
+    input queue (behind every input work queued before it)."""
+
+    done: asyncio.Future[None]
+
+
+@dataclasses.dataclass
 class InOrder:
     """A command that must see every earlier append and commit applied first: it passes
     through the queue unchanged, behind them."""
 
-    command: Any
+    command: DuplexCommand | Barrier
     mark: Mark = NO_MARK
 
 

@@ -1,8 +1,11 @@
 """`SessionManager`: admission, dispatch with backpressure, lease operations, close, reaper.
 
-Admission counts live sessions, sessions still closing (a closing session
-keeps its slot until its stage cleanup succeeds) and opens in flight, so
-concurrent opens can never exceed `max_sessions`.
+Every session is one record of the worker's `SessionTable` (`table.py`). Admission counts
+the records that hold a slot: live sessions, opens and restores in flight, and sessions
+whose stage cleanup has not succeeded yet, so concurrent opens can never exceed
+`max_sessions`. Sessions that outlive this worker (drain, failover, fencing) are the
+`moves` component's (`moves.py`); building a runner and giving a stage slot back are the
+builder's (`builder.py`), which both use.
 """
 
 from __future__ import annotations
@@ -11,23 +14,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from services.worker.session import surface
-from services.worker.session.command_marks import NO_MARK, CommandMarks, Mark
+from services.worker.session.builder import SessionBuilder
+from services.worker.session.command_marks import NO_MARK, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.moves import SessionMoves
 from services.worker.session.runner import Dispatched, SessionRunner
-from services.worker.session.transcription import PartialPool
-from services.worker.session.vad import SileroOnnxBackend, VadBackend, VadUnavailable
+from services.worker.session.table import Phase, SessionTable
+from services.worker.session.vad import VadBackend
 from shared.contracts import (
+    DuplexCapabilities,
     DuplexModelPlugin,
     DuplexRuntimeConfigError,
-    DuplexSessionConfig,
     DuplexSessionError,
     OpenResult,
     SessionEventSink,
@@ -68,63 +71,73 @@ def _reserved_input_bytes(command: AppendAudio, pipeline: InputPipeline) -> int:
     return max(len(command.audio), decoded) + video
 
 
-class SessionManager(SessionMoves, SessionHost):
+class SessionManager(SessionHost):
+    """`table`: the worker's session table (the Redis publisher reads it too); an inline
+    host without one gets its own."""
+
     def __init__(
         self,
         plugin: DuplexModelPlugin,
         runtime: SessionRuntimeConfig,
         sink: SessionEventSink,
         *,
+        table: SessionTable | None = None,
         port: StagePort | None = None,
         vad_backend: Callable[[], VadBackend] | None = None,
         clock: Callable[[], float] = time.monotonic,
         report_load: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.plugin = plugin
+        self.table = table if table is not None else SessionTable(runtime.max_sessions)
+        self.table.max_sessions = runtime.max_sessions  # admission is the runtime's
+        self.builder = SessionBuilder(
+            plugin,
+            runtime,
+            sink,
+            self.table,
+            port=port or plugin.create_stage_port(runtime),
+            vad_backend=vad_backend,
+            clock=clock,
+        )
+        self.builder.on_close = self._close_later
+        #: sessions that outlive this worker: snapshots, hand-off, restore, drop
+        self.moves = SessionMoves(self.table, self.builder)
         # writes `slots_in_use` where placement reads it (the worker's registration): a
         # close frees its slot there before session.closed is emitted
         self._report_load = report_load
-        self.runtime = runtime
-        self.sink = sink
-        self.port = port or plugin.create_stage_port(runtime)
-        self.capabilities = plugin.capabilities(runtime.max_sessions)
-        self.clock = clock
-        self.executor = ThreadPoolExecutor(
-            runtime.executor_threads, thread_name_prefix="duplex-session"
-        )
-        # partial transcripts are previews: one at a time, on a thread of their own, so
-        # they never hold up a session's VAD or a committed turn's transcript
-        # (transcription.py); one asked for while it is busy is skipped
-        self.partial_pool = PartialPool(
-            ThreadPoolExecutor(1, thread_name_prefix="duplex-partial"), limit=1
-        )
-        self._vad_backend = vad_backend or (
-            lambda: SileroOnnxBackend.shared(runtime.server_vad_model_path)
-        )
-        self._runners: dict[str, SessionRunner] = {}
-        self._closing: dict[str, EngineSession] = {}
-        self._opening = 0
-        self._owners: dict[str, int] = {}  # session -> owner generation (moves.py)
         self._reaper: SupervisedLoop | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self._bind_sink()
+
+    # the worker-wide parts, as the builder holds them
+    @property
+    def plugin(self) -> DuplexModelPlugin:
+        return self.builder.plugin
+
+    @property
+    def runtime(self) -> SessionRuntimeConfig:
+        return self.builder.runtime
+
+    @property
+    def port(self) -> StagePort:
+        return self.builder.port
+
+    @property
+    def capabilities(self) -> DuplexCapabilities:
+        return self.builder.capabilities
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.builder.clock
 
     # ------------------------------------------------------------ admission
 
     @property
     def slots_in_use(self) -> int:
-        return len(self._runners) + len(self._closing) + self._opening
+        return self.table.slots_in_use
 
     def session_ids(self) -> list[str]:
-        return list(self._runners)
+        return self.table.live_ids()
 
     def runner(self, session_id: str) -> SessionRunner:
-        runner = self._runners.get(session_id)
-        if runner is None:
-            if session_id in self._closing:
-                raise DuplexSessionError("session_closed", f"session {session_id} is closing")
-            raise DuplexSessionError("unknown_session", f"no session {session_id}")
-        return runner
+        return self.table.runner(session_id)
 
     async def open(
         self,
@@ -135,16 +148,16 @@ class SessionManager(SessionMoves, SessionHost):
         attachment_generation: int | None = None,
     ) -> OpenResult:
         session_id = session_id or new_session_id()
-        self._admit(session_id)
-        self._opening += 1  # the slot is held across the awaits below
+        record = self.table.reserve(session_id)  # the slot is held across the awaits below
+        builder = self.builder
         try:
-            config = self._read_config(session)
+            config = builder.read_config(session)
             try:
                 self.plugin.validate_client_extra_body(config.extra_body)
                 runtime_config = await self.plugin.prepare_runtime_config(config)
             except DuplexRuntimeConfigError as exc:
                 raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
-            pipeline = self._pipeline(config, 0)
+            pipeline = builder.pipeline(config, 0)
             engine_session = EngineSession(
                 session_id=session_id,
                 config=config,
@@ -153,12 +166,13 @@ class SessionManager(SessionMoves, SessionHost):
                 lease=LeaseState(self.runtime.idle_ttl_s, clock=self.clock),
                 input=InputLedger(self.plugin.input_sample_rate_hz),
             )
-            runner = self._new_runner(engine_session, pipeline)
+            runner = builder.runner(engine_session, pipeline)
             await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
-            self._runners[session_id] = runner
-        finally:
-            self._opening -= 1
-        self._set_owner(session_id, 1)  # the owner generation of a first placement
+        except BaseException:
+            self.table.remove(session_id)  # refused: the reservation goes, nothing else
+            raise
+        # 1: the owner generation of a first placement
+        record.serve(runner, owner_generation=1, openai_surface=config.openai_surface)
         created = DuplexSessionCreated(
             session=engine_session.session_object(),
             attachment_generation=attachment_generation,
@@ -174,67 +188,11 @@ class SessionManager(SessionMoves, SessionHost):
         )
         return OpenResult(session_id, self.capabilities, engine_session.lease.generation, body)
 
-    def _admit(self, session_id: str) -> None:
-        """Refuse when every slot is taken or the session is already here."""
-        limit = self.runtime.max_sessions
-        if self.slots_in_use >= limit:
-            log.info("admission refused: %d/%d slots in use", self.slots_in_use, limit)
-            raise DuplexSessionError(
-                "resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}"
-            )
-        if session_id in self._runners or session_id in self._closing:
-            raise DuplexSessionError("session_exists", f"session {session_id} already exists")
-
-    def _pipeline(self, config: DuplexSessionConfig, stream_ms: int) -> InputPipeline:
-        pipeline = InputPipeline(self.plugin.input_sample_rate_hz, self._vad_backend)
-        try:
-            pipeline.configure_vad(config.turn_detection, stream_ms)
-        except VadUnavailable as exc:
-            raise DuplexSessionError("server_vad_unavailable", str(exc)) from None
-        return pipeline
-
-    def _new_runner(
-        self, session: EngineSession, pipeline: InputPipeline, marks: CommandMarks | None = None
-    ) -> SessionRunner:
-        return SessionRunner(
-            session,
-            self.plugin,
-            self.port,
-            self._emitter(session),
-            self.executor,
-            pipeline,
-            on_close=self._close_later,
-            marks=marks,
-            partial_pool=self.partial_pool,
-        )
-
-    def _read_config(self, session: Mapping[str, Any]) -> DuplexSessionConfig:
-        try:
-            return DuplexSessionConfig.from_realtime(session, client=True)
-        except RealtimeProtocolError as exc:
-            raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
-
-    def _emitter(self, session: EngineSession) -> Callable[[DuplexEvent], None]:
-        """The runner's way out. An openai-surface session's events are projected to
-        OpenAI GA's here (`surface.py`), so the journal holds what its client gets; the
-        surface is read per event from the config, which an update replaces (and keeps)."""
-        sink, session_id = self.sink, session.session_id
-
-        def emit(event: DuplexEvent) -> None:
-            if session.config.openai_surface:
-                projected = surface.project(event, session)
-                if projected is None:
-                    return
-                event = projected
-            sink.emit(session_id, event)
-
-        return emit
-
     # ------------------------------------------------------------ commands
 
     async def submit(self, session_id: str, command: DuplexCommand, mark: Mark = NO_MARK) -> None:
         """Queue a command; `mark` is its inbox (attachment, seq) (`command_marks`)."""
-        runner = self.runner(session_id)
+        runner = self.table.runner(session_id)
         session = runner.session
         if session.config.openai_surface:
             command = surface.client_command(command)
@@ -281,39 +239,30 @@ class SessionManager(SessionMoves, SessionHost):
     def _close_later(self, session_id: str, reason: str) -> None:
         """`session.close` reached the front of the runner's mailbox: close from
         outside the runner (closing stops it)."""
-        task = asyncio.create_task(
-            self.close(session_id, reason), name=f"session-close:{session_id}"
-        )
-        self._background.add(task)
-        task.add_done_callback(self._closed_later)
-
-    def _closed_later(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s failed", task.get_name(), exc_info=task.exception())
+        self.builder.in_background(self.close(session_id, reason), f"session-close:{session_id}")
 
     async def close(self, session_id: str, reason: str = "client_close") -> None:
-        runner = self._runners.pop(session_id, None)
-        if runner is None:
+        record = self.table.get(session_id)
+        if record is None or record.phase is not Phase.LIVE or record.runner is None:
             return  # idempotent: already closing, closed or never known
+        runner = record.runner
         session = runner.session
+        record.phase = Phase.LEAVING
         session.state = "closing"
         session.lease.mark_terminal()
-        self._closing[session_id] = session
         cleaned = False
         try:
             await runner.stop(reason)
-            cleaned = await self._cleanup(session_id)
+            # the slot is free, here and in the registration placement reads, before
+            # session.closed: a client that sees the event can open a replacement at once
+            # (vLLM-Omni 0.30.0's promise)
+            cleaned = await self.builder.cleanup(record)
             if cleaned:
-                # the slot is free, here and in the registration placement reads, before
-                # session.closed: a client that sees the event can open a replacement at
-                # once (vLLM-Omni 0.30.0's promise)
-                self._closing.pop(session_id, None)
                 await self._report_load_quietly()
         finally:
             # emitted after the cleanup attempt, even when it failed (the slot stays held)
             session.state = "closed"
-            self.sink.emit(
+            self.builder.sink.emit(
                 session_id,
                 SessionClosed(
                     session_id=session_id,
@@ -328,7 +277,8 @@ class SessionManager(SessionMoves, SessionHost):
                     },
                 ),
             )
-        self._owners.pop(session_id, None)
+            record.phase = Phase.GONE
+            self.table.settle(record)
 
     async def _report_load_quietly(self) -> None:
         if self._report_load is None:
@@ -338,19 +288,11 @@ class SessionManager(SessionMoves, SessionHost):
         except Exception:  # the next heartbeat writes it again
             log.warning("reporting the load after a close failed", exc_info=True)
 
-    async def _cleanup(self, session_id: str) -> bool:
-        try:
-            await self.port.cleanup(session_id)
-        except Exception:
-            log.exception("stage cleanup of %s failed; the reaper retries it", session_id)
-            return False
-        return True
-
     async def expire(self, session_id: str, reason: str) -> None:
         """A lease expired: `session.expired`, then close."""
-        if session_id not in self._runners:
+        if session_id not in self.table.live_ids():
             return
-        self.sink.emit(session_id, SessionExpired(session_id=session_id, reason=reason))
+        self.builder.sink.emit(session_id, SessionExpired(session_id=session_id, reason=reason))
         await self.close(session_id, EXPIRED_CLOSE_REASON)
 
     # ------------------------------------------------------------ reaper
@@ -359,15 +301,17 @@ class SessionManager(SessionMoves, SessionHost):
         """Expire due leases and retry failed cleanups; returns what expired."""
         now = self.clock()
         due = [
-            (sid, reason)
-            for sid, runner in list(self._runners.items())
-            if (reason := runner.session.lease.expiry(now, busy=runner.session.busy)) is not None
+            (record.session_id, reason)
+            for record in self.table.live()
+            if record.runner is not None
+            and (reason := record.runner.session.lease.expiry(now, busy=record.runner.session.busy))
+            is not None
         ]
         for session_id, reason in due:
             await self.expire(session_id, reason)
-        for session_id in list(self._closing):
-            if await self._cleanup(session_id):
-                self._closing.pop(session_id, None)
+        for record in self.table:
+            if record.phase in (Phase.LEAVING, Phase.GONE) and not record.stage_clean:
+                await self.builder.cleanup(record)
         return due
 
     async def _reap(self) -> None:
@@ -384,11 +328,8 @@ class SessionManager(SessionMoves, SessionHost):
         if self._reaper is not None:
             await self._reaper.stop()
             self._reaper = None
-        await asyncio.gather(*(self.close(sid, reason) for sid in list(self._runners)))
-        await asyncio.gather(*self._background, return_exceptions=True)
-        await self.port.shutdown()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.partial_pool.executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.gather(*(self.close(sid, reason) for sid in self.table.live_ids()))
+        await self.builder.shutdown()
 
     # ------------------------------------------------------------ chat
 
@@ -398,13 +339,9 @@ class SessionManager(SessionMoves, SessionHost):
                 "bad_event", f"{self.plugin.plugin_id} does not serve chat completions"
             )
         # a chat request is a short-lived session: it holds a slot while it runs
-        if self.slots_in_use >= self.runtime.max_sessions:
-            limit = self.runtime.max_sessions
-            raise DuplexSessionError(
-                "resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}"
-            )
-        self._opening += 1
+        self.table.check_room()
+        self.table.chats += 1
         try:
             return await self.plugin.chat_completion(messages)
         finally:
-            self._opening -= 1
+            self.table.chats -= 1

@@ -11,20 +11,23 @@
 - `drop(sid, why)`: fenced out (another worker owns the session now): no event at all;
 - `owned_sessions`, `is_idle`, `cancel_active`, `report_lost_commands`, `model_of`.
 
-Owner generations: every placement has one (1 at open; a restore's from its request).
-The manager tells the event sink (`set_owner`) so that every publish is fenced on it.
+Owner generations: every placement has one (1 at open; a restore's from its request), kept
+in the session's record (`table.py`), where the publisher reads it to fence every publish.
 
-A mixin: it reads the manager's admission state (`_runners`, `_closing`, `_opening`) and
-builds runners with its `_new_runner`; it imports nothing of `manager.py`.
+A component of the `SessionManager` (`manager.moves`), beside it rather than part of it:
+both work on the worker's `SessionTable` and build runners with the same `SessionBuilder`.
+It implements `PublishHost`, what the Redis publisher asks of the sessions it publishes
+for (a checkpoint now; a session fenced out).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 
+from services.worker.session.builder import SessionBuilder
 from services.worker.session.checkpoint import (
     CheckpointError,
     applied_mark,
@@ -33,18 +36,9 @@ from services.worker.session.checkpoint import (
     session_from_checkpoint,
 )
 from services.worker.session.command_marks import CommandMarks, Mark
-from services.worker.session.engine_session import EngineSession
 from services.worker.session.lease import LeaseState
-from services.worker.session.runner import SessionRunner
-from shared.contracts import (
-    DuplexCapabilities,
-    DuplexModelPlugin,
-    DuplexRuntimeConfigError,
-    DuplexSessionError,
-    SessionEventSink,
-    SessionRuntimeConfig,
-    StagePort,
-)
+from services.worker.session.table import Phase, SessionRecord, SessionTable
+from shared.contracts import DuplexRuntimeConfigError, DuplexSessionError
 
 log = logging.getLogger(__name__)
 
@@ -56,66 +50,52 @@ FENCED_OUT = "fenced out: another worker owns the session now"
 SETTLE_TIMEOUT_S = 5.0
 
 
-class SessionMoves:
-    plugin: DuplexModelPlugin
-    runtime: SessionRuntimeConfig
-    sink: SessionEventSink
-    port: StagePort
-    capabilities: DuplexCapabilities
-    clock: Callable[[], float]
-    _runners: dict[str, SessionRunner]
-    _closing: dict[str, EngineSession]
-    _opening: int
-    _owners: dict[str, int]
-    _background: set[asyncio.Task[None]]
+class PublishHost(abc.ABC):
+    """What the Redis publisher asks of the sessions it publishes for."""
 
-    # and, from the manager: runner(sid), _admit(sid), _pipeline(config, stream_ms),
-    # _new_runner(session, pipeline, marks), _cleanup(sid), _closed_later(task)
+    @abc.abstractmethod
+    def snapshot(self, session_id: str) -> bytes | None:
+        """The session's checkpoint as it is now (None: not a live session here)."""
 
-    # ------------------------------------------------------------ owners
+    @abc.abstractmethod
+    def drop(self, session_id: str, why: str) -> None:
+        """Another worker owns the session: forget it here without an event."""
 
-    def _bind_sink(self) -> None:
-        """A sink that fences and checkpoints (the Redis publisher) learns whom to ask."""
-        attach = getattr(self.sink, "attach_host", None)
-        if callable(attach):
-            attach(snapshot=self.snapshot, on_fenced=self.drop)
 
-    def _set_owner(self, session_id: str, generation: int) -> None:
-        self._owners[session_id] = generation
-        set_owner = getattr(self.sink, "set_owner", None)
-        if callable(set_owner):
-            # an openai-surface session's JSON goes without server_event_seq (GA has none)
-            runner = self._runners.get(session_id)
-            openai = runner is not None and runner.session.config.openai_surface
-            set_owner(session_id, generation, stamp_seq=not openai)
+class SessionMoves(PublishHost):
+    def __init__(self, table: SessionTable, builder: SessionBuilder) -> None:
+        self.table = table
+        self.builder = builder
 
     def owned_sessions(self) -> dict[str, int]:
         """Session -> the owner generation this worker holds it at."""
-        return {sid: gen for sid, gen in self._owners.items() if sid in self._runners}
+        return {r.session_id: r.owner_generation for r in self.table.live()}
 
     def model_of(self, session_id: str) -> str:
-        return self.plugin.plugin_id
+        return self.builder.plugin.plugin_id
 
     # ------------------------------------------------------------ checkpoints
 
     def snapshot(self, session_id: str) -> bytes | None:
         """The session's checkpoint as it is now (None: not a live session of ours)."""
-        runner = self._runners.get(session_id)
-        if runner is None:
+        record = self.table.get(session_id)
+        if record is None or record.phase is not Phase.LIVE or record.runner is None:
             return None
+        runner = record.runner
         return export_checkpoint(
             runner.session,
             applied=runner.marks.applied,
-            model_state=self.plugin.export_session_state(session_id),
+            model_state=self.builder.plugin.export_session_state(session_id),
         )
 
     def is_idle(self, session_id: str) -> bool:
         """No active response, no commit or append in flight, no command waiting: a move
         now loses nothing and cuts nothing short. Committed turns waiting for a
         response.create do not count (the checkpoint carries them)."""
-        runner = self._runners.get(session_id)
-        if runner is None:
+        record = self.table.get(session_id)
+        if record is None or record.phase is not Phase.LIVE or record.runner is None:
             return True
+        runner = record.runner
         session = runner.session
         return (
             session.active is None
@@ -127,13 +107,13 @@ class SessionMoves:
     async def cancel_active(self, session_id: str, reason: str = "shutdown") -> None:
         """The session's active response, if any, ends with the cancelled chain (`reason`),
         as a response.cancel would end it; returns once it has."""
-        runner = self._runners.get(session_id)
-        if runner is not None and runner.running:
-            await runner.cancel_active(reason)
+        record = self.table.get(session_id)
+        if record is not None and record.runner is not None and record.runner.running:
+            await record.runner.cancel_active(reason)
 
     def report_lost_commands(self, session_id: str, count: int) -> None:
         """Commands of a moving session that never arrived: the client appends again."""
-        self.runner(session_id).error(
+        self.table.runner(session_id).error(
             "input_lost",
             f"{count} command(s) sent while the session moved to another worker were lost; "
             "append the current turn's audio again",
@@ -147,8 +127,12 @@ class SessionMoves:
         uncommitted turn's audio). The runner stops after every command submitted so
         far and the input work it queued are applied; a response still active ends with
         the cancelled chain (`shutdown`). No `session.closed`: the session goes on on
-        another worker. The stage is cleaned up; the slot is freed once it is."""
-        runner = self.runner(session_id)
+        another worker. The stage is cleaned up; the slot is freed once it is. The record
+        stays until its last events are published (and a drain's kept-back messages sent
+        on), then goes."""
+        runner = self.table.runner(session_id)
+        record = self.table.get(session_id)
+        assert record is not None  # a runner is only found through its record
         try:
             async with asyncio.timeout(SETTLE_TIMEOUT_S):
                 await runner.settle_input()
@@ -158,24 +142,24 @@ class SessionMoves:
                 session_id,
                 SETTLE_TIMEOUT_S,
             )
-        self._runners.pop(session_id, None)
+        if record.phase is not Phase.LIVE:  # closed or dropped while it settled
+            raise DuplexSessionError("session_closed", f"session {session_id} is closing")
+        record.phase = Phase.LEAVING  # holds the slot until the stage is cleaned up
         session = runner.session
-        self._closing[session_id] = session  # holds the slot until the stage is cleaned up
         try:
             await runner.stop("shutdown")
             data = export_checkpoint(
                 session,
                 applied=runner.marks.applied,
-                model_state=self.plugin.export_session_state(session_id),
+                model_state=self.builder.plugin.export_session_state(session_id),
                 with_input=True,
             )
         finally:
             runner.silence()
             session.state = "closed"
             session.lease.mark_terminal()
-            self._owners.pop(session_id, None)
-        if await self._cleanup(session_id):
-            self._closing.pop(session_id, None)
+            record.phase = Phase.GONE
+        await self.builder.cleanup(record)
         log.info("session %s handed off (%d checkpoint bytes)", session_id, len(data))
         return data
 
@@ -183,39 +167,46 @@ class SessionMoves:
         self, session_id: str, checkpoint: bytes, *, owner_generation: int, reason: str
     ) -> Mark:
         """Serve a session moved here from its checkpoint; returns the checkpoint's
-        `applied` mark (the next command to apply is the one after it). Admission as
-        `open` (raises `DuplexSessionError`: resource_exhausted, session_exists, a
-        checkpoint that cannot be read or a plugin that refuses it). No session.created.
-        A response in flight in the checkpoint cannot go on here (its stage ran on the
-        lost worker): it ends with the failure chain, response.done `failed` with code
-        `worker_lost` and its partial item out of history, then the error event."""
-        self._admit(session_id)
-        self._opening += 1  # the slot is held across the awaits below
+        `applied` mark (the next command to apply is the one after it), which the
+        session's command order starts from. Admission as `open` (raises
+        `DuplexSessionError`: resource_exhausted, session_exists, a checkpoint that cannot
+        be read or a plugin that refuses it). No session.created. A response in flight in
+        the checkpoint cannot go on here (its stage ran on the lost worker): it ends with
+        the failure chain, response.done `failed` with code `worker_lost` and its partial
+        item out of history, then the error event."""
+        builder, plugin = self.builder, self.builder.plugin
+        record = self.table.reserve(session_id)  # the slot is held across the awaits below
         try:
             doc = read_checkpoint(checkpoint)
             if doc.get("session_id") != session_id:
                 raise CheckpointError(f"it is session {doc.get('session_id')!r}'s")
             session = session_from_checkpoint(
                 doc,
-                capabilities=self.capabilities,
-                lease=LeaseState(self.runtime.idle_ttl_s, clock=self.clock),
-                input_rate_hz=self.plugin.input_sample_rate_hz,
-                output_rate_hz=self.plugin.output_sample_rate_hz,
+                capabilities=builder.capabilities,
+                lease=LeaseState(builder.runtime.idle_ttl_s, clock=builder.clock),
+                input_rate_hz=plugin.input_sample_rate_hz,
+                output_rate_hz=plugin.output_sample_rate_hz,
             )
             applied = applied_mark(doc)
-            pipeline = self._pipeline(session.config, session.input.stream_ms)
-            runner = self._new_runner(session, pipeline, CommandMarks(applied))
+            pipeline = builder.pipeline(session.config, session.input.stream_ms)
+            runner = builder.runner(session, pipeline, CommandMarks(applied))
             try:
-                await self.plugin.import_session_state(
+                await plugin.import_session_state(
                     session_id, doc.get("model_state"), session.conversation.items
                 )
             except DuplexRuntimeConfigError as exc:
                 raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
-            await self.port.ensure(session.fence, self.plugin.stage_roles[0])
-            self._runners[session_id] = runner
-        finally:
-            self._opening -= 1
-        self._set_owner(session_id, owner_generation)
+            await builder.port.ensure(session.fence, plugin.stage_roles[0])
+        except BaseException:
+            self.table.remove(session_id)  # refused: the reservation goes, nothing else
+            raise
+        record.serve(
+            runner,
+            owner_generation=owner_generation,
+            openai_surface=session.config.openai_surface,
+            restored=True,
+        )
+        record.order.restored(applied)
         try:
             if session.active is not None:
                 # before the runner's task starts, this coroutine is the session's one writer
@@ -232,10 +223,9 @@ class SessionMoves:
             runner.start()
         except BaseException:
             # not served here after all (the caller refuses it): no slot or owner is kept
-            self._runners.pop(session_id, None)
-            self._owners.pop(session_id, None)
+            self.table.remove(session_id)
             with contextlib.suppress(Exception):  # the stage slot `ensure` took, given back
-                await self.port.cleanup(session_id)
+                await builder.port.cleanup(session_id)
             raise
         log.info(
             "session %s restored (%s, owner generation %d, applied %s)",
@@ -249,25 +239,29 @@ class SessionMoves:
     def drop(self, session_id: str, why: str = FENCED_OUT) -> None:
         """Another worker owns the session now: forget it here without a single event
         (whatever it still emits is discarded), clean its stage up, free its slot."""
-        runner = self._runners.pop(session_id, None)
-        if runner is None:
+        record = self.table.get(session_id)
+        if record is None or record.phase not in (Phase.LIVE, Phase.LEAVING):
             return
         log.warning("session %s dropped: %s", session_id, why)
+        record.fenced = True
+        record.outbox.discard()
+        runner = record.runner
+        if runner is None:
+            return
         runner.silence()
-        self._owners.pop(session_id, None)
-        forget = getattr(self.sink, "forget_session", None)
-        if callable(forget):
-            forget(session_id)
         session = runner.session
         session.state = "closed"
         session.lease.mark_terminal()
-        self._closing[session_id] = session
-        task = asyncio.create_task(self._stop_dropped(runner), name=f"session-drop:{session_id}")
-        self._background.add(task)
-        task.add_done_callback(self._closed_later)
+        if record.phase is Phase.LIVE:
+            record.phase = Phase.LEAVING
+            self.builder.in_background(self._stop_dropped(record), f"session-drop:{session_id}")
+        # else: a close or hand-off under way stops it and cleans up; silenced, it says nothing
 
-    async def _stop_dropped(self, runner: SessionRunner) -> None:
-        session_id = runner.session.session_id
-        await runner.stop("dropped")
-        if await self._cleanup(session_id):
-            self._closing.pop(session_id, None)
+    async def _stop_dropped(self, record: SessionRecord) -> None:
+        assert record.runner is not None
+        try:
+            await record.runner.stop("dropped")
+        finally:
+            record.phase = Phase.GONE
+            await self.builder.cleanup(record)
+            self.table.settle(record)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from services.worker.session.command_marks import NO_MARK, CommandMarks, Mark
+from services.worker.session.command_marks import NO_MARK, CommandMarks, CommandTicket, Mark
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.handlers import SessionContext, apply_result, dispatch
 from services.worker.session.idle_timeout import IdleDue
@@ -30,6 +30,7 @@ from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.input_queue import (
     AppendReady,
+    Barrier,
     CommitReady,
     Dropped,
     InOrder,
@@ -48,7 +49,7 @@ from shared.contracts import (
     StageOutput,
     StagePort,
 )
-from shared.protocol.duplex import CodedError, DuplexErrorEvent, DuplexEvent
+from shared.protocol.duplex import CodedError, DuplexCommand, DuplexErrorEvent, DuplexEvent
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +61,10 @@ class Dispatched:
     """A command with what the manager reserved for it (input bytes, or 1 pending turn)
     and its inbox mark, (attachment, seq) (`command_marks`)."""
 
-    command: Any
+    command: DuplexCommand
     reserved: int = 0
     generation: int = 0  # the session's input generation when the manager reserved
     mark: Mark = NO_MARK
-
-
-@dataclasses.dataclass
-class _Barrier:
-    """`settle_input`: resolved when it has passed the mailbox, then the input queue."""
-
-    done: asyncio.Future[None]
 
 
 @dataclasses.dataclass
@@ -171,7 +165,7 @@ class SessionRunner:
         while True:
             if not self.running:
                 raise RuntimeError(f"session {self.session.session_id}: the runner is stopped")
-            await self._control(_Barrier)
+            await self._control(Barrier)
             if self.input_idle:
                 return
 
@@ -217,7 +211,7 @@ class SessionRunner:
     async def _run(self) -> None:
         while True:
             item = await self._mailbox.get()
-            event_id = getattr(getattr(item, "command", item), "event_id", None)
+            event_id = _event_id(item)
             try:
                 await self._handle(item)
             except CodedError as exc:
@@ -233,9 +227,9 @@ class SessionRunner:
     async def _handle(self, item: Any) -> None:
         if isinstance(item, Dispatched):
             await self._dispatch(item)
-        elif isinstance(item, _Barrier):
+        elif isinstance(item, Barrier):
             self.input.queue.put(InOrder(item))  # behind the input work queued so far
-        elif isinstance(item, InOrder) and isinstance(item.command, _Barrier):
+        elif isinstance(item, InOrder) and isinstance(item.command, Barrier):
             if not item.command.done.done():
                 item.command.done.set_result(None)
         elif isinstance(item, _CancelActive):
@@ -277,14 +271,20 @@ class SessionRunner:
         self.session.lease.touch()
         if item.reserved and item.generation != self.session.input_generation:
             self.input.reserve_again(item.command, item.reserved)
-        self.input.current_mark = item.mark
+        ticket = CommandTicket(item.reserved, item.mark)
         try:
-            await dispatch(self._context, item.command, item.reserved)
+            await dispatch(self._context, item.command, ticket)
         finally:
-            queued = self.input.current_mark is None  # it completes with its input work
-            self.input.current_mark = NO_MARK
-            if not queued:
+            if not ticket.deferred:  # else it completes when its input work is applied
                 self.marks.complete(item.mark)
+
+
+def _event_id(item: object) -> str | None:
+    """The client's event id of the command a mailbox item carries (errors name it)."""
+    if isinstance(item, Dispatched | AppendReady | CommitReady | InOrder):
+        command = item.command
+        return command.event_id if isinstance(command, DuplexCommand) else None
+    return None
 
 
 def _discard(event: DuplexEvent) -> None:

@@ -1,0 +1,244 @@
+"""One record per session (`services/worker/session/table.py`): every path a session leaves
+a worker by removes all of it, and only once nothing of it is left to do (its last events
+published, its stage slot cleaned up, a drain's kept-back messages sent on)."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from harness.sessions import appends, sine
+from plugins.echo import EchoPlugin
+from services.worker.publisher import RedisEventPublisher
+from services.worker.session.manager import SessionManager
+from services.worker.session.table import Phase, SessionTable
+from shared.contracts import DuplexSessionError, SessionRuntimeConfig
+from shared.protocol.duplex import Commit, DuplexErrorEvent, SessionHeartbeatAck
+
+
+class Store:
+    """publish_many that succeeds, refuses (`fence`: [-2]) or waits (`gate` cleared)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, list[str]]] = []
+        self.fence: set[str] = set()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = asyncio.Event()
+        self.client = None
+
+    async def publish_many(self, batch, **_):
+        self.calls.append({sid: [i.wire_type for i in items] for sid, items in batch.items()})
+        if not self.gate.is_set():
+            self.waiting.set()
+            await self.gate.wait()
+        return {
+            sid: [-2] if sid in self.fence else list(range(1, len(items) + 1))
+            for sid, items in batch.items()
+        }
+
+
+class Worker:
+    """A manager and the Redis publisher on one table, as `WorkerProcess` composes them."""
+
+    def __init__(self, max_sessions: int = 2) -> None:
+        self.store = Store()
+        self.table = SessionTable(max_sessions)
+        self.publisher = RedisEventPublisher(
+            self.store, self.table, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60
+        )
+        self.manager = SessionManager(
+            EchoPlugin(),
+            SessionRuntimeConfig(max_sessions=max_sessions),
+            self.publisher,
+            table=self.table,
+        )
+        self.publisher.serve(self.manager.moves)
+        self.publisher.start()
+
+    async def open(self, **extra) -> str:
+        opened = await self.manager.open({"extra_body": {"pace": 0, **extra}})
+        return opened.session_id
+
+    async def settled(self) -> None:
+        """Everything emitted is published and every background stop has ended."""
+        await self.publisher.flush()
+        await self.manager.builder.background_done()
+        await self.publisher.flush()
+
+    async def stop(self) -> None:
+        await self.manager.shutdown()
+        await self.publisher.stop()
+
+
+@pytest.fixture
+async def worker():
+    w = Worker()
+    yield w
+    await w.stop()
+
+
+def records(table: SessionTable) -> list[str]:
+    return [r.session_id for r in table]
+
+
+async def test_a_close_removes_the_record_once_session_closed_is_published(worker):
+    sid = await worker.open()
+    await worker.publisher.flush()
+    worker.store.gate.clear()  # the next batch waits in Redis: the close happens mid-publish
+    worker.publisher.emit(sid, SessionHeartbeatAck(session_id=sid))
+    await worker.store.waiting.wait()
+    await worker.manager.close(sid)
+    record = worker.table.get(sid)
+    assert record is not None and record.phase is Phase.GONE  # session.closed still to send
+    assert worker.manager.slots_in_use == 0  # the slot is free already: the stage is clean
+    worker.store.gate.set()
+    await worker.settled()
+    assert records(worker.table) == []
+    assert worker.store.calls[-1][sid][-1] == "session.closed"
+
+
+async def test_a_failed_batch_keeps_the_record_until_its_retry_lands(worker):
+    sid = await worker.open()
+    await worker.publisher.flush()
+    failing = worker.store.publish_many
+    failures = 0
+
+    async def redis_away(batch, **kwargs):
+        nonlocal failures
+        if failures < 2:
+            failures += 1
+            raise ConnectionError("redis away")
+        return await failing(batch, **kwargs)
+
+    worker.store.publish_many = redis_away
+    await worker.manager.close(sid)
+    assert sid in worker.table  # its session.closed is not in Redis yet
+    await worker.settled()
+    assert failures == 2 and records(worker.table) == []
+
+
+async def test_an_expiry_removes_the_record(worker):
+    sid = await worker.open()
+    await worker.manager.expire(sid, "idle_timeout")
+    await worker.settled()
+    assert records(worker.table) == []
+
+
+async def test_a_fenced_session_is_dropped_mid_response_and_nothing_of_it_stays(worker):
+    sid = await worker.open(pace=1)  # real time: the response stays in flight
+    for command in appends(sine(16_000, 1.0), 16_000):
+        await worker.manager.submit(sid, command)
+    await worker.manager.submit(sid, Commit(create_response=True))
+    while not any("response.created" in call.get(sid, []) for call in worker.store.calls):
+        await worker.publisher.flush()
+        await asyncio.sleep(0.01)
+    worker.store.fence.add(sid)
+    while sid in worker.table.live_ids():  # its next delta is refused: dropped
+        await asyncio.sleep(0.01)
+    await worker.settled()
+    assert records(worker.table) == [] and worker.manager.slots_in_use == 0
+
+
+async def test_a_hand_off_keeps_the_record_while_a_drain_holds_messages_back(worker):
+    sid = await worker.open()
+    record = worker.table.get(sid)
+    record.kept_back = []  # a drain is moving it: its inbox messages wait here
+    checkpoint = await worker.manager.moves.hand_off(sid)
+    assert orjson.loads(checkpoint)["session_id"] == sid
+    assert await worker.publisher.write_checkpoint(sid, checkpoint)
+    await worker.settled()
+    assert records(worker.table) == [sid]  # the messages kept back are not sent on yet
+    assert worker.manager.slots_in_use == 0
+    record.kept_back = None  # sent on to the new worker (`Drain._let_go`)
+    assert worker.table.settle(record)
+    assert records(worker.table) == []
+
+
+async def test_a_close_that_lands_while_a_hand_off_settles_leaves_nothing(worker):
+    sid = await worker.open()
+    record = worker.table.get(sid)
+    record.kept_back = []
+    handing = asyncio.create_task(worker.manager.moves.hand_off(sid))
+    await worker.manager.close(sid)  # the client's close wins: the hand-off is refused
+    with pytest.raises(DuplexSessionError) as refused:
+        await handing
+    assert refused.value.code in ("session_closed", "unknown_session")
+    record.kept_back = None
+    worker.table.settle(record)
+    await worker.settled()
+    assert records(worker.table) == []
+
+
+@pytest.mark.parametrize("step", ["checkpoint", "plugin", "stage"])
+async def test_a_restore_refused_at_any_step_leaves_no_record(worker, monkeypatch, step):
+    source = Worker()
+    try:
+        sid = await source.open()
+        data = source.manager.moves.snapshot(sid)
+    finally:
+        await source.stop()
+    if step == "checkpoint":
+        data = b"not a checkpoint"
+    elif step == "plugin":
+
+        async def refuse(*args):
+            from shared.contracts import DuplexRuntimeConfigError
+
+            raise DuplexRuntimeConfigError("bad_state", "the plugin refuses this state")
+
+        monkeypatch.setattr(worker.manager.plugin, "import_session_state", refuse)
+    else:
+
+        async def stage_away(*args):
+            raise DuplexSessionError("stage_unavailable", "the stage is gone")
+
+        monkeypatch.setattr(worker.manager.port, "ensure", stage_away)
+    with pytest.raises(DuplexSessionError):
+        await worker.manager.moves.restore(sid, data, owner_generation=2, reason="worker_lost")
+    assert records(worker.table) == [] and worker.manager.slots_in_use == 0
+
+
+async def test_a_restore_in_flight_holds_a_slot_and_a_refused_open_publishes_its_error(worker):
+    source = Worker()
+    try:
+        sid = await source.open()
+        data = source.manager.moves.snapshot(sid)
+    finally:
+        await source.stop()
+    gate = asyncio.Event()
+    ensure = worker.manager.port.ensure
+
+    async def slow_stage(*args):
+        await gate.wait()
+        return await ensure(*args)
+
+    worker.manager.port.ensure = slow_stage  # type: ignore[method-assign]
+    restoring = asyncio.create_task(
+        worker.manager.moves.restore(sid, data, owner_generation=2, reason="drain")
+    )
+    while sid not in worker.table:
+        await asyncio.sleep(0)
+    assert worker.table.get(sid).phase is Phase.RESERVED and worker.manager.slots_in_use == 1
+    with pytest.raises(DuplexSessionError) as twice:
+        await worker.manager.open({}, session_id=sid)
+    assert twice.value.code == "session_exists"
+    gate.set()
+    await restoring
+    assert worker.table.get(sid).phase is Phase.LIVE
+    await worker.manager.close(sid)
+    # an open refused: its error goes out for a session that is not held here, then nothing
+    worker.manager.port.ensure = ensure  # type: ignore[method-assign]
+    refused = "duplex-refused"
+    worker.publisher.emit_unowned(refused, DuplexErrorEvent.for_code("bad_event", "no"))
+    await worker.settled()
+    assert records(worker.table) == []
+    assert [call[refused] for call in worker.store.calls if refused in call] == [["error"]]
+
+
+async def test_shutdown_leaves_an_empty_table(worker):
+    for _ in range(2):
+        await worker.open()
+    await worker.manager.shutdown()
+    await worker.publisher.flush()
+    assert records(worker.table) == []
