@@ -135,3 +135,127 @@ def test_the_cycle_finder_sees_a_cycle_hidden_under_type_checking(tmp_path, monk
     modules = {module_name(p): p for p in sorted(package.rglob("*.py"))}
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert cycles(graph) == [["pkg.app", "pkg.conn"]]
+
+
+# ---------------------------------------------------------------- seams, state, commands
+
+#: class decorators and bases under which bare annotations are fields or an interface's
+#: attributes, not borrowed state
+_FIELD_CLASSES = ("dataclass", "NamedTuple", "TypedDict", "Struct", "ABC", "Protocol")
+
+
+def _names(nodes: list[ast.expr]) -> set[str]:
+    found = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                found.add(sub.id)
+            elif isinstance(sub, ast.Attribute):
+                found.add(sub.attr)
+    return found
+
+
+def service_trees() -> list[tuple[Path, ast.Module]]:
+    return [
+        (path, ast.parse(path.read_text(), filename=str(path)))
+        for path in sorted((ROOT / "services").rglob("*.py"))
+    ]
+
+
+def borrowed_state(tree: ast.Module) -> list[str]:
+    """Classes whose body declares attributes by bare annotation without being a dataclass,
+    a record type or an interface: the shape of a mixin that borrows its host's state."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if _names(node.decorator_list + node.bases) & set(_FIELD_CLASSES):
+            continue
+        bare = [
+            stmt.target.id
+            for stmt in node.body
+            if isinstance(stmt, ast.AnnAssign)
+            and stmt.value is None
+            and isinstance(stmt.target, ast.Name)
+        ]
+        if bare:
+            found.append(f"{node.name}: {', '.join(bare)}")
+    return found
+
+
+def untyped_commands(tree: ast.Module) -> list[str]:
+    """Parameters and fields that carry a command (by name) annotated `Any`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            name, annotation = node.arg, node.annotation
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            name, annotation = node.target.id, node.annotation
+        else:
+            continue
+        if "command" in name and annotation is not None and "Any" in _names([annotation]):
+            found.append(f"{name} (line {node.lineno})")
+    return found
+
+
+def probed_seams(tree: ast.Module) -> list[str]:
+    """`getattr(self.<collaborator>..., "name", ...)`: a seam found by probing, where an
+    ABC or an isinstance check says what the collaborator can do."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and node.args
+            and isinstance(node.args[0], ast.Attribute)
+        ):
+            base = node.args[0]
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id == "self":
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_mixin_borrows_another_class_state_in_services():
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path, tree in service_trees()
+        if (found := borrowed_state(tree))
+    }
+    assert offenders == {}
+
+
+def test_no_command_is_typed_any_in_services():
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path, tree in service_trees()
+        if (found := untyped_commands(tree))
+    }
+    assert offenders == {}
+
+
+def test_no_seam_is_found_by_getattr_probing_in_services():
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path, tree in service_trees()
+        if (found := probed_seams(tree))
+    }
+    assert offenders == {}
+
+
+def test_the_checks_see_a_mixin_an_any_command_and_a_probe():
+    tree = ast.parse(
+        "from typing import Any\n"
+        "class Moves:\n"
+        "    _runners: dict\n"
+        "    def bind(self, command: Any) -> None:\n"
+        "        attach = getattr(self.sink, 'attach_host', None)\n"
+        "@dataclasses.dataclass\n"
+        "class Record:\n"
+        "    runner: object\n"
+    )
+    assert borrowed_state(tree) == ["Moves: _runners"]
+    assert untyped_commands(tree) == ["command (line 4)"]
+    assert probed_seams(tree) == ["line 5: getattr(self.sink, 'attach_host', None)"]

@@ -36,6 +36,18 @@ async def moved_to_b(fleet: Fleet):
     return a, b, live
 
 
+def held(worker, sid: str) -> int:
+    """Commands of the session held for a gap on `worker` (its record's command order)."""
+    record = worker.table.get(sid)
+    return record.order.held if record is not None else 0
+
+
+def kept_back(worker, sid: str) -> list | None:
+    """The inbox messages a drain keeps back while it moves the session (None: not moving)."""
+    record = worker.table.get(sid)
+    return record.kept_back if record is not None else None
+
+
 async def test_a_drain_moves_an_idle_session_and_the_next_commands_answer_there(fleet):
     a, b, live = await moved_to_b(fleet)
     notice = await live.notice()
@@ -44,7 +56,7 @@ async def test_a_drain_moves_an_idle_session_and_the_next_commands_answer_there(
     assert (meta["worker"], meta["owner_generation"], meta["moved_why"]) == ("w-b", "2", "drain")
     assert int(meta["restored_at"]) >= int(meta["paused_at"])
     assert await fleet.client.sismember(fleet.keys.worker_sessions("w-b"), SID)
-    assert [m.session_id for m in a.drain.moves] == [SID] and a.drain.closed == []
+    assert [m.session_id for m in a.drain.moves_done] == [SID] and a.drain.closed == []
     # the old worker is gone from the registry, and its keys with it
     assert await fleet.client.zscore(fleet.keys.workers(), "w-a") is None
     assert await fleet.client.exists(fleet.keys.worker("w-a"), fleet.keys.inbox("w-a")) == 0
@@ -74,8 +86,8 @@ async def test_entries_written_to_the_old_inbox_are_forwarded_and_applied_in_ord
     await live.item_done("item_1")
     # a response in flight, as the drain sees it: the session is not idle until released
     released = asyncio.Event()
-    real_is_idle = a.manager.is_idle
-    a.manager.is_idle = lambda sid: released.is_set() and real_is_idle(sid)
+    real_is_idle = a.manager.moves.is_idle
+    a.manager.moves.is_idle = lambda sid: released.is_set() and real_is_idle(sid)
     stopping = asyncio.create_task(fleet.stop("w-a"))
 
     async def draining() -> bool:
@@ -99,7 +111,7 @@ async def test_entries_written_to_the_old_inbox_are_forwarded_and_applied_in_ord
     # an API pod that heard the notice writes seq 4 to w-b; one that had not yet wrote
     # seqs 2 and 3 to w-a: w-a forwards them, and w-b holds 4 until they are there
     await fleet.command("w-b", SID, 1, 4, note("item_4"))
-    await until(lambda: asyncio.sleep(0, b.order.held(SID) == 1))
+    await until(lambda: asyncio.sleep(0, held(b, SID) == 1))
     for seq in (2, 3):
         await fleet.command("w-a", SID, 1, seq, note(f"item_{seq}"))
     await live.item_done("item_4")
@@ -123,9 +135,11 @@ async def test_a_gap_that_never_fills_is_applied_after_the_hold_and_reported_onc
             return self.now
 
     clock = Clock()
-    b.order.clock = clock  # the hold window ends when the test says so
+    b.table.clock = b.table.get(SID).order.clock = (
+        clock  # the hold window ends when the test says so
+    )
     await fleet.command("w-b", SID, 1, 3, note("item_3"))  # seq 2 never comes
-    await until(lambda: asyncio.sleep(0, b.order.held(SID) == 1))
+    await until(lambda: asyncio.sleep(0, held(b, SID) == 1))
     assert not any((e.get("item") or {}).get("id") == "item_3" for e in live.events)
     clock.now += 1.0
     b._order_wake.set()
@@ -157,13 +171,13 @@ async def test_commands_read_once_a_move_has_begun_go_to_the_new_worker(fleet, m
 
     monkeypatch.setattr(Drain, "_target", slow_target)
     stopping = asyncio.create_task(fleet.stop("w-a"))
-    await until(lambda: asyncio.sleep(0, a.drain is not None and SID in a.drain.moving))
+    await until(lambda: asyncio.sleep(0, a.drain is not None and kept_back(a, SID) is not None))
     await fleet.command("w-a", SID, 1, 1, note("item_1"))
-    await until(lambda: asyncio.sleep(0, len(a.drain.moving.get(SID, ())) == 1))
+    await until(lambda: asyncio.sleep(0, len(kept_back(a, SID) or ()) == 1))
     gate.set()
     await live.item_done("item_1")
     await asyncio.wait_for(stopping, 15)
-    assert a.drain.forwarded == 1 and [m.session_id for m in a.drain.moves] == [SID]
+    assert a.drain.forwarded == 1 and [m.session_id for m in a.drain.moves_done] == [SID]
     items = b.manager.runner(SID).session.conversation.items
     assert [item["id"] for item in items] == ["item_1"]
     assert not any(e["type"] == "error" for e in live.events)
@@ -189,7 +203,7 @@ async def test_past_the_drain_deadline_a_response_is_cancelled_and_its_session_m
     done = await live.of_type("response.done")
     assert done["response"]["status"] == "cancelled", done
     assert await fleet.client.hget(fleet.keys.session(SID), "worker") == b"w-b"
-    assert [m.session_id for m in a.drain.moves] == [SID]
+    assert [m.session_id for m in a.drain.moves_done] == [SID]
     await fleet.command("w-b", SID, 1, 3, note("item_after"))
     await live.item_done("item_after")
     assert SID in b.manager.session_ids()

@@ -159,7 +159,7 @@ async def test_vad_barge_in_cancels_the_response_and_the_speech_is_the_next_turn
     response = await parts.start_response()
     await parts.apply(parts.output("audio", 0.1, "ab"))
     await parts.apply(parts.output("audio", 0.1, "cd"))
-    parts.responses.acknowledge_playback(AckPlayback(played_ms=100))
+    parts.responses.history.acknowledge_playback(AckPlayback(played_ms=100))
     parts.take_events()
 
     parts.append(loud(64))  # two loud frames: speech starts at 0 (no prefix padding)

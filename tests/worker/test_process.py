@@ -57,9 +57,8 @@ async def test_registers_dispatches_once_and_deregisters():
         assert [m.get("server_event_seq") for m in received] == [None, 1, 2, 3, 4]
         assert (await store.meta("duplex-s1"))["state"] == "closed"
         await pubsub.aclose()
-        assert "duplex-s1" in worker.order.sessions()
-        worker.order.retain(worker.manager.session_ids())  # every heartbeat: closed ones go
-        assert "duplex-s1" not in worker.order.sessions()
+        await worker.publisher.flush()  # its session.closed is in Redis: nothing of it stays
+        assert "duplex-s1" not in worker.table
     finally:
         await worker.stop()
     assert await client.zscore(keys.workers(), "w1") is None

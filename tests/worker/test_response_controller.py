@@ -52,7 +52,7 @@ async def test_a_client_cancel_keeps_what_was_played_and_drops_late_outputs(part
     response = await parts.start_response()
     await parts.apply(parts.output("audio", 0.1, "ab"))
     await parts.apply(parts.output("audio", 0.1, "cd"))
-    parts.responses.acknowledge_playback(AckPlayback(played_ms=150))
+    parts.responses.history.acknowledge_playback(AckPlayback(played_ms=150))
     parts.take_events()
     await parts.responses.advance_epoch("client_cancelled")
     events = parts.take_events()
@@ -119,16 +119,18 @@ async def test_ack_only_history_grows_with_acks_and_truncate_cuts_it(parts):
     await parts.apply(parts.output("done"))
     parts.take_events()
     assert parts.session.conversation.get(response.item_id)["content"][0]["transcript"] == ""
-    parts.responses.acknowledge_playback(AckPlayback(played_ms=200))
+    parts.responses.history.acknowledge_playback(AckPlayback(played_ms=200))
     ack = parts.take_events()[-1].event
     assert (ack["played_ms"], ack["committed_ms"], ack["history_committed"]) == (200, 200, True)
     assert parts.session.conversation.get(response.item_id)["content"][0]["transcript"] == "abcd"
-    parts.responses.truncate_item(TruncateItem(item_id=response.item_id, audio_end_ms=100))
+    parts.responses.history.truncate_item(TruncateItem(item_id=response.item_id, audio_end_ms=100))
     truncated = parts.take_events()[-1]
     assert (truncated.wire_type, truncated.audio_end_ms) == ("conversation.item.truncated", 100)
     assert parts.session.conversation.get(response.item_id)["content"][0]["transcript"] == "ab"
     with pytest.raises(DuplexSessionError) as refused:
-        parts.responses.truncate_item(TruncateItem(item_id=response.item_id, audio_end_ms=300))
+        parts.responses.history.truncate_item(
+            TruncateItem(item_id=response.item_id, audio_end_ms=300)
+        )
     assert refused.value.code == "bad_event"
 
 

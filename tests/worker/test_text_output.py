@@ -88,7 +88,7 @@ async def test_a_response_create_asks_for_text_and_the_stages_audio_is_dropped(p
     assert history["content"] == [{"type": "output_text", "text": "Hello there."}]
     assert parts.port.plans[-1].payload.speak is False  # echo was told: no audio wanted
 
-    parts.responses.acknowledge_playback(AckPlayback(played_ms=0, committed_ms=0))
+    parts.responses.history.acknowledge_playback(AckPlayback(played_ms=0, committed_ms=0))
     acknowledged = parts.take_events()[-1]
     assert acknowledged.event["history_committed"] is True
 

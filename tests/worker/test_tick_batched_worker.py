@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from harness.frame_models import EchoFramePlugin
 from services.worker.plugins import KNOWN_PLUGINS
 from services.worker.process import WorkerProcess
@@ -28,7 +30,8 @@ async def test_a_frame_clocked_worker_admits_by_the_model_slots(redis_server):
     )
     worker = WorkerProcess(settings, handle)
     assert isinstance(worker.plugin, EchoFramePlugin) and worker.plugin.slots == 3
-    assert worker.manager is None  # the model loads in start(), off the event loop
+    with pytest.raises(RuntimeError):  # the model loads in start(), off the event loop
+        _ = worker.manager
     await worker.start()
     try:
         port = worker.manager.port

@@ -276,11 +276,11 @@ async def _barge_in(ctx: SessionContext, command: BargeIn, ticket: CommandTicket
 
 
 async def _ack_playback(ctx: SessionContext, command: AckPlayback, ticket: CommandTicket) -> None:
-    ctx.responses.acknowledge_playback(command)
+    ctx.responses.history.acknowledge_playback(command)
 
 
 async def _truncate_item(ctx: SessionContext, command: TruncateItem, ticket: CommandTicket) -> None:
-    ctx.responses.truncate_item(command)
+    ctx.responses.history.truncate_item(command)
 
 
 # ---------------------------------------------------------------- session and conversation

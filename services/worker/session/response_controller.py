@@ -80,7 +80,7 @@ STAGE_FAILED = "runtime_data_plane_stream_failed"
 PLAN_FAILED = "internal_error"
 
 
-class ResponseController(ResponseHistory):
+class ResponseController:
     def __init__(
         self, session: EngineSession, plugin: DuplexModelPlugin, port: StagePort, emit: Emit
     ) -> None:
@@ -88,6 +88,8 @@ class ResponseController(ResponseHistory):
         self.plugin = plugin
         self.port = port
         self.emit = emit
+        #: what history keeps of the responses, following the playback ledger
+        self.history = ResponseHistory(session, emit)
         self.dropped_stale_outputs = 0
         #: a model-native stream (a frame-clocked plugin): its model starts the responses
         self.native: NativeStream | None = None
@@ -246,7 +248,7 @@ class ResponseController(ResponseHistory):
                 )
             elif session.config.playback_commit_policy != ACK_ONLY:
                 response.playback.committed_ms = response.playback.generated_ms
-            history_item = self.history_item(
+            history_item = self.history.history_item(
                 response, "completed" if status == COMPLETED else "incomplete"
             )
         previous = _previous_or_none(conversation, response.item_id)

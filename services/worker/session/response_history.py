@@ -1,5 +1,5 @@
-"""`ResponseHistory`: what history keeps of a session's responses, the half of the
-`ResponseController` that follows the playback ledger.
+"""`ResponseHistory`: what history keeps of a session's responses, following the playback
+ledger; the `ResponseController` holds one (`responses.history`).
 
 History follows the ledger: a completed (or incomplete) response keeps all it generated
 (under `commit_all_on_done`) or what the client acknowledged (`ack_only`); a cancelled
@@ -11,8 +11,8 @@ into the response's message item.
 A text response has no audio: its ledger stays at 0 ms, so what it generated is all
 committed, whatever the policy; truncating it is refused past 0 ms like any item's audio.
 
-A mixin: it reads the controller's `session` and `emit`, nothing else; every method runs
-on the session's runner task.
+It is given the session and its way out (`emit`), nothing else; every method runs on the
+session's runner task.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from shared.protocol.duplex import (
 
 
 class ResponseHistory:
-    session: EngineSession
-    emit: Callable[[DuplexEvent], None]
+    def __init__(self, session: EngineSession, emit: Callable[[DuplexEvent], None]) -> None:
+        self.session = session
+        self.emit = emit
 
     def acknowledge_playback(self, command: AckPlayback) -> None:
         session = self.session
