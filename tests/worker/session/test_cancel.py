@@ -5,7 +5,7 @@ import asyncio
 from harness.sessions import appends, make_harness, send_all, sine, types
 from plugins.echo import EchoStagePort
 from shared.contracts import StageOutput
-from tests.worker.test_echo_turn import RESPONSE_END
+from tests.worker.session.test_echo_turn import RESPONSE_END
 
 CANCELLED_CHAIN = RESPONSE_END  # a cancel closes what was opened, in the same order
 REAL_TIME = {"extra_body": {"pace": 1}}

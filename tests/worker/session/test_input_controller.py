@@ -11,7 +11,7 @@ from services.worker.session.handlers import dispatch
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from shared.protocol.duplex import AckPlayback, CancelInput, ClearInput
 from tests.worker.session_parts import RATE, SESSION_ID
-from tests.worker.test_echo_turn import COMMIT_FAN_OUT, RESPONSE_END, RESPONSE_START
+from tests.worker.session.test_echo_turn import COMMIT_FAN_OUT, RESPONSE_END, RESPONSE_START
 
 INPUT_TASK = f"session-input:{SESSION_ID}"
 

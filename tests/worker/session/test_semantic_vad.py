@@ -208,7 +208,7 @@ ROW = re.compile(r"\| `(\w+)`[^|]* \| ([\d ]+) ms \| ([\d ]+) ms \| ([\d ]+) ms 
 
 def test_the_documented_table_is_the_one_the_worker_uses():
     """docs/wire-api.md ("Turn detection") states the silences exactly."""
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "wire-api.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "wire-api.md").read_text()
     rows = {}
     for line in doc.splitlines():
         match = ROW.match(line)

@@ -11,7 +11,7 @@ import pytest
 
 from harness.sessions import appends, make_harness, send_all, sine, types
 from shared.protocol.duplex import SURFACE_KEY, SURFACE_OPENAI
-from tests.worker.test_echo_turn import RESPONSE_START
+from tests.worker.session.test_echo_turn import RESPONSE_START
 
 AUTO = {"extra_body": {"pace": 0, "auto_response": True}}
 

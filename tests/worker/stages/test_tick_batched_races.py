@@ -16,7 +16,7 @@ from services.worker.session.checkpoint import read_checkpoint
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.contracts import DuplexFence, StagePlan
 from shared.protocol.duplex import CancelResponse
-from tests.worker.test_native_stream import QUIET, Rig
+from tests.worker.session.test_native_stream import QUIET, Rig
 
 WAIT_S = 5
 

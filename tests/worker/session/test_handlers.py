@@ -32,7 +32,7 @@ from shared.protocol.duplex import (
     TruncateItem,
     UpdateSession,
 )
-from tests.worker.test_echo_turn import COMMIT_FAN_OUT, RESPONSE_END, RESPONSE_START
+from tests.worker.session.test_echo_turn import COMMIT_FAN_OUT, RESPONSE_END, RESPONSE_START
 
 
 async def refused(coro) -> str:

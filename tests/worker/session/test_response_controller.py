@@ -6,7 +6,7 @@ import pytest
 from harness.sessions import types
 from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import AckPlayback, TruncateItem
-from tests.worker.test_echo_turn import RESPONSE_END, RESPONSE_START
+from tests.worker.session.test_echo_turn import RESPONSE_END, RESPONSE_START
 
 AUDIO = ["response.output_audio.delta", "response.output_audio_transcript.delta"]
 #: a response cancelled before its first audio closes only what was opened
