@@ -37,11 +37,10 @@ from typing import Any
 
 from shared.redis.boundary import (
     FORWARDED_KINDS,
-    PACK_KIND,
     ControlNotice,
+    InboxMessage,
     RestoreRequest,
-    message_fields,
-    unpack_entry,
+    decode_entry,
 )
 from shared.redis.keys import KeySchema
 from shared.redis.placement import WorkerDirectory
@@ -69,7 +68,7 @@ class WorkerLoss:
     """One dead worker's sweep: its unhandled inbox entries by session, and the moves."""
 
     dead: str
-    entries: dict[str, list[Fields]] = dataclasses.field(
+    entries: dict[str, list[InboxMessage]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(list)
     )
     last_id: str | None = None  # the last inbox entry read
@@ -80,17 +79,15 @@ class WorkerLoss:
         for entry_id, fields in entries:
             self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
             for message in _messages(entry_id, fields):
-                if message.get(b"k") in FORWARDED_KINDS and b"s" in message:
-                    self.entries[message[b"s"].decode()].append(message)
+                if isinstance(message, FORWARDED_KINDS):
+                    self.entries[message.session_id].append(message)
 
 
-def _messages(entry_id: Any, fields: Fields) -> list[Fields]:
-    """An entry's messages, each as the fields of an entry of its own: an API pod's pack
-    (many sessions' commands) is split, so each session's go to its new worker."""
-    if fields.get(b"k") != PACK_KIND:
-        return [fields]
+def _messages(entry_id: Any, fields: Fields) -> list[InboxMessage]:
+    """An entry's messages: an API pod's entry (many sessions' commands) is split, so each
+    session's go to its new worker."""
     try:
-        return [message_fields(message) for message in unpack_entry(fields)]
+        return decode_entry(fields)
     except Exception:  # no API pod wrote it: nothing of it is forwarded
         log.warning("inbox entry %r of a dead worker does not decode: dropped", entry_id)
         return []

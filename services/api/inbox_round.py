@@ -1,14 +1,14 @@
 """One round of the inbox writer: what is queued, grouped into one entry per worker.
 
 Each queued item is a message for a worker. A round takes items in queue order and gives
-each worker one entry: its messages in that order, packed
-(`shared.redis.inbox_codec.pack_entry`). A command's seq is handed out here,
+each worker one entry: its messages in that order
+(`shared.redis.inbox_codec.encode_entry`). A command's seq is handed out here,
 when its entry is built (`CommandSeq`), not when it was queued: should the inbox's budget
 refuse the entry, its seqs are given back and the attachment's seqs stay contiguous (a gap
 means commands lost in a move to the worker: `input_lost`).
 
 A round stops early rather than give one attachment's commands two entries (a `moved`
-notice between two of its commands), or a worker a second pack: every command of an
+notice between two of its commands), or a worker a second entry: every command of an
 attachment in a round is in one entry, so one refusal gives back a contiguous run of seqs.
 """
 
@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shared.redis.boundary import InboxMessage, entry_bytes, pack_entry
+from shared.redis.boundary import CommandRecord, InboxMessage, encode_entry, entry_bytes
 
 #: at most this much audio in one entry: the rest of a round waits for the next
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
@@ -44,8 +44,8 @@ class Queued:
     worker_id: str
     budgeted: bool
     future: asyncio.Future[None]
-    message: InboxMessage  # packed with the worker's other messages
-    seqs: CommandSeq | None = None  # hands out the message's seq when packed
+    message: InboxMessage  # in one entry with the worker's other messages
+    seqs: CommandSeq | None = None  # hands out the command's seq when its entry is built
     lingers: bool = False  # an append: may wait for others to share its entry
     #: when it was queued (monotonic): what a round cut short leaves behind has lingered
     #: since then, not since the round left
@@ -77,21 +77,14 @@ class Entry:
 
     def seal(self) -> Entry:
         """Hand out the seqs and build the fields."""
-        messages = []
+        messages: list[InboxMessage] = []
         for item in self.items:
             message = item.message
-            if item.seqs is not None:
+            if item.seqs is not None and isinstance(message, CommandRecord):
                 item.seqs.last += 1
-                message = InboxMessage(
-                    message.kind,
-                    message.session_id,
-                    message.attachment,
-                    item.seqs.last,
-                    message.payload,
-                    message.audio,
-                )
+                message = message.with_seq(item.seqs.last)
             messages.append(message)
-        self.fields = pack_entry(messages)
+        self.fields = encode_entry(messages)
         return self
 
     def give_back_seqs(self) -> None:

@@ -4,7 +4,7 @@ A pod carries many sessions each sending 50 appends a second. One inbox entry (o
 `inbox_append.lua` call, a GET, an XADD and an INCRBY in Redis) and one worker read per
 append were most of the Redis commands of a session. Here each round of the writer takes
 what every connection queued and gives each worker **one** entry: the round's messages
-for it, packed in queue order (`services/api/inbox_round.py`), one EVALSHA (one INCRBY, one
+for it, in queue order (`services/api/inbox_round.py`), one EVALSHA (one INCRBY, one
 XADD) each, all in one non-transactional pipeline.
 
 When a round leaves:
@@ -12,7 +12,7 @@ When a round leaves:
   chat...) sends the round at once, with every append queued ahead of it;
 - appends alone wait at most `linger_s` (`DUPLEX_APPEND_LINGER_MS`, 10 ms by default), so
   that many sessions' appends share an entry; 0 sends them at once (the next round leaves
-  as soon as the previous one is back, as before packs existed);
+  as soon as the previous one is back, as before entries held several messages);
 - a round does not leave while the previous one is in flight: what is queued meanwhile
   goes in the next.
 

@@ -23,15 +23,12 @@ from services.api.inbox_writer import CommandSeq, InboxWriter
 from shared.protocol.duplex import DuplexCommand
 from shared.redis.boundary import (
     APPEND_TYPE,
-    COMMAND,
     ChatRequest,
     CloseRequest,
     CommandRecord,
-    InboxMessage,
     InboxRecord,
     OpenRequest,
     TouchRequest,
-    command_payload,
 )
 
 #: client commands that pass a worker's full inbox: small, and what keeps a session alive
@@ -83,9 +80,8 @@ class WorkerClient:
         """Queue a client command; the future settles once it is written (or refused).
         `seq`: the command's seq, or the attachment's `CommandSeq`, which hands it out when
         the command's entry is built (a refused entry gives it back). Appends linger."""
-        payload, audio = command_payload(command)
         fixed = seq if isinstance(seq, int) else 0
-        message = InboxMessage(COMMAND, session_id, attachment, fixed, payload, audio)
+        message = CommandRecord(session_id, attachment, fixed, command)
         return self._inbox.send(
             worker_id,
             message,
@@ -110,7 +106,7 @@ class WorkerClient:
         await self._inbox.stop()
 
     async def _write(self, worker_id: str, record: InboxRecord) -> None:
-        await self._inbox.send(worker_id, record.to_message(), budgeted=budgeted(record))
+        await self._inbox.send(worker_id, record, budgeted=budgeted(record))
 
 
 def budgeted(record: InboxRecord) -> bool:

@@ -1,9 +1,10 @@
 """`InboxReader`: the worker's inbox consumer and its batched acknowledgements.
 
 One consumer task reads the worker's inbox stream with XREADGROUP BLOCK. An entry holds one
-message or a pack of them (`shared.redis.inbox_codec`: an API pod's round, many sessions'
-commands in the order they were queued); each message is dispatched in that order, so every
-session gets its commands in order, across entries too. Commands carry (attachment
+or more typed messages (`shared.redis.inbox_codec`: an API pod's round, many sessions'
+commands in the order they were queued), decoded once; each message is dispatched in that
+order (or, while the worker drains, taken by the drain when its session is moving or moved),
+so every session gets its commands in order, across entries too. Commands carry (attachment
 generation, seq): a redelivered one is dropped by the worker's `CommandOrder`.
 
 Redelivery: after a restart the consumer first reads its own pending entries (from "0"),
@@ -31,7 +32,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from shared.backoff import Backoff
-from shared.redis.boundary import InboxMessage, entry_bytes, message_fields, unpack_entry
+from shared.redis.boundary import InboxMessage, decode_entry, entry_bytes
 from shared.redis.keys import INBOX_GROUP
 from shared.redis.store import SessionStore
 
@@ -135,22 +136,19 @@ class InboxReader:
 
     async def _handle(self, entry_id: Any, fields: Any) -> None:
         try:
-            messages = unpack_entry(fields)
+            messages = decode_entry(fields)
         except Exception:
             log.exception("inbox entry %r does not decode: refused", entry_id)
             return
-        packed = len(messages) > 1
         for message in messages:
             try:
                 drain = self.drain()
-                # the drain forwards a moved session's message, as an entry of its own
-                if drain is not None and await drain.take(
-                    message_fields(message) if packed else fields
-                ):
+                # the drain keeps back or forwards a moving or moved session's messages
+                if drain is not None and await drain.take(message):
                     continue
                 await self.dispatch(message)
             except Exception:
-                log.exception("inbox entry %r (%s) failed", entry_id, message.kind)
+                log.exception("inbox entry %r (%s) failed", entry_id, type(message).__name__)
 
     # ------------------------------------------------------------ acknowledging
 

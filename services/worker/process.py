@@ -47,6 +47,7 @@ from shared.redis.boundary import (
     OpenRequest,
     RestoreRequest,
     TouchRequest,
+    UnknownCommand,
     WorkerRegistration,
 )
 from shared.redis.keys import INBOX_GROUP, KeySchema
@@ -355,10 +356,14 @@ class WorkerProcess:
     async def dispatch(self, message: InboxMessage) -> None:
         sid = message.session_id
         try:
-            match message.record():  # a command is rebuilt as the API validated it
+            match message:  # typed as decoded: a command is the one the API pod validated
                 case CommandRecord() as record:
                     mark = (record.attachment, record.seq)
                     await self.apply_command(sid, mark, record.command)
+                case UnknownCommand(command_type=command_type):  # a newer API pod's
+                    raise RealtimeProtocolError(
+                        "unknown_event", f"unknown client event type {command_type!r}", param="type"
+                    )
                 case OpenRequest(session=session):
                     if self.drain is not None:
                         raise DuplexSessionError(
@@ -376,9 +381,13 @@ class WorkerProcess:
                 case ChatRequest() as request:
                     await self._chat(request)
         except (DuplexSessionError, RealtimeProtocolError) as exc:
-            event_id = (
-                message.payload.get("event_id") if isinstance(message.payload, dict) else None
-            )
+            match message:  # the error answers the command's own event_id
+                case CommandRecord(command=command):
+                    event_id = command.event_id
+                case UnknownCommand(event_id=event_id):
+                    pass
+                case _:
+                    event_id = None
             self._publish_error(sid, exc, event_id)
 
     def _publish_error(

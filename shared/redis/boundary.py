@@ -3,30 +3,28 @@
 API pods and workers meet only in Redis (docs/redis-keys.md); this module is where either side
 turns what it means into what Redis holds, and back:
 
-- `OpenRequest`, `CommandRecord`, `CloseRequest`, `TouchRequest`, `ChatRequest`: entries of
+- `OpenRequest`, `CommandRecord`, `CloseRequest`, `TouchRequest`, `ChatRequest`,
+  `RestoreRequest` (and `UnknownCommand`, a newer API pod's command): the messages of
   `duplex:worker:{WID}:inbox`, written by API pods (closes also by the janitor and the admin
-  CLI), read by the worker. One flat envelope, `InboxMessage` (fields `k s a q p b`), carries
-  them all; `InboxRecord.from_fields` reads any of them back as its typed record. The
-  envelope, packs of several messages in one entry and the command codec are in
-  `shared.redis.inbox_codec` (re-exported here).
+  CLI, restores by a drain or the dead-worker sweep), read by the worker. They are msgspec
+  Structs tagged by their kind, `InboxMessage` is their union, and an entry holds one or
+  more of them: `encode_entry` writes one, `decode_entry` reads one back with one decoder
+  call. Defined in `shared.redis.inbox_codec` (re-exported here).
 - `ChatReply`: the one element of `duplex:reply:{ID}`, worker to API pod.
 - `WorkerRegistration`: the hash `duplex:worker:{WID}`, written by its worker, read by
   placement and `duplex workers`.
 - `ControlNotice`: `!`-prefixed messages on a session's live channel (takeover, moved).
-- `RestoreRequest`: an inbox entry that hands a worker a session from its checkpoint.
 
 Commands cross validated once: the API pod parses and validates a client frame with
-`parse_client_event`, and the worker rebuilds the typed command from the entry's fields with
-its class's own constructor (`rebuild_command`): no parsing, no validation, no base64 a second
-time.
+`parse_client_event`, and the worker gets the typed command msgspec built from the entry's
+JSON and raw audio: no parsing, no validation, no base64 a second time.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any
 
 import orjson
 
@@ -35,24 +33,25 @@ from shared.redis.inbox_codec import (
     CHAT,
     CLOSE,
     COMMAND,
-    INBOX_KINDS,
+    FORWARDED_KINDS,
     MIN_ENTRY_BYTES,
     OPEN,
-    PACK,
-    PACK_KIND,
     RESTORE,
     TOUCH,
+    ChatRequest,
+    CloseRequest,
+    CommandRecord,
     InboxMessage,
-    command_payload,
+    InboxRecord,
+    MalformedEntry,
+    OpenRequest,
+    RestoreRequest,
+    TouchRequest,
+    UnknownCommand,
+    decode_entry,
+    encode_entry,
     entry_bytes,
-    message_fields,
-    pack_entry,
-    rebuild_command,
-    unpack_entry,
 )
-
-if TYPE_CHECKING:
-    from shared.protocol.duplex import DuplexCommand
 
 __all__ = [
     "APPEND_TYPE",
@@ -61,12 +60,9 @@ __all__ = [
     "COMMAND",
     "CONTROL_PREFIX",
     "FORWARDED_KINDS",
-    "INBOX_KINDS",
     "MIN_ENTRY_BYTES",
     "MOVED_KIND",
     "OPEN",
-    "PACK",
-    "PACK_KIND",
     "RESTORE",
     "TAKEOVER",
     "TAKEOVER_KIND",
@@ -78,185 +74,22 @@ __all__ = [
     "ControlNotice",
     "InboxMessage",
     "InboxRecord",
+    "MalformedEntry",
     "OpenRequest",
     "RestoreRequest",
     "TouchRequest",
+    "UnknownCommand",
     "WorkerRegistration",
-    "command_payload",
+    "decode_entry",
+    "encode_entry",
     "entry_bytes",
-    "message_fields",
-    "pack_entry",
-    "rebuild_command",
-    "unpack_entry",
 ]
 
-#: the inbox entries of a moved session that its new worker gets, as read, from the old
-#: inbox (a drain forwarding, the dead-worker sweep replaying): an open is never moved, a
-#: chat belongs to no session, a restore the old worker had not read is superseded
-FORWARDED_KINDS = frozenset({COMMAND.encode(), TOUCH.encode(), CLOSE.encode()})
 #: live-channel messages that start with this byte are control notices, not events
 CONTROL_PREFIX = b"!"
 TAKEOVER_KIND = "takeover"
 TAKEOVER = CONTROL_PREFIX + TAKEOVER_KIND.encode() + b" "
 MOVED_KIND = "moved"
-
-
-# ---------------------------------------------------------------- worker inbox entries
-
-
-class InboxRecord(abc.ABC):
-    """Base of the typed inbox records: each is written as one `InboxMessage`."""
-
-    KIND: ClassVar[str]
-
-    @abc.abstractmethod
-    def to_message(self) -> InboxMessage: ...
-
-    @classmethod
-    @abc.abstractmethod
-    def from_message(cls, message: InboxMessage) -> Self: ...
-
-    def to_fields(self) -> dict[str, bytes | str | int]:
-        return self.to_message().to_fields()
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[bytes, bytes]) -> Self:
-        """The record an entry read from the inbox carries; on a subclass, of that kind only."""
-        record = InboxMessage.from_fields(fields).record()
-        if not isinstance(record, cls):
-            raise ValueError(f"a {type(record).__name__} entry is not a {cls.__name__}")
-        return record
-
-
-@dataclasses.dataclass(frozen=True)
-class OpenRequest(InboxRecord):
-    KIND: ClassVar[str] = OPEN
-    session_id: str
-    session: dict[str, Any]  # the opening session object, with the model the API pod chose
-    attachment: int = 1
-
-    def to_message(self) -> InboxMessage:
-        return InboxMessage(OPEN, self.session_id, self.attachment, 0, {"session": self.session})
-
-    @classmethod
-    def from_message(cls, message: InboxMessage) -> Self:
-        session = message.payload.get("session") or {}
-        return cls(message.session_id, session, message.attachment)
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandRecord(InboxRecord):
-    """A validated client command, with the (attachment, seq) the worker deduplicates on."""
-
-    KIND: ClassVar[str] = COMMAND
-    session_id: str
-    attachment: int
-    seq: int
-    command: DuplexCommand
-
-    @property
-    def command_type(self) -> str:
-        return self.command.TYPE
-
-    def to_message(self) -> InboxMessage:
-        payload, audio = command_payload(self.command)
-        return InboxMessage(COMMAND, self.session_id, self.attachment, self.seq, payload, audio)
-
-    @classmethod
-    def from_message(cls, message: InboxMessage) -> Self:
-        command = rebuild_command(message.payload, message.audio)
-        return cls(message.session_id, message.attachment, message.seq, command)
-
-
-@dataclasses.dataclass(frozen=True)
-class CloseRequest(InboxRecord):
-    KIND: ClassVar[str] = CLOSE
-    session_id: str
-    reason: str = "client_close"  # the session.closed reason
-    attachment: int = 0  # 0: from the janitor or an operator, not from a connection
-
-    def to_message(self) -> InboxMessage:
-        return InboxMessage(CLOSE, self.session_id, self.attachment, 0, {"reason": self.reason})
-
-    @classmethod
-    def from_message(cls, message: InboxMessage) -> Self:
-        reason = message.payload.get("reason", "client_close")
-        return cls(message.session_id, reason, message.attachment)
-
-
-@dataclasses.dataclass(frozen=True)
-class TouchRequest(InboxRecord):
-    """A resumed session's new attachment: the worker refreshes the session's lease."""
-
-    KIND: ClassVar[str] = TOUCH
-    session_id: str
-    attachment: int
-
-    def to_message(self) -> InboxMessage:
-        return InboxMessage(TOUCH, self.session_id, self.attachment)
-
-    @classmethod
-    def from_message(cls, message: InboxMessage) -> Self:
-        return cls(message.session_id, message.attachment)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatRequest(InboxRecord):
-    """`POST /v1/chat/completions`; the worker answers on `duplex:reply:{request_id}`."""
-
-    KIND: ClassVar[str] = CHAT
-    request_id: str
-    messages: list[Any]
-
-    def to_message(self) -> InboxMessage:
-        return InboxMessage(CHAT, self.request_id, payload={"messages": self.messages})
-
-    @classmethod
-    def from_message(cls, message: InboxMessage) -> Self:
-        return cls(message.session_id, message.payload.get("messages") or [])
-
-
-@dataclasses.dataclass(frozen=True)
-class RestoreRequest(InboxRecord):
-    """Take over a session from its checkpoint (`duplex:session:{SID}:checkpoint`): its old
-    worker drained it (`drain`), or the dead-worker sweep re-placed it (`worker_lost`).
-    `owner_generation` is the one owner_move.lua gave this worker: every write is fenced
-    on it."""
-
-    KIND: ClassVar[str] = RESTORE
-    session_id: str
-    owner_generation: int
-    reason: str  # drain | worker_lost
-    from_worker: str = ""
-
-    def to_message(self) -> InboxMessage:
-        payload = {"owner_generation": self.owner_generation, "reason": self.reason}
-        if self.from_worker:
-            payload["from_worker"] = self.from_worker
-        return InboxMessage(RESTORE, self.session_id, payload=payload)
-
-    @classmethod
-    def from_message(cls, message: InboxMessage) -> Self:
-        payload = message.payload
-        return cls(
-            message.session_id,
-            int(payload.get("owner_generation", 0)),
-            str(payload.get("reason", "")),
-            str(payload.get("from_worker", "")),
-        )
-
-
-INBOX_KINDS.update(
-    (record.KIND, record)
-    for record in (
-        OpenRequest,
-        CommandRecord,
-        CloseRequest,
-        TouchRequest,
-        ChatRequest,
-        RestoreRequest,
-    )
-)
 
 
 # ---------------------------------------------------------------- chat replies

@@ -1,224 +1,376 @@
-"""The form a worker's inbox entries have in Redis: one message each, or a pack of them.
+"""The inbox messages and the form an inbox entry has in Redis: one module, one codec.
 
-`InboxMessage` is the flat envelope of every inbox message (fields `k s a q p b`); the typed
-records of `shared.redis.boundary` are written as one. An entry holds one message in those
-fields, or, written by an API pod's round (`services/api/inbox_writer.py`), a **pack**:
-several messages of many sessions bound for the same worker, in the order they were queued.
+Every message of `duplex:worker:{WID}:inbox` is a typed record, a frozen msgspec `Struct`
+tagged by its kind (field `k`): `OpenRequest`, `CommandRecord`, `CloseRequest`,
+`TouchRequest`, `ChatRequest`, `RestoreRequest`; `InboxMessage` is their union. Each has a
+`session_id` (a chat: its request id).
 
-A pack's fields: `k` = `pack`, `m` = the JSON array of its messages' headers, each
-`[kind, session, attachment, seq, payload]`, and `b<i>` = the raw audio of message `i` (only
-those that have audio). One JSON decode per entry reads every header of it.
+An entry, whoever wrote it (an API pod's writer round, a drain or the dead-worker sweep
+forwarding, a handover's restore, `duplex sessions close`), has one shape:
 
-An append's payload is its field form (`AppendAudio.inbox_fields`: a short JSON array, the
-audio beside it, never base64), in a pack and alone: the worker builds the command with
-its class's constructor, with no JSON re-parse or validation of the client's frame. Every
-other command's payload is its canonical wire JSON (what `redis-cli` shows), rebuilt the
-same way (`rebuild_command`).
+- `m`: the JSON array of its messages, in order, e.g.
+  `[{"k":"command","s":"duplex-…","a":1,"q":7,"c":["input_audio_buffer.append",
+  {"event_id":"e1","format":"pcm16","sample_rate_hz":16000}]},{"k":"close","s":…}]`;
+- `b<i>`: the raw audio of message `i` when it is an append (present even when empty;
+  never base64).
 
-Only that rebuild needs the wire codec (and numpy with it): it is imported when a process
-decodes its first command, so the Redis readers (`duplex sessions`, `duplex workers`) never
-load it.
+`decode_entry` reads an entry with **one** msgspec decoder call (`m` as
+`list[<the tagged union>]`): msgspec checks every tag and every field's type, the command
+bodies included, and builds the typed commands. Nothing is checked by hand; an entry that
+does not decode, or an append whose audio field is missing, is refused whole
+(`MalformedEntry`).
+
+A command crosses as `c` = `[wire type, body]`: the body is the command dataclass itself
+(`shared.protocol.duplex`), encoded and decoded by msgspec by its attribute names (no wire
+keys, no reflection of ours, no validation of the client's frame again: the API pod did
+that). An append's body is its validated fields but the audio (`AppendAudio.inbox_fields`,
+named by `INBOX_FIELDS`, trailing defaults left out), its audio is `b<i>`. msgspec cannot
+decode a union of dataclasses, so each command class gets a small tagged wrapper (`c`'s
+array form: the tag first) built from `DUPLEX_COMMANDS`; `CommandRecord` is what callers
+see, its wire form `_CommandWire` is private.
+
+A command of a type this worker does not know (a newer API pod's) does not fail the entry:
+it is read as an `UnknownCommand` (the worker answers `unknown_event`, and forwards it as
+read when its session moved); the rest of the entry is dispatched as usual.
+
+The command classes (the wire codec, and numpy with it) are imported when a process first
+encodes a command or decodes an entry: `duplex sessions close` writes a close without them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import typing
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, Union, cast
 
-import orjson
+import msgspec
+from msgspec import field
 
 if TYPE_CHECKING:
-    from shared.protocol.duplex import DuplexCommand
+    from shared.protocol.duplex import AppendAudio, DuplexCommand
+
+__all__ = [
+    "APPEND_TYPE",
+    "CHAT",
+    "CLOSE",
+    "COMMAND",
+    "FORWARDED_KINDS",
+    "MIN_ENTRY_BYTES",
+    "OPEN",
+    "RESTORE",
+    "TOUCH",
+    "ChatRequest",
+    "CloseRequest",
+    "CommandRecord",
+    "InboxMessage",
+    "InboxRecord",
+    "MalformedEntry",
+    "OpenRequest",
+    "RestoreRequest",
+    "TouchRequest",
+    "UnknownCommand",
+    "decode_entry",
+    "encode_entry",
+    "entry_bytes",
+]
 
 #: what an inbox entry costs the budget at least (a stream entry's own overhead, about):
 #: with it the byte budget of inbox_append.lua also bounds the count of entries (64 MiB /
 #: 640 B is about 100 000), so one counter does both and Redis runs no XLEN per append
 MIN_ENTRY_BYTES = 640
+#: the tags (`k`) of the inbox messages
 OPEN, COMMAND, CLOSE, TOUCH, CHAT = "open", "command", "close", "touch", "chat"
 RESTORE = "restore"
-#: an entry that carries several messages (`pack_entry`)
-PACK = "pack"
-PACK_KIND = PACK.encode()
-#: the one command whose audio travels beside its payload
+#: the one command whose audio travels beside the JSON
 APPEND_TYPE = "input_audio_buffer.append"
-#: fields a command class renders under another wire key (everything else: its own name)
-_WIRE_KEYS: dict[str, dict[str, str]] = {
-    "session.update": {"patch": "session"},
-    "response.create": {"options": "response"},
-}
-Payload = dict[str, Any] | list[Any]  # a list: an append's field form
-#: kind -> the typed record class (`InboxRecord`) it carries; filled by shared.redis.boundary,
-#: which defines them (and is what every reader of the inbox imports)
-INBOX_KINDS: dict[str, Any] = {}
 
 
-@dataclasses.dataclass(frozen=True)
-class InboxMessage:
-    """The flat envelope of every inbox message; the typed records are written as one."""
+class MalformedEntry(ValueError):
+    """An entry no API pod wrote: it is refused whole."""
 
-    kind: str
-    session_id: str
-    attachment: int = 0  # the sender's attachment generation
-    seq: int = 0  # per-attachment command seq: redelivered commands are recognised by it
-    payload: Payload = dataclasses.field(default_factory=dict)
-    audio: bytes = b""
 
-    def to_fields(self) -> dict[str, bytes | str | int]:
-        fields: dict[str, bytes | str | int] = {
-            "k": self.kind,
-            "s": self.session_id,
-            "a": self.attachment,
-            "q": self.seq,
-            "p": orjson.dumps(self.payload),
-        }
-        if self.audio:
-            fields["b"] = self.audio
-        return fields
+class _Tagged(msgspec.Struct, frozen=True, tag_field="k"):
+    """The msgspec configuration every inbox message shares: frozen, tagged by `k`."""
 
-    def header(self) -> list[Any]:
-        """Its header in a pack (`pack_entry`)."""
-        return [self.kind, self.session_id, self.attachment, self.seq, self.payload]
+
+class InboxRecord(_Tagged, frozen=True):
+    """Base of the typed inbox messages."""
+
+    def to_fields(self) -> dict[str, bytes]:
+        """An entry holding this message alone (`encode_entry`)."""
+        return encode_entry([self])  # type: ignore[list-item]
 
     @classmethod
-    def from_fields(cls, fields: Mapping[bytes, bytes]) -> InboxMessage:
-        return cls(
-            kind=fields[b"k"].decode(),
-            session_id=fields[b"s"].decode(),
-            attachment=int(fields.get(b"a", b"0")),
-            seq=int(fields.get(b"q", b"0")),
-            payload=orjson.loads(fields.get(b"p", b"{}")),
-            audio=fields.get(b"b", b""),
-        )
+    def from_fields(cls, fields: Mapping[bytes, bytes]) -> Self:
+        """The one message of an entry, which must be of this class (tests, tools)."""
+        messages = decode_entry(fields)
+        if len(messages) != 1 or not isinstance(messages[0], cls):
+            kinds = ", ".join(type(message).__name__ for message in messages)
+            raise ValueError(f"an entry of {kinds} is not a {cls.__name__}")
+        return messages[0]
 
-    def record(self) -> Any:
-        """The typed record this message carries (a command is rebuilt, not re-validated)."""
-        kind = INBOX_KINDS.get(self.kind)
-        if kind is None:
-            raise ValueError(f"unknown inbox entry kind {self.kind!r}")
-        return kind.from_message(self)
+    @property
+    def audio(self) -> bytes:
+        """The raw audio the message carries beside its JSON (an append's)."""
+        return b""
+
+
+class OpenRequest(InboxRecord, frozen=True, tag=OPEN):
+    session_id: str = field(name="s")
+    session: dict[str, Any]  # the opening session object, with the model the API pod chose
+    attachment: int = field(default=1, name="a")
+
+
+class CommandRecord(InboxRecord, frozen=True, tag=COMMAND):
+    """A validated client command, with the (attachment, seq) the worker deduplicates on.
+    In an entry it is a `_CommandWire` (`c` = `[wire type, body]`)."""
+
+    session_id: str
+    attachment: int
+    seq: int
+    command: DuplexCommand
+
+    @property
+    def command_type(self) -> str:
+        return self.command.TYPE
+
+    @property
+    def audio(self) -> bytes:
+        if self.command.TYPE == APPEND_TYPE:
+            return cast("AppendAudio", self.command).audio
+        return b""
+
+    def with_seq(self, seq: int) -> CommandRecord:
+        """The same command under another seq (the writer hands seqs out late)."""
+        return CommandRecord(self.session_id, self.attachment, seq, self.command)
+
+
+class CloseRequest(InboxRecord, frozen=True, tag=CLOSE):
+    session_id: str = field(name="s")
+    reason: str = "client_close"  # the session.closed reason
+    attachment: int = field(default=0, name="a")  # 0: from the janitor or an operator
+
+
+class TouchRequest(InboxRecord, frozen=True, tag=TOUCH):
+    """A resumed session's new attachment: the worker refreshes the session's lease."""
+
+    session_id: str = field(name="s")
+    attachment: int = field(name="a")
+
+
+class ChatRequest(InboxRecord, frozen=True, tag=CHAT):
+    """`POST /v1/chat/completions`; the worker answers on `duplex:reply:{request_id}`."""
+
+    request_id: str = field(name="s")
+    messages: list[Any]
+
+    @property
+    def session_id(self) -> str:
+        """A chat belongs to no session: its request id stands in (a drain passes it by)."""
+        return self.request_id
+
+
+class RestoreRequest(InboxRecord, frozen=True, tag=RESTORE):
+    """Take over a session from its checkpoint (`duplex:session:{SID}:checkpoint`): its old
+    worker drained it (`drain`), or the dead-worker sweep re-placed it (`worker_lost`).
+    `owner_generation` is the one owner_move.lua gave this worker: every write is fenced
+    on it."""
+
+    session_id: str = field(name="s")
+    owner_generation: int
+    reason: str  # drain | worker_lost
+    from_worker: str = ""
+
+
+class UnknownCommand(InboxRecord, frozen=True, tag=COMMAND):
+    """A command whose wire type this worker does not know (a newer API pod wrote it): it is
+    refused with `unknown_event`, and forwarded as read when its session moved."""
+
+    session_id: str = field(name="s")
+    attachment: int = field(name="a")
+    seq: int = field(name="q")
+    body: tuple[str, dict[str, Any]] = field(name="c")
+
+    @property
+    def command_type(self) -> str:
+        return self.body[0]
+
+    @property
+    def event_id(self) -> str | None:
+        event_id = self.body[1].get("event_id")
+        return event_id if isinstance(event_id, str) else None
+
+
+InboxMessage = (
+    OpenRequest
+    | CommandRecord
+    | CloseRequest
+    | TouchRequest
+    | ChatRequest
+    | RestoreRequest
+    | UnknownCommand
+)
+#: the messages of a moved session that its new worker gets, as read, from the old inbox
+#: (a drain forwarding, the dead-worker sweep replaying): an open is never moved, a chat
+#: belongs to no session, a restore the old worker had not read is superseded
+FORWARDED_KINDS: tuple[type[InboxRecord], ...] = (
+    CommandRecord,
+    UnknownCommand,
+    TouchRequest,
+    CloseRequest,
+)
+
+
+# ---------------------------------------------------------------- the wire form of commands
+
+_Body = TypeVar("_Body")
+
+
+class _CommandWire(_Tagged, Generic[_Body], frozen=True, tag=COMMAND):
+    """A `CommandRecord` in an entry: `c` is `[wire type, body]`. Decoded with `_Body` the
+    union of the command classes' wrappers, so msgspec builds the typed command itself."""
+
+    session_id: str = field(name="s")
+    attachment: int = field(name="a")
+    seq: int = field(name="q")
+    body: _Body = field(name="c")
+
+
+class _CommandBody(msgspec.Struct, frozen=True, array_like=True):
+    """`[wire type, command]`: one subclass per command class, tagged by its wire type."""
+
+    command: Any
+
+
+class _Codec:
+    """The decoders, and each command class's wrapper; built once (`_codec`)."""
+
+    def __init__(self) -> None:
+        from shared.protocol.duplex import DUPLEX_COMMANDS
+        from shared.protocol.duplex.commands import INBOX_FIELDS
+
+        self.append_fields = INBOX_FIELDS
+        self.bodies = {
+            wire_type: msgspec.defstruct(
+                f"{cls.__name__}Body",
+                [("command", cls)],
+                bases=(_CommandBody,),
+                tag=wire_type,
+                frozen=True,
+                module=__name__,
+            )
+            for wire_type, cls in DUPLEX_COMMANDS.items()
+        }
+        self.append_body = self.bodies[APPEND_TYPE]
+        bodies = Union[tuple(self.bodies.values())]  # noqa: UP007 (a union built at run time)
+        others = (OpenRequest, CloseRequest, TouchRequest, ChatRequest, RestoreRequest)
+        wire = Union[(_CommandWire[bodies], *others)]
+        #: the one call per entry
+        self.entry = msgspec.json.Decoder(list[wire])
+        # only for an entry `entry` refused: which of its messages failed, and whether that
+        # is a command of a type unknown here (read as an UnknownCommand) or a bad entry
+        self.raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+        self.one = msgspec.json.Decoder(wire)
+        self.unknown = msgspec.json.Decoder(Union[(UnknownCommand, *others)])
+
+
+@functools.cache
+def _codec() -> _Codec:
+    return _Codec()
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+# ---------------------------------------------------------------- entries
+
+
+def encode_entry(messages: Sequence[InboxMessage]) -> dict[str, bytes]:
+    """One entry holding `messages`, in their order: `m` and the appends' `b<i>`."""
+    fields: dict[str, bytes] = {"m": b""}
+    wire: list[Any] = []
+    for index, message in enumerate(messages):
+        if type(message) is CommandRecord:
+            command = message.command
+            body: Any = command
+            if command.TYPE == APPEND_TYPE:
+                # the audio travels raw beside the JSON: its validated fields are the body
+                append = cast("AppendAudio", command)
+                body = dict(zip(_codec().append_fields, append.inbox_fields(), strict=False))
+                fields[f"b{index}"] = append.audio
+            wire.append(
+                _CommandWire(
+                    message.session_id, message.attachment, message.seq, (command.TYPE, body)
+                )
+            )
+        else:
+            wire.append(message)
+    fields["m"] = _ENCODER.encode(wire)
+    return fields
+
+
+def decode_entry(fields: Mapping[bytes, bytes]) -> list[InboxMessage]:
+    """The messages of an entry read from an inbox (bytes keys, as XREADGROUP returns
+    them), in order. Raises `MalformedEntry` for an entry no API pod wrote."""
+    codec = _codec()
+    try:
+        data = fields[b"m"]
+    except KeyError:
+        raise MalformedEntry("the entry has no messages (`m`)") from None
+    try:
+        wire = codec.entry.decode(data)
+    except msgspec.ValidationError as exc:
+        wire = _decode_each(codec, data, exc)
+    except msgspec.DecodeError as exc:
+        raise MalformedEntry(f"the entry's messages are not JSON: {exc}") from None
+    messages: list[InboxMessage] = []
+    for index, message in enumerate(wire):
+        if type(message) is _CommandWire:
+            body = message.body
+            command = body.command
+            if type(body) is codec.append_body:
+                audio = fields.get(b"b%d" % index)
+                if audio is None:
+                    raise MalformedEntry(f"message {index} is an append without its audio")
+                command.audio = audio  # decoded just now: nobody else holds it yet
+            message = CommandRecord(message.session_id, message.attachment, message.seq, command)
+        messages.append(message)
+    return messages
+
+
+def _decode_each(codec: _Codec, data: bytes, refused: msgspec.ValidationError) -> list[Any]:
+    """The entry's messages one by one, after the entry as a whole did not decode: a command
+    of a type unknown here is read as an `UnknownCommand`; anything else refuses the entry."""
+    try:
+        raws = codec.raw_list.decode(data)
+    except msgspec.DecodeError:
+        raise MalformedEntry(f"the entry does not decode: {refused}") from None
+    wire: list[Any] = []
+    for raw in raws:
+        try:
+            wire.append(codec.one.decode(raw))
+            continue
+        except msgspec.ValidationError:
+            pass
+        try:
+            unknown = codec.unknown.decode(raw)
+        except msgspec.ValidationError:
+            unknown = None
+        if not isinstance(unknown, UnknownCommand) or unknown.command_type in codec.bodies:
+            raise MalformedEntry(f"the entry does not decode: {refused}") from None
+        wire.append(unknown)
+    return wire
 
 
 def entry_bytes(fields: Mapping[Any, Any]) -> int:
-    """What an inbox entry costs the inbox's budget: its payload (`p`, or a pack's headers
-    `m`) and its audio (`b`, `b<i>`), and at least MIN_ENTRY_BYTES.
+    """What an inbox entry costs the inbox's budget: its messages (`m`) and its audio
+    (`b<i>`), and at least MIN_ENTRY_BYTES.
 
     The API counts it from the fields it writes (str keys), the worker from the fields it
     reads (bytes keys): both must agree, so only those byte fields count."""
     size = 0
     for key, value in fields.items():
         name = key.decode() if isinstance(key, bytes) else key
-        if name in ("p", "m") or name.startswith("b"):
+        if name == "m" or name.startswith("b"):
             size += len(value)
     return max(size, MIN_ENTRY_BYTES)
-
-
-def pack_entry(messages: Sequence[InboxMessage]) -> dict[str, bytes | str | int]:
-    """One entry for `messages`, in their order: a lone message is written as itself."""
-    if len(messages) == 1:
-        return messages[0].to_fields()
-    fields: dict[str, bytes | str | int] = {
-        "k": PACK,
-        "m": orjson.dumps([message.header() for message in messages]),
-    }
-    for index, message in enumerate(messages):
-        if message.audio:
-            fields[f"b{index}"] = message.audio
-    return fields
-
-
-def unpack_entry(fields: Mapping[bytes, bytes]) -> list[InboxMessage]:
-    """The messages of an entry read from an inbox, in order. Raises ValueError (or
-    KeyError, TypeError) for an entry no API pod wrote: the whole entry is refused."""
-    if fields.get(b"k") != PACK_KIND:
-        return [InboxMessage.from_fields(fields)]
-    headers = orjson.loads(fields[b"m"])
-    if not isinstance(headers, list):
-        raise ValueError("a pack's headers are not a list")
-    messages = []
-    for index, header in enumerate(headers):
-        if not isinstance(header, list) or len(header) != 5:
-            raise ValueError(f"header {index} of a pack is not [k, s, a, q, p]")
-        kind, session_id, attachment, seq, payload = header
-        if not (
-            isinstance(kind, str)
-            and isinstance(session_id, str)
-            and type(attachment) is int
-            and type(seq) is int
-            and isinstance(payload, dict | list)
-        ):
-            raise ValueError(f"header {index} of a pack has fields of the wrong types")
-        audio = fields.get(b"b%d" % index, b"")
-        messages.append(InboxMessage(kind, session_id, attachment, seq, payload, audio))
-    return messages
-
-
-def message_fields(message: InboxMessage) -> dict[bytes, bytes]:
-    """A message as the fields of an entry of its own, as XREADGROUP returns them (bytes
-    keys and values): what a drain forwards to the session's new worker."""
-    return {
-        key.encode(): value if isinstance(value, bytes) else str(value).encode()
-        for key, value in message.to_fields().items()
-    }
-
-
-# ---------------------------------------------------------------- commands
-
-
-def command_payload(command: DuplexCommand) -> tuple[Payload, bytes]:
-    """A validated command's payload and its raw audio (the API pod's side)."""
-    if command.TYPE == APPEND_TYPE:
-        # the audio travels raw beside the field form: rendering it would base64-encode
-        # it only for it to be dropped
-        return command.inbox_fields(), command.audio  # type: ignore[attr-defined]
-    return command.to_dict(), b""
-
-
-def _command_classes() -> dict[str, type[DuplexCommand]]:
-    from shared.protocol.duplex import DUPLEX_COMMANDS  # the codec: only where commands decode
-
-    return DUPLEX_COMMANDS
-
-
-@functools.cache
-def _constructor_fields(cls: type[DuplexCommand]) -> tuple[tuple[str, str, bool], ...]:
-    """For each field of a command class but its audio: (name, wire key, is a tuple)."""
-    hints = typing.get_type_hints(cls)
-    keys = _WIRE_KEYS.get(cls.TYPE, {})
-    return tuple(
-        (f.name, keys.get(f.name, f.name), typing.get_origin(hints[f.name]) is tuple)
-        for f in dataclasses.fields(cls)
-        if f.name != "audio"
-    )
-
-
-def rebuild_command(payload: Payload, audio: bytes = b"") -> DuplexCommand:
-    """The command `command_payload` wrote, rebuilt with its class's constructor.
-
-    Trusted: the API pod validated it, so nothing is checked again; a field the payload does
-    not carry (the codec leaves out None and empty extras) takes the class's default."""
-    classes = _command_classes()
-    if isinstance(payload, list):  # an append's field form
-        return classes[APPEND_TYPE].from_inbox_fields(payload, audio)  # type: ignore[attr-defined]
-    wire_type = payload.get("type")
-    cls = classes.get(wire_type) if isinstance(wire_type, str) else None
-    if cls is None:  # a newer API pod's command, say: refused as the client's would be
-        from shared.protocol.duplex import RealtimeProtocolError
-
-        event_id = payload.get("event_id")
-        raise RealtimeProtocolError(
-            "unknown_event",
-            f"unknown client event type {wire_type!r}",
-            param="type",
-            related_event_id=event_id if isinstance(event_id, str) else None,
-        )
-    kwargs = {
-        name: tuple(payload[key]) if as_tuple else payload[key]
-        for name, key, as_tuple in _constructor_fields(cls)
-        if key in payload
-    }
-    if audio:
-        kwargs["audio"] = audio
-    return cls(**kwargs)

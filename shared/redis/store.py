@@ -12,7 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import CodedError
 from shared.ids import now_ms, token_digest
-from shared.redis.boundary import entry_bytes
+from shared.redis.boundary import InboxMessage, encode_entry, entry_bytes
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.live_message import (
     LiveRecord,
@@ -330,19 +330,38 @@ class SessionStore:
         return _text(worker) if worker else None
 
     async def inbox_append(self, worker_id: str, fields: Mapping[str, Any]) -> None:
-        """One control message (close) to a worker's inbox, outside its budget but counted
-        in it, like the API's pipelined commands (services/api/inbox_writer.py)."""
+        """One entry (`record.to_fields()`, `encode_entry`) to a worker's inbox: a close, a
+        restore, forwarded messages. Outside its budget but counted in it, like the API's
+        pipelined commands (services/api/inbox_writer.py)."""
         args: list[Any] = [0, entry_bytes(fields)]
         for name, value in fields.items():
             args += [name, value]
         keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
         await self.scripts.inbox_append(self.client, keys, args)
 
-    async def inbox_forward(self, worker_id: str, entries: Sequence[Mapping[bytes, Any]]) -> None:
-        """Entries read from another worker's inbox, written to this one's unchanged (their
-        (attachment, seq) marks with them), in order: the commands of a moved session."""
-        for fields in entries:
-            await self.inbox_append(worker_id, {_text(k): v for k, v in fields.items()})
+    async def inbox_forward(
+        self,
+        worker_id: str,
+        messages: Sequence[InboxMessage],
+        *,
+        max_messages: int = 512,
+        max_audio: int = 4 * 1024 * 1024,
+    ) -> None:
+        """Messages read from another worker's inbox, written to this one's as they were
+        read (their (attachment, seq) marks with them), in order: the commands of a moved
+        session. In as few entries as the limits allow (at most what an API pod's writer
+        round puts in one: services/api/inbox_round.py)."""
+        batch: list[InboxMessage] = []
+        size = 0
+        for message in messages:
+            audio = len(message.audio)
+            if batch and (len(batch) >= max_messages or size + audio > max_audio):
+                await self.inbox_append(worker_id, encode_entry(batch))
+                batch, size = [], 0
+            batch.append(message)
+            size += audio
+        if batch:
+            await self.inbox_append(worker_id, encode_entry(batch))
 
     async def inbox_ack(
         self, worker_id: str, handled: Sequence[tuple[Any, int]], *, check_empty: bool = True

@@ -24,6 +24,7 @@ from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import OutputQueue
 from services.api.worker_client import WorkerClient
+from shared.redis.boundary import InboxMessage, decode_entry
 from shared.redis.keys import KeySchema
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore, token_digest
@@ -58,13 +59,13 @@ class ScriptedWorkers(WorkerClient):
 
 
 class RecordingInbox(InboxWriter):
-    """An inbox that records what it is given (worker, fields, budgeted) and writes nothing;
-    `refuse` makes it refuse budgeted entries, as a full inbox does."""
+    """An inbox that records what it is given (worker, message, budgeted) and writes
+    nothing; `refuse` makes it refuse budgeted entries, as a full inbox does."""
 
     def __init__(self, refuse: bool = False) -> None:
         super().__init__(client=None)
         self.refuse = refuse
-        self.appended: list[tuple[str, dict[str, Any], bool]] = []
+        self.appended: list[tuple[str, InboxMessage, bool]] = []
 
     async def append(self, worker_id: str, fields: dict[str, Any], *, budgeted: bool = True):
         if self.refuse and budgeted:
@@ -79,8 +80,8 @@ class RecordingInbox(InboxWriter):
             return future
         if seqs is not None:
             seqs.last += 1
-            message = dataclasses.replace(message, seq=seqs.last)
-        self.appended.append((worker_id, message.to_fields(), budgeted))
+            message = message.with_seq(seqs.last)
+        self.appended.append((worker_id, message, budgeted))
         future.set_result(None)
         return future
 
@@ -191,5 +192,8 @@ async def publish(store: SessionStore, sid: str, *types: str, **journal: int) ->
     return await store.publish(sid, items, **{**JOURNAL, **journal})
 
 
-async def inbox(client: Any, worker_id: str) -> list[dict[bytes, bytes]]:
-    return [fields for _, fields in await client.xrange(KEYS.inbox(worker_id))]
+async def inbox(client: Any, worker_id: str) -> list[InboxMessage]:
+    """The messages of a worker's inbox, in order, as the worker decodes them."""
+    return [
+        m for _, fields in await client.xrange(KEYS.inbox(worker_id)) for m in decode_entry(fields)
+    ]

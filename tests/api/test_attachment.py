@@ -19,6 +19,7 @@ from services.api.attachment import (
 from services.api.inbox_writer import InboxFull, InboxWriter
 from services.api.live import CATCH_UP, LiveFeed
 from shared.protocol.duplex import AppendAudio, Commit, Heartbeat, SessionResume
+from shared.redis.boundary import CloseRequest, OpenRequest, TouchRequest
 from shared.redis.store import PublishItem
 from tests.api.parts import (
     JOURNAL,
@@ -130,8 +131,7 @@ async def test_the_walk_goes_on_to_the_next_worker_when_the_first_is_full(parts)
     assert attachment.resumable is True and attachment.live is True
     for worker in (first, second):  # each was asked once, with the session object
         [entry] = await inbox(parts.client, worker)
-        assert entry[b"k"] == b"open" and entry[b"s"] == sid.encode() and entry[b"a"] == b"1"
-        assert orjson.loads(entry[b"p"]) == {"session": {"voice": "x", "model": "echo"}}
+        assert entry == OpenRequest(sid, {"voice": "x", "model": "echo"}, 1)
     meta = await parts.store.meta(sid)  # the refused worker's hash was deleted, then re-made
     assert (meta["worker"], meta["state"], meta["pod"]) == (second, "opening", POD)
     assert orjson.loads(meta["config"]) == {"voice": "x", "model": "echo"}
@@ -171,7 +171,7 @@ async def test_when_every_worker_is_full_nothing_is_left_behind(parts):
     )
     assert await parts.client.keys(KEYS.session("*")) == []  # hashes deleted
     assert await api_sessions(parts) == set()
-    sid = (await inbox(parts.client, "w1"))[0][b"s"].decode()
+    sid = (await inbox(parts.client, "w1"))[0].session_id
     assert not parts.hub.listening(KEYS.live(sid)) and parts.liveness.attached == {}
     await attachment.release()  # nothing left to release
     assert attachment.state is S.RELEASED
@@ -325,7 +325,7 @@ async def test_a_resume_takes_the_lease_over_and_tells_the_old_socket(parts):
     await listener.aclose()
     await attachment.touch()  # the worker hears it has a socket again
     [touch] = await inbox(parts.client, "worker-a")
-    assert (touch[b"k"], touch[b"s"], touch[b"a"]) == (b"touch", b"duplex-r", b"2")
+    assert touch == TouchRequest("duplex-r", 2)
     assert attachment.taken_over(2) is False  # its own notice
     assert attachment.taken_over(3) is True and attachment.state is S.REPLACED
 
@@ -344,9 +344,9 @@ async def test_commands_carry_the_attachment_and_a_seq_and_a_heartbeat_touches_t
     assert (meta["state"], meta["pod"]) == ("active", POD)
     assert await parts.client.zscore(KEYS.leases(), "duplex-r") is None
     await attachment.command(Heartbeat(event_id="h2"))
-    assert [(e[b"a"], e[b"q"]) for e in await inbox(parts.client, "worker-a")] == [
-        (b"2", b"1"),
-        (b"2", b"2"),
+    assert [(e.attachment, e.seq) for e in await inbox(parts.client, "worker-a")] == [
+        (2, 1),
+        (2, 2),
     ]
     assert await publish(parts.store, "duplex-r", "a", "b") == [1, 2]
     assert await attachment.acknowledge(2) is True
@@ -394,10 +394,10 @@ async def test_a_command_the_full_inbox_refused_does_not_consume_its_seq():
         await attachment.command(AppendAudio(audio=b"\x00" * 64, event_id="a4"))
         await attachment.command(Heartbeat(event_id="h5"))
         entries = await inbox(parts.client, "worker-a")
-        assert [(e[b"q"], orjson.loads(e[b"p"])["event_id"]) for e in entries] == [
-            (b"1", "h1"),
-            (b"2", "h2"),
-            (b"3", "h5"),  # the seq FailingOnce refused was never handed out
+        assert [(e.seq, e.command.event_id) for e in entries] == [
+            (1, "h1"),
+            (2, "h2"),
+            (3, "h5"),  # the seq FailingOnce refused was never handed out
         ]
         assert [(e.code, e.related_event_id) for e in heard] == [
             ("input_backpressure", "big"),
@@ -420,7 +420,7 @@ async def test_a_resume_routes_to_the_owner_the_hash_names(parts):
     await attachment.touch()
     assert await inbox(parts.client, "worker-a") == []
     [touch] = await inbox(parts.client, "worker-b")
-    assert (touch[b"k"], touch[b"a"]) == (b"touch", b"2")
+    assert touch == TouchRequest("duplex-r", 2)
 
 
 async def test_a_move_routes_commands_when_its_owner_generation_is_newer(parts):
@@ -478,8 +478,7 @@ async def test_release_closes_a_session_whose_created_never_reached_its_client(p
     await attachment.release()
     assert attachment.state is S.RELEASED
     close = (await inbox(parts.client, "w1"))[-1]
-    assert (close[b"k"], close[b"s"], close[b"a"]) == (b"close", sid.encode(), b"1")
-    assert orjson.loads(close[b"p"]) == {"reason": "session_created_undelivered"}
+    assert close == CloseRequest(sid, "session_created_undelivered", 1)
 
 
 async def test_release_closes_a_session_that_cannot_resume(parts):
@@ -488,7 +487,7 @@ async def test_release_closes_a_session_that_cannot_resume(parts):
     assert attachment.state is S.ATTACHED
     await attachment.release()
     close = (await inbox(parts.client, "w1"))[-1]
-    assert orjson.loads(close[b"p"]) == {"reason": "disconnect"}
+    assert isinstance(close, CloseRequest) and close.reason == "disconnect"
     assert (await parts.store.meta(attachment.session_id))["state"] == "opening"  # no detach
 
 
@@ -505,7 +504,7 @@ async def test_release_of_an_ended_or_replaced_session_writes_nothing(parts, end
     assert attachment.live is False
     await attachment.release()
     assert attachment.state is S.RELEASED
-    assert [e[b"k"] for e in await inbox(parts.client, "w1")] == [b"open"]
+    assert [type(e) for e in await inbox(parts.client, "w1")] == [OpenRequest]
     assert await api_sessions(parts) == set()
     attachment.created_delivered()  # a late write of the writer changes nothing either
     assert attachment.state is S.RELEASED
@@ -533,6 +532,6 @@ async def test_a_socket_gone_while_a_worker_considers_the_open_closes_it_there(p
     await attachment.release()
     assert attachment.state is S.RELEASED
     open_entry, close = await inbox(parts.client, "w1")
-    assert (open_entry[b"k"], close[b"k"], close[b"s"]) == (b"open", b"close", sid.encode())
-    assert orjson.loads(close[b"p"]) == {"reason": "session_created_undelivered"}
+    assert isinstance(open_entry, OpenRequest) and isinstance(close, CloseRequest)
+    assert (close.session_id, close.reason) == (sid, "session_created_undelivered")
     assert await api_sessions(parts) == set() and not parts.hub.listening(KEYS.live(sid))

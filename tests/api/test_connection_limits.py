@@ -9,6 +9,7 @@ import pytest
 from services.api.connection import RealtimeConnection
 from services.api.live import LiveFeed
 from shared.protocol.duplex import SessionResume
+from shared.redis.boundary import CloseRequest, CommandRecord
 from tests.api.parts import RecordingInbox, active_session, make_parts
 
 
@@ -64,7 +65,7 @@ async def test_an_append_over_the_pending_input_limit_never_reaches_the_worker(p
     assert error["error"]["code"] == "input_backpressure"
     assert error["error"]["event_id"] == "big"
     assert len(parts.inbox.appended) == 1  # only the one that fits was written
-    assert parts.inbox.appended[0][1]["b"] == b"\x00" * 1000
+    assert parts.inbox.appended[0][1].audio == b"\x00" * 1000
 
 
 async def test_a_full_inbox_refuses_appends_with_a_retryable_error_but_not_control(parts_of):
@@ -81,14 +82,14 @@ async def test_a_full_inbox_refuses_appends_with_a_retryable_error_but_not_contr
     await conn.attachment.close("output_overflow")
     # what keeps a session alive or stops it always gets through to a flooded worker
     kinds = [
-        (fields["k"], orjson.loads(fields["p"]).get("type"), fields["q"])
-        for _, fields, _ in parts.inbox.appended
+        (type(m), getattr(m, "command_type", None), getattr(m, "seq", 0))
+        for _, m, _ in parts.inbox.appended
     ]
     assert kinds == [
-        ("command", "session.heartbeat", 1),  # the refused append gave its seq back
-        ("command", "response.cancel", 2),
-        ("command", "session.close", 3),
-        ("close", None, 0),
+        (CommandRecord, "session.heartbeat", 1),  # the refused append gave its seq back
+        (CommandRecord, "response.cancel", 2),
+        (CommandRecord, "session.close", 3),
+        (CloseRequest, None, 0),
     ]
     assert await queued(conn) == []
 
@@ -113,7 +114,7 @@ async def test_a_large_frame_is_parsed_off_the_event_loop(monkeypatch, parts_of)
     await conn._handle_frame(append_frame(large, "large"))
     loop_thread = threading.get_ident()
     assert threads[0] == loop_thread and threads[1] != loop_thread
-    assert [fields["b"] for _, fields, _ in parts.inbox.appended] == [small, large]  # in order
+    assert [m.audio for _, m, _ in parts.inbox.appended] == [small, large]  # in order
 
 
 async def test_a_frame_parsed_while_its_socket_was_taken_over_is_dropped(monkeypatch, parts_of):

@@ -9,7 +9,7 @@ import pytest
 from services.api.attachment import AttachmentState
 from services.api.live import CATCH_UP, LiveFeed
 from shared.protocol.duplex import Heartbeat, SessionResume
-from shared.redis.boundary import ControlNotice
+from shared.redis.boundary import CloseRequest, CommandRecord, ControlNotice
 from tests.api.parts import KEYS, active_session, inbox, make_parts, publish
 
 SID = "duplex-d"
@@ -165,10 +165,8 @@ async def test_an_overflowing_client_hears_why_and_the_worker_is_asked_once_to_c
     assert [e.get("delta") for e in queued[:2]] == ["0", "1"]
     assert queued[2]["error"]["code"] == "output_overflow"
     assert queued[2]["error"]["message"] == "the client reads too slowly; the session is closed"
-    closes = [e for e in await inbox(parts.client, "worker-a") if e[b"k"] == b"close"]
-    assert [(e[b"s"], e[b"a"], orjson.loads(e[b"p"])) for e in closes] == [
-        (SID.encode(), b"2", {"reason": "output_overflow"})
-    ]
+    closes = [e for e in await inbox(parts.client, "worker-a") if isinstance(e, CloseRequest)]
+    assert closes == [CloseRequest(SID, "output_overflow", 2)]
     assert parts.metrics.errors.labels("output_overflow")._value.get() == 1
     assert attachment.state is AttachmentState.ATTACHED  # the worker's session.closed ends it
 
@@ -177,7 +175,7 @@ async def heartbeat_inboxes(parts, attachment, *workers: str) -> dict[str, list]
     """Send a heartbeat; each worker's inbox as (kind, attachment, seq)."""
     await attachment.command(Heartbeat(event_id="h"))
     return {
-        worker: [(e[b"k"], e[b"a"], e[b"q"]) for e in await inbox(parts.client, worker)]
+        worker: [(type(e), e.attachment, e.seq) for e in await inbox(parts.client, worker)]
         for worker in workers
     }
 
@@ -190,7 +188,7 @@ async def test_a_moved_notice_routes_the_commands_to_the_new_worker(parts):
     await parts.hub.start()
     attachment, delivery = await attached(parts)
     assert await heartbeat_inboxes(parts, attachment, "worker-a") == {
-        "worker-a": [(b"command", b"2", b"1")]
+        "worker-a": [(CommandRecord, 2, 1)]
     }
     pump = asyncio.create_task(delivery.pump())
     for notice in (
@@ -203,8 +201,8 @@ async def test_a_moved_notice_routes_the_commands_to_the_new_worker(parts):
     assert await taken(delivery, 1) == [("rate_limits.updated", None)]  # no notice is sent
     assert (attachment.worker_id, attachment.owner_generation) == ("worker-b", 2)
     assert await heartbeat_inboxes(parts, attachment, "worker-a", "worker-b", "worker-c") == {
-        "worker-a": [(b"command", b"2", b"1")],
-        "worker-b": [(b"command", b"2", b"2")],  # the seqs go on: the worker orders by them
+        "worker-a": [(CommandRecord, 2, 1)],
+        "worker-b": [(CommandRecord, 2, 2)],  # the seqs go on: the worker orders by them
         "worker-c": [],
     }
     assert attachment.state is AttachmentState.ATTACHED and len(delivery.queue) == 0
@@ -223,7 +221,7 @@ async def test_catch_up_reads_the_owner_from_the_hash_when_a_moved_notice_was_lo
     assert (attachment.worker_id, attachment.owner_generation) == ("worker-b", 2)
     assert await heartbeat_inboxes(parts, attachment, "worker-a", "worker-b") == {
         "worker-a": [],
-        "worker-b": [(b"command", b"2", b"1")],
+        "worker-b": [(CommandRecord, 2, 1)],
     }
     delivery.feed.push(ControlNotice.moved(2, "worker-c").to_bytes())  # its notice, late
     delivery.feed.push(MARKER)

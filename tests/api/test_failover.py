@@ -20,10 +20,12 @@ from shared.redis.boundary import (
     ChatRequest,
     CloseRequest,
     CommandRecord,
+    InboxMessage,
     InboxRecord,
     OpenRequest,
     RestoreRequest,
     TouchRequest,
+    decode_entry,
 )
 from shared.redis.connection import RedisHandle
 from shared.redis.placement import WorkerDirectory
@@ -84,12 +86,18 @@ async def to_inbox(janitor, worker_id: str, *records: InboxRecord) -> None:
         await janitor.store.inbox_append(worker_id, record.to_fields())
 
 
-async def entries(client, worker_id: str, session_id: str | None = None) -> list[dict]:
+async def entries(client, worker_id: str, session_id: str | None = None) -> list[InboxMessage]:
+    """The inbox's messages (of one session), in order."""
     return [
-        fields
+        message
         for _, fields in await client.xrange(KEYS.inbox(worker_id))
-        if session_id is None or fields[b"s"] == session_id.encode()
+        for message in decode_entry(fields)
+        if session_id is None or message.session_id == session_id
     ]
+
+
+def marks(messages: list[InboxMessage]) -> list[tuple[str, int]]:
+    return [(type(m).__name__, getattr(m, "seq", 0)) for m in messages]
 
 
 async def journal_types(janitor, session_id: str) -> list[str]:
@@ -147,16 +155,14 @@ async def test_a_dead_workers_sessions_with_a_checkpoint_go_on_on_a_live_worker(
         assert (meta["moved_from"], meta["moved_why"]) == (DEAD, "worker_lost")
         assert await journal_types(janitor, session_id) == ["conversation.item.done"]
         [restore, *forwarded] = await entries(client, "w-live", session_id)
-        assert RestoreRequest.from_fields(restore) == RestoreRequest(
-            session_id, 2, "worker_lost", DEAD
-        )
-        # the entries the dead worker never handled, in order, fields as they were
-        assert forwarded == [e for e in unread[session_id] if e[b"k"] != b"restore"]
-    assert [(e[b"k"], e[b"q"]) for e in await entries(client, "w-live", active)] == [
-        (b"restore", b"0"),
-        (b"command", b"7"),
-        (b"command", b"8"),
-        (b"touch", b"0"),
+        assert restore == RestoreRequest(session_id, 2, "worker_lost", DEAD)
+        # the messages the dead worker never handled, in order, as they were
+        assert forwarded == [m for m in unread[session_id] if not isinstance(m, RestoreRequest)]
+    assert marks(await entries(client, "w-live", active)) == [
+        ("RestoreRequest", 0),
+        ("CommandRecord", 7),
+        ("CommandRecord", 8),
+        ("TouchRequest", 0),
     ]
     assert (await janitor.store.meta(detached))["state"] == "detached"
     assert await client.zscore(KEYS.leases(), detached) is not None  # still in its grace
@@ -221,7 +227,7 @@ async def test_a_draining_worker_is_never_chosen_and_the_sweep_counts_its_own_mo
     assert len(lost) == 1 and owners[lost[0]] == DEAD
     assert sorted(w for s, w in owners.items() if s not in lost) == ["w-b"] * 3
     assert await entries(client, "w-drain") == []
-    restores = [e[b"s"].decode() for e in await entries(client, "w-b") if e[b"k"] == b"restore"]
+    restores = [m.session_id for m in await entries(client, "w-b") if isinstance(m, RestoreRequest)]
     assert sorted(restores) == sorted(s for s in sessions if s not in lost)
 
 
@@ -263,10 +269,10 @@ async def test_commands_that_reach_the_dead_inbox_during_the_sweep_are_forwarded
 
     janitor.failover.move = late_writer
     assert await janitor.sweep_dead_workers() == []
-    assert [(e[b"k"], e[b"q"]) for e in await entries(client, "w-b", moving)] == [
-        (b"restore", b"0"),
-        (b"command", b"1"),
-        (b"command", b"2"),
+    assert marks(await entries(client, "w-b", moving)) == [
+        ("RestoreRequest", 0),
+        ("CommandRecord", 1),
+        ("CommandRecord", 2),
     ]
     assert await client.exists(KEYS.inbox(DEAD)) == 0
 

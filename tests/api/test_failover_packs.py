@@ -1,9 +1,9 @@
-"""The dead-worker sweep splits an API pod's packs: each session's commands go to its new
-worker, in order, as entries of their own (issue 18)."""
+"""The dead-worker sweep splits an API pod's entries: each session's commands go to its new
+worker, in order, as they were read (issue 18)."""
 
 from services.api.failover import WorkerLoss
 from shared.protocol.duplex import AppendAudio, Commit
-from shared.redis.boundary import FORWARDED_KINDS, CommandRecord, InboxMessage, pack_entry
+from shared.redis.boundary import FORWARDED_KINDS, CommandRecord, encode_entry
 
 
 def as_read(fields: dict) -> dict[bytes, bytes]:
@@ -19,14 +19,13 @@ def test_a_dead_workers_packs_are_split_by_session_in_order():
         CommandRecord("duplex-b", 1, 1, AppendAudio(audio=b"\x02\x00" * 320, event_id="b1")),
         CommandRecord("duplex-a", 1, 2, Commit(event_id="c1")),
     ]
-    pack = as_read(pack_entry([record.to_message() for record in messages]))
-    garbage = {b"k": b"pack", b"m": b"not json"}
+    pack = as_read(encode_entry(messages))
+    garbage = {b"m": b"not json"}
     loss = WorkerLoss("dead")
     loss.take([(b"1-0", pack), (b"2-0", garbage)])
     assert loss.last_id == "2-0"
     assert sorted(loss.entries) == ["duplex-a", "duplex-b"]
     for sid in ("duplex-a", "duplex-b"):
         forwarded = loss.entries[sid]
-        assert all(fields[b"k"] in FORWARDED_KINDS for fields in forwarded)
-        records = [InboxMessage.from_fields(fields).record() for fields in forwarded]
-        assert records == [record for record in messages if record.session_id == sid]
+        assert all(isinstance(message, FORWARDED_KINDS) for message in forwarded)
+        assert forwarded == [record for record in messages if record.session_id == sid]

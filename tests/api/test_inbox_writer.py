@@ -1,7 +1,7 @@
 """The API pod's inbox pipelines: batched under load, ordered, budgeted, errors to their callers.
 
 Every message goes the way production sends it: `InboxWriter.send(worker, message,
-budgeted=...)`; a round gives each worker one entry (a lone message is written as itself)."""
+budgeted=...)`; a round gives each worker one entry (`encode_entry`)."""
 
 import asyncio
 
@@ -15,8 +15,8 @@ from shared.redis.boundary import (
     CloseRequest,
     CommandRecord,
     InboxMessage,
+    decode_entry,
     entry_bytes,
-    unpack_entry,
 )
 from shared.redis.keys import KeySchema
 
@@ -24,16 +24,16 @@ KEYS = KeySchema()
 
 
 def heartbeat(n: int, session: str = "duplex-s") -> InboxMessage:
-    return CommandRecord(session, 1, n, Heartbeat(event_id=f"h{n}")).to_message()
+    return CommandRecord(session, 1, n, Heartbeat(event_id=f"h{n}"))
 
 
 def close(session: str = "duplex-s") -> InboxMessage:
-    return CloseRequest(session, "client_close").to_message()
+    return CloseRequest(session, "client_close")
 
 
 async def messages_in(client, worker: str) -> list[InboxMessage]:
     return [
-        m for _, fields in await client.xrange(KEYS.inbox(worker)) for m in unpack_entry(fields)
+        m for _, fields in await client.xrange(KEYS.inbox(worker)) for m in decode_entry(fields)
     ]
 
 
@@ -55,10 +55,10 @@ async def test_concurrent_commands_share_pipelines_and_keep_their_order(redis_cl
 
 async def test_the_budget_counts_payload_and_audio_and_refuses_past_it(redis_client):
     audio = AppendAudio(audio=b"\x00" * 1000, event_id="a")
-    message = CommandRecord("duplex-s", 1, 1, audio).to_message()
+    message = CommandRecord("duplex-s", 1, 1, audio)
     fields = message.to_fields()
     size = entry_bytes(fields)
-    assert size == len(fields["p"]) + 1000 > MIN_ENTRY_BYTES
+    assert size == len(fields["m"]) + 1000 > MIN_ENTRY_BYTES
     writer = InboxWriter(redis_client, max_bytes=3 * size)
     for _ in range(3):
         await writer.send("w", message)
@@ -66,8 +66,8 @@ async def test_the_budget_counts_payload_and_audio_and_refuses_past_it(redis_cli
         await writer.send("w", message)
     await writer.send("w", close(), budgeted=False)  # closes always pass
     await writer.stop()
-    kinds = [f[b"k"] for _, f in await redis_client.xrange(KEYS.inbox("w"))]
-    assert kinds == [b"command"] * 3 + [b"close"]  # the refused one was never written
+    kinds = [type(m) for m in await messages_in(redis_client, "w")]
+    assert kinds == [CommandRecord] * 3 + [CloseRequest]  # the refused one was never written
     # the close costs the least an entry costs
     assert entry_bytes(close().to_fields()) == MIN_ENTRY_BYTES
     assert int(await redis_client.get(KEYS.inbox_bytes("w"))) == 3 * size + MIN_ENTRY_BYTES

@@ -18,6 +18,7 @@ from services.api.live import LiveHub
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
+from shared.redis.boundary import CloseRequest
 from shared.redis.connection import RedisHandle
 from shared.redis.live_message import openai_surface
 from shared.redis.placement import WorkerDirectory
@@ -57,8 +58,7 @@ async def test_an_expired_lease_is_journaled_then_closed_on_its_worker(janitor):
     assert await janitor.expire_leases() == ["duplex-e"]
     assert await journal_types(janitor, "duplex-e") == ["session.expired"]
     [close] = await inbox(janitor.client, "w1")
-    assert (close[b"k"], close[b"s"], close[b"a"]) == (b"close", b"duplex-e", b"0")
-    assert orjson.loads(close[b"p"]) == {"reason": EXPIRED_CLOSE_REASON}
+    assert close == CloseRequest("duplex-e", EXPIRED_CLOSE_REASON, 0)
     assert await janitor.client.zscore(KEYS.leases(), "duplex-e") is None
     assert await janitor.expire_leases() == []  # claimed once
 

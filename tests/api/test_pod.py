@@ -11,6 +11,7 @@ from services.api.app import create_app
 from services.api.attachment import AttachmentState
 from services.api.pod import ApiPod
 from shared.ids import key_digest
+from shared.redis.boundary import CloseRequest, decode_entry
 from shared.redis.connection import RedisHandle, connect
 from shared.redis.keys import KeySchema
 from shared.settings import ApiSettings
@@ -38,7 +39,8 @@ async def test_the_pod_starts_its_named_loops_and_stops_every_one():
     assert running(LOOPS) == set()
     assert await handle.client.zscore(KEYS.apis(), "api-p") is None  # deregistered
     [(_, fields)] = await handle.client.xrange(KEYS.inbox("w1"))
-    assert fields[b"k"] == b"close"  # what was written before the stop stays written
+    [close] = decode_entry(fields)  # what was written before the stop stays written
+    assert isinstance(close, CloseRequest)
 
 
 async def test_ready_says_which_dependency_is_missing():

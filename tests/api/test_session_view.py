@@ -19,7 +19,7 @@ import pytest
 from services.api.connection import RealtimeConnection
 from services.api.delivery import SessionView
 from services.api.live import LiveFeed
-from shared.protocol.duplex import SessionResume
+from shared.protocol.duplex import AppendAudio, SessionResume
 from tests.api.parts import RecordingInbox, active_session, make_parts
 
 SID = "duplex-v"
@@ -76,10 +76,13 @@ def append(event_id: str) -> str:
 def crossed(parts) -> list[tuple]:
     """What reached the worker's inbox, in order: an append as (event_id, format, rate),
     any other command as its type."""
-    out = []
-    for _, fields, _ in parts.inbox.appended:
-        payload = orjson.loads(fields["p"])
-        out.append(tuple(payload[:3]) if isinstance(payload, list) else payload["type"])
+    out: list = []
+    for _, message, _ in parts.inbox.appended:
+        command = message.command
+        if isinstance(command, AppendAudio):
+            out.append((command.event_id, command.format, command.sample_rate_hz))
+        else:
+            out.append(command.TYPE)
     return out
 
 

@@ -12,7 +12,7 @@ import uuid
 from services.worker import handover
 from services.worker.ownership import Ownership
 from shared.protocol.duplex import DuplexSessionCreated
-from shared.redis.boundary import InboxMessage, RestoreRequest
+from shared.redis.boundary import RestoreRequest, decode_entry
 from shared.redis.keys import KeySchema
 from shared.redis.store import PublishItem, SessionStore
 
@@ -57,7 +57,7 @@ async def opened(client, worker_id: str = "w-a") -> str:
 
 async def restores_in(client, worker_id: str) -> list[RestoreRequest]:
     entries = await client.xrange(KEYS.inbox(worker_id))
-    return [InboxMessage.from_fields(fields).record() for _, fields in entries]
+    return [message for _, fields in entries for message in decode_entry(fields)]
 
 
 async def test_a_session_handed_to_a_worker_that_left_moves_on(redis_client):

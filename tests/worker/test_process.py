@@ -6,7 +6,7 @@ import orjson
 
 from services.worker.process import WorkerProcess
 from shared.protocol.duplex import CloseSession, Heartbeat
-from shared.redis.boundary import OPEN, CommandRecord, InboxMessage
+from shared.redis.boundary import CommandRecord, InboxMessage, OpenRequest
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import split
@@ -31,15 +31,15 @@ async def test_registers_dispatches_once_and_deregisters():
         await store.open("duplex-s1", "w1", "echo", "", "{}")
         pubsub = handle.new_client().pubsub()
         await pubsub.subscribe(keys.live("duplex-s1"))
-        await worker.dispatch(InboxMessage(OPEN, "duplex-s1", 1, 0, {"session": {}}))
-        heartbeat = CommandRecord("duplex-s1", 1, 1, Heartbeat(event_id="h1")).to_message()
+        await worker.dispatch(OpenRequest("duplex-s1", {}))
+        heartbeat = CommandRecord("duplex-s1", 1, 1, Heartbeat(event_id="h1"))
         await worker.dispatch(heartbeat)
         await worker.dispatch(heartbeat)  # a redelivery of the same (attachment, seq)
         await worker.dispatch(
-            CommandRecord("duplex-s1", 2, 1, Heartbeat(event_id="h2")).to_message()
+            CommandRecord("duplex-s1", 2, 1, Heartbeat(event_id="h2"))
         )  # a newer attachment
         await worker.dispatch(
-            CommandRecord("duplex-s1", 2, 2, CloseSession()).to_message()
+            CommandRecord("duplex-s1", 2, 2, CloseSession())
         )  # after the queued ones
         received = []
         while not received or received[-1]["type"] != "session.closed":
@@ -76,7 +76,7 @@ async def test_a_refused_open_is_published_as_an_error():
         for sid in ("duplex-a", "duplex-b"):
             await store.open(sid, "w2", "echo", "", "{}")
             await pubsub.subscribe(keys.live(sid))
-            await worker.dispatch(InboxMessage(OPEN, sid, 1, 0, {"session": {}}))
+            await worker.dispatch(OpenRequest(sid, {}))
         replies = {}
         while len(replies) < 2:
             message = await pubsub.get_message(timeout=2)
@@ -91,7 +91,7 @@ async def test_a_refused_open_is_published_as_an_error():
         await store.open("duplex-c", "w2", "echo", "", "{}")
         await pubsub.subscribe(keys.live("duplex-c"))
         session = {"turn_detection": {"type": "bogus"}}
-        await worker.dispatch(InboxMessage(OPEN, "duplex-c", 1, 0, {"session": session}))
+        await worker.dispatch(OpenRequest("duplex-c", session))
         refused = None
         while refused is None:
             message = await pubsub.get_message(timeout=2)
@@ -145,10 +145,10 @@ async def test_handled_inbox_entries_leave_redis_with_their_audio():
     try:
         store = SessionStore(client, keys)
         await store.open("duplex-s4", "w4", "echo", "", "{}")
-        await writer.send("w4", InboxMessage(OPEN, "duplex-s4", 1, 0, {"session": {}}))
+        await writer.send("w4", OpenRequest("duplex-s4", {}))
         for seq in range(1, 21):  # each awaited: an entry each
             append = AppendAudio(audio=b"\x00\x01" * 8000, event_id=f"a{seq}")
-            await writer.send("w4", CommandRecord("duplex-s4", 1, seq, append).to_message())
+            await writer.send("w4", CommandRecord("duplex-s4", 1, seq, append))
         for _ in range(400):  # until the worker has handled and deleted all 21 entries
             if await client.xlen(keys.inbox("w4")) == 0:
                 break
@@ -218,10 +218,10 @@ async def test_the_slot_is_free_where_placement_reads_it_before_session_closed()
         await store.open("duplex-a", "w3", "echo", "", "{}")
         pubsub = handle.new_client().pubsub()
         await pubsub.subscribe(keys.live("duplex-a"))
-        await worker.dispatch(InboxMessage(OPEN, "duplex-a", 1, 0, {"session": {}}))
+        await worker.dispatch(OpenRequest("duplex-a", {}))
         assert await client.hget(keys.worker("w3"), "active") == b"1"
         # the client's session.close, as the API pod forwards it: closed by the runner
-        await worker.dispatch(CommandRecord("duplex-a", 1, 1, CloseSession()).to_message())
+        await worker.dispatch(CommandRecord("duplex-a", 1, 1, CloseSession()))
         seen: list[str] = []
         while "session.closed" not in seen:
             message = await pubsub.get_message(timeout=2)
