@@ -237,9 +237,8 @@ class _CommandWire(_Tagged, Generic[_Body], frozen=True, tag=COMMAND):
 
 
 class _CommandBody(msgspec.Struct, frozen=True, array_like=True):
-    """`[wire type, command]`: one subclass per command class, tagged by its wire type."""
-
-    command: Any
+    """`[wire type, command]`: one subclass per command class, tagged by its wire type,
+    whose one field `command` is of that class (`_Codec`)."""
 
 
 class _Codec:
