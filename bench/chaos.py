@@ -396,9 +396,7 @@ async def _run_chaos(mode: str, sessions: int, seconds: float, kill_every: float
         # rolling: every worker is rolled once, past the deadline on a slow machine, and
         # the sessions talk until it has been
         rolled = asyncio.Event() if mode == "rolling" else None
-        talks = [
-            asyncio.create_task(converse(c, deadline, timeout, rolled)) for c in conversations
-        ]
+        talks = [asyncio.create_task(converse(c, deadline, timeout, rolled)) for c in conversations]
         killed: list[str] = []
         chaos = WorkerChaos(stack, conversations, report)
         if mode == "api":

@@ -11,8 +11,8 @@ from services.worker.session.handlers import conversation_turn, dispatch
 from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import CreateItem, CreateResponse
 from tests.protocol.ga_events import check_ga_event
-from tests.worker.session_parts import close_parts, make_parts
 from tests.worker.session.test_tool_calls import recorded_requests
+from tests.worker.session_parts import close_parts, make_parts
 
 OPENAI = {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
 #: an openai response that said words without audio (echo's answer to a turn without audio)

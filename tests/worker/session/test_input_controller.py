@@ -10,8 +10,8 @@ from harness.sessions import sine, types
 from services.worker.session.handlers import dispatch
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from shared.protocol.duplex import AckPlayback, CancelInput, ClearInput
-from tests.worker.session_parts import RATE, SESSION_ID
 from tests.worker.session.test_echo_turn import COMMIT_FAN_OUT, RESPONSE_END, RESPONSE_START
+from tests.worker.session_parts import RATE, SESSION_ID
 
 INPUT_TASK = f"session-input:{SESSION_ID}"
 

@@ -28,9 +28,9 @@ from shared.protocol.duplex import (
     UpdateSession,
 )
 from tests.protocol.ga_events import check_ga_event
-from tests.worker.session_parts import RATE, close_parts, make_parts
 from tests.worker.session.test_echo_turn import RESPONSE_END
 from tests.worker.session.test_tool_calls import recorded_requests
+from tests.worker.session_parts import RATE, close_parts, make_parts
 
 OPENAI = {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
 INCOMPLETE = {"type": "incomplete", "reason": "max_output_tokens"}

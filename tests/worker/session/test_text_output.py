@@ -8,8 +8,8 @@ from services.worker.session.checkpoint import export_checkpoint
 from shared.contracts import CommittedTurn, ResponseCreateOptions
 from shared.protocol.duplex import AckPlayback, Commit, CreateResponse, UpdateSession
 from tests.protocol.ga_events import check_ga_event
-from tests.worker.session_parts import RATE, RecordingPort
 from tests.worker.session.test_checkpoint import reimport
+from tests.worker.session_parts import RATE, RecordingPort
 
 OPENAI = {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
 #: a text response on the openai surface, as GA sends it

@@ -29,9 +29,9 @@ from shared.protocol.duplex import (
     parse_client_event,
 )
 from tests.protocol.ga_events import check_ga_event
-from tests.worker.session_parts import close_parts, make_parts
 from tests.worker.session.test_checkpoint import reimport
 from tests.worker.session.test_echo_turn import RESPONSE_END
+from tests.worker.session_parts import close_parts, make_parts
 
 OPENAI = {"duplex_surface": "openai", "turn_detection": None, "extra_body": {"pace": 0}}
 
