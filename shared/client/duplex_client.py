@@ -30,6 +30,7 @@ from shared.protocol.duplex import (
     DuplexCommand,
     DuplexEvent,
     Heartbeat,
+    InputAudioBufferAppend,
     InputAudioDefaults,
     SessionEventAck,
     SessionResume,
@@ -283,16 +284,22 @@ class DuplexClient:
                     raise self._failure from None
 
     async def send(self, command: DuplexCommand | Mapping[str, Any]) -> None:
+        """Send a command. A dict is parsed with the input formats the server last
+        confirmed (session.created/.updated), never with a session.update not yet answered:
+        the server may refuse it."""
         if not isinstance(command, DuplexCommand):
             command = parse_client_event(command, CommandContext(self._defaults))
-        if isinstance(command, UpdateSession):  # later appends use the new formats at once
-            with contextlib.suppress(Exception):
-                self._defaults = self._defaults.updated(command.patch)
         await self._send_raw(command)
 
     async def append_audio(
         self, pcm: bytes, *, format: str | None = None, sample_rate_hz: int | None = None
     ) -> None:
+        """Append audio. Without `format` and `sample_rate_hz` the append declares none: the
+        server reads it in the session's input format as the worker has it (a session.update
+        the worker refused does not change it); with either, the append says its own."""
+        if format is None and sample_rate_hz is None:
+            await self.send(InputAudioBufferAppend(audio=pcm))
+            return
         fmt = self._defaults.input_format
         await self.send(
             AppendAudio(

@@ -15,7 +15,7 @@ import orjson
 import websockets
 
 from harness.sessions import sine
-from shared.client.duplex_client import realtime_url
+from shared.client.duplex_client import DuplexClient, realtime_url
 from shared.protocol.duplex import float_to_pcm16
 
 RECV_TIMEOUT_S = 60  # a failure guard for a stuck socket, not a timing assertion
@@ -83,3 +83,29 @@ async def test_appends_right_behind_an_accepted_update_use_its_input_format(serv
         updated = [e for e in events if e["type"] == "session.updated"][-1]
         assert updated["session"]["audio"]["input"]["format"]["rate"] == 24000
         assert transcript(events) == "echo 300 ms"
+
+
+async def test_the_duplex_client_follows_the_worker_not_its_own_update(serve):
+    """`DuplexClient.append_audio` used to write the format of a session.update it had just
+    sent into every append, answered or not: after a refusal it sent 24 kHz declarations
+    with 16 kHz audio. It now sends appends that declare no format (the server reads them
+    in the session's format as the worker has it) and follows session.updated."""
+    client = await DuplexClient(serve.base, heartbeat_s=None).connect({"extra_body": {"pace": 0}})
+    try:
+        pcm = float_to_pcm16(sine(16000, 0.2))
+        for start in range(0, len(pcm), 640):
+            await client.append_audio(pcm[start : start + 640])
+        await client.commit()
+        await client.until("response.done", timeout=RECV_TIMEOUT_S)
+        patch = {"voice": "b", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}}
+        await client.send({"type": "session.update", "session": patch, "event_id": "u1"})
+        pcm = float_to_pcm16(sine(16000, 0.3))
+        for start in range(0, len(pcm), 640):
+            await client.append_audio(pcm[start : start + 640])
+        await client.commit()
+        events = await client.until("response.done", timeout=RECV_TIMEOUT_S)
+        errors = [e for e in events if e.wire_type == "error"]
+        assert [e.code for e in errors] == ["voice_update_after_audio_unsupported"]
+        assert events[-1].response["output"][0]["content"][0]["transcript"] == "echo 300 ms"
+    finally:
+        await client.close()

@@ -545,6 +545,7 @@ __all__ = [
     "DuplexCommand",
     "EnvelopeEvent",
     "Heartbeat",
+    "InputAudioBufferAppend",
     "SessionEventAck",
     "SessionResume",
     "SignalTurn",
