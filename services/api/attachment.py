@@ -45,6 +45,7 @@ from shared.protocol.duplex import (
 )
 from shared.redis.boundary import ControlNotice
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import is_control
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import ResumeResync, SessionStore, SessionStoreError, token_digest
 
@@ -222,7 +223,7 @@ class Attachment:
                     if data == CATCH_UP:
                         if (created := await self._created_from_hash()) is not None:
                             return created
-                    elif ControlNotice.parse(data) is None:
+                    elif not is_control(data):  # the open's reply, not a notice
                         return orjson.loads(data)
         except TimeoutError:
             return await self._created_from_hash()

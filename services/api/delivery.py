@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from services.api.attachment import Attachment, error
-from services.api.live import CATCH_UP, LiveFeed
+from services.api.live import LiveFeed
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import OutItem, OutputQueue
 from services.api.waitables import Flag
@@ -54,8 +54,15 @@ from shared.protocol.duplex import (
     SessionReplaced,
     SessionResyncRequired,
 )
-from shared.redis.boundary import MOVED_KIND, TAKEOVER_KIND, ControlNotice
-from shared.redis.live_message import LiveMessageError, LiveRecord, is_control, split
+from shared.redis.live_message import (
+    CATCHUP_KIND,
+    MOVED_KIND,
+    TAKEOVER_KIND,
+    ControlNotice,
+    LiveMessageError,
+    LiveRecord,
+    decode_live,
+)
 from shared.redis.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -279,35 +286,37 @@ class Delivery:
         attachment = self.attachment
         while True:
             data = await self.feed.get()
-            if is_control(data):
-                notice = ControlNotice.parse(data)
-                if notice is None:
-                    continue
-                if notice.kind == TAKEOVER_KIND and attachment.taken_over(
-                    notice.attachment_generation
-                ):
-                    self.send(
-                        SessionReplaced(
-                            session_id=attachment.session_id,
-                            attachment_generation=attachment.generation,
-                        )
-                    )
-                    return
-                if notice.kind == MOVED_KIND:  # a drain or a failover moved the session
-                    attachment.moved(notice.owner_generation, notice.worker_id)
-                elif data == CATCH_UP:
-                    # a `moved` notice may have been lost with the connection: ask the hash
-                    await attachment.reread_owner()
-                    await self.replay()
-                continue
             try:
-                records = split(data)
+                message = decode_live(data)
             except (LiveMessageError, orjson.JSONDecodeError):
                 log.error("session %s: a malformed live message, dropped", attachment.session_id)
                 continue
-            for record in records:
-                if not await self._route(record):
-                    return
+            match message:
+                case ControlNotice(kind=kind) as notice if kind == TAKEOVER_KIND:
+                    if attachment.taken_over(notice.attachment_generation):
+                        self.send(
+                            SessionReplaced(
+                                session_id=attachment.session_id,
+                                attachment_generation=attachment.generation,
+                            )
+                        )
+                        return
+                    continue
+                case ControlNotice(kind=kind) as notice if kind == MOVED_KIND:
+                    # a drain or a failover moved the session
+                    attachment.moved(notice.owner_generation, notice.worker_id)
+                    continue
+                case ControlNotice(kind=kind) if kind == CATCHUP_KIND:
+                    # a `moved` notice may have been lost with the connection: ask the hash
+                    await attachment.reread_owner()
+                    await self.replay()
+                    continue
+                case ControlNotice():
+                    continue  # a notice of a kind this pod does not know: not for it
+                case records:
+                    for record in records:
+                        if not await self._route(record):
+                            return
 
     async def _route(self, record: LiveRecord) -> bool:
         """One live event in seq order (a gap filled from the journal first); False when

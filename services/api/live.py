@@ -25,13 +25,14 @@ from typing import Any
 from services.api.waitables import Mailbox
 from shared.backoff import Backoff
 from shared.redis.connection import is_cluster, publish_live
+from shared.redis.live_message import CATCHUP_KIND, CONTROL_PREFIX
 from shared.redis.sharded_pubsub import ShardedSubscriber
 from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
 #: delivered to every subscriber after a reconnect: fill any gap from the journal
-CATCH_UP = b"!catchup"
+CATCH_UP = CONTROL_PREFIX + CATCHUP_KIND.encode()  # a notice of the hub's own
 
 Callback = Callable[[bytes], None]
 

@@ -13,7 +13,9 @@ turns what it means into what Redis holds, and back:
 - `ChatReply`: the one element of `duplex:reply:{ID}`, worker to API pod.
 - `WorkerRegistration`: the hash `duplex:worker:{WID}`, written by its worker, read by
   placement and `duplex workers`.
-- `ControlNotice`: `!`-prefixed messages on a session's live channel (takeover, moved).
+- `ControlNotice`: `!`-prefixed messages on a session's live channel (takeover, moved);
+  defined with the rest of the live channel's format in `shared.redis.live_message`
+  (re-exported here).
 
 Commands cross validated once: the API pod parses and validates a client frame with
 `parse_client_event`, and the worker gets the typed command msgspec built from the entry's
@@ -52,6 +54,13 @@ from shared.redis.inbox_codec import (
     encode_entry,
     entry_bytes,
 )
+from shared.redis.live_message import (
+    CONTROL_PREFIX,
+    MOVED_KIND,
+    TAKEOVER,
+    TAKEOVER_KIND,
+    ControlNotice,
+)
 
 __all__ = [
     "APPEND_TYPE",
@@ -84,12 +93,6 @@ __all__ = [
     "encode_entry",
     "entry_bytes",
 ]
-
-#: live-channel messages that start with this byte are control notices, not events
-CONTROL_PREFIX = b"!"
-TAKEOVER_KIND = "takeover"
-TAKEOVER = CONTROL_PREFIX + TAKEOVER_KIND.encode() + b" "
-MOVED_KIND = "moved"
 
 
 # ---------------------------------------------------------------- chat replies
@@ -174,53 +177,3 @@ class WorkerRegistration:
             started_at=int(fields.get(b"started_at", b"0")),
             draining=fields.get(b"draining", b"0") == b"1",
         )
-
-
-# ---------------------------------------------------------------- live-channel control notices
-
-
-@dataclasses.dataclass(frozen=True)
-class ControlNotice:
-    """A control message on a session's live channel, beside its events:
-
-    - `!takeover <attachment generation>`: a newer attachment took the session;
-    - `!moved <owner generation> <worker id>`: the session now lives on that worker (a
-      drain or a failover moved it); API pods send its commands there from now on.
-    """
-
-    kind: str
-    attachment_generation: int = 0  # for `moved`: the owner generation
-    worker_id: str = ""
-
-    @classmethod
-    def takeover(cls, attachment_generation: int) -> ControlNotice:
-        """A newer attachment took the session: older sockets are replaced."""
-        return cls(TAKEOVER_KIND, attachment_generation)
-
-    @classmethod
-    def moved(cls, owner_generation: int, worker_id: str) -> ControlNotice:
-        """The session's new owner: route its commands to `worker_id`."""
-        return cls(MOVED_KIND, owner_generation, worker_id)
-
-    @property
-    def owner_generation(self) -> int:
-        return self.attachment_generation if self.kind == MOVED_KIND else 0
-
-    def replaces(self, attachment_generation: int) -> bool:
-        """Whether a socket holding `attachment_generation` must give the session up."""
-        return self.kind == TAKEOVER_KIND and self.attachment_generation > attachment_generation
-
-    def to_bytes(self) -> bytes:
-        text = f"{self.kind} {self.attachment_generation}"
-        if self.worker_id:
-            text += f" {self.worker_id}"
-        return CONTROL_PREFIX + text.encode()
-
-    @classmethod
-    def parse(cls, data: bytes) -> ControlNotice | None:
-        """The notice, or None for a live message that is an event."""
-        if not data.startswith(CONTROL_PREFIX):
-            return None
-        kind, _, rest = data[len(CONTROL_PREFIX) :].partition(b" ")
-        generation, _, worker = rest.partition(b" ")
-        return cls(kind.decode(), int(generation) if generation.isdigit() else 0, worker.decode())

@@ -1,10 +1,10 @@
 """The live channel's message format: a small header per event ahead of its exact JSON.
 
 A live message (`duplex:session:{SID}:live`) is one of three shapes, told apart by its
-first byte:
+first byte, and `decode_live` reads any of them in one call into the union `LiveMessage`:
 
-- `!...`: a control notice (`!takeover`, `!moved`, ...; shared/redis/boundary.py) or the
-  hub's own `!catchup`;
+- `!...`: a `ControlNotice` (`!takeover`, `!moved`; and the API pod's hub's own
+  `!catchup`, which never crosses Redis);
 - `{...`: one bare event JSON, unsequenced: what an open's first reply reads
   (session.created, or the error refusing the open), the journal-overflow notice, or an
   older worker's event (its `server_event_seq`, if any, inside the JSON);
@@ -24,12 +24,21 @@ older worker holds one event (`<seq>-1`, fields type, data): read as one record.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import orjson
 
 CONTROL_BYTE = ord("!")
+#: live-channel messages that start with this byte are control notices, not events
+CONTROL_PREFIX = b"!"
+TAKEOVER_KIND = "takeover"
+TAKEOVER = CONTROL_PREFIX + TAKEOVER_KIND.encode() + b" "
+MOVED_KIND = "moved"
+#: the API pod's hub to its subscribers: the pub/sub connection came back, catch up from
+#: the journal (services/api/live.py); never published in Redis
+CATCHUP_KIND = "catchup"
 _SPACE, _NEWLINE = b" ", b"\n"
 
 
@@ -65,6 +74,71 @@ class LiveRecord(NamedTuple):
             response_id if isinstance(response_id, str) else None,
             data,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlNotice:
+    """A control message on a session's live channel, beside its events:
+
+    - `!takeover <attachment generation>`: a newer attachment took the session;
+    - `!moved <owner generation> <worker id>`: the session now lives on that worker (a
+      drain or a failover moved it); API pods send its commands there from now on;
+    - `!catchup`: (the API pod's hub, not Redis) the pub/sub connection came back.
+    """
+
+    kind: str
+    attachment_generation: int = 0  # for `moved`: the owner generation
+    worker_id: str = ""
+
+    @classmethod
+    def takeover(cls, attachment_generation: int) -> ControlNotice:
+        """A newer attachment took the session: older sockets are replaced."""
+        return cls(TAKEOVER_KIND, attachment_generation)
+
+    @classmethod
+    def moved(cls, owner_generation: int, worker_id: str) -> ControlNotice:
+        """The session's new owner: route its commands to `worker_id`."""
+        return cls(MOVED_KIND, owner_generation, worker_id)
+
+    @property
+    def owner_generation(self) -> int:
+        return self.attachment_generation if self.kind == MOVED_KIND else 0
+
+    def replaces(self, attachment_generation: int) -> bool:
+        """Whether a socket holding `attachment_generation` must give the session up."""
+        return self.kind == TAKEOVER_KIND and self.attachment_generation > attachment_generation
+
+    def to_bytes(self) -> bytes:
+        text = f"{self.kind} {self.attachment_generation}"
+        if self.worker_id:
+            text += f" {self.worker_id}"
+        return CONTROL_PREFIX + text.encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> ControlNotice | None:
+        """The notice, or None for a live message that is an event."""
+        if not data.startswith(CONTROL_PREFIX):
+            return None
+        return cls.read(data)
+
+    @classmethod
+    def read(cls, data: bytes) -> ControlNotice:
+        """The notice a control message (one that starts with `!`) holds."""
+        kind, _, rest = data[len(CONTROL_PREFIX) :].partition(b" ")
+        generation, _, worker = rest.partition(b" ")
+        return cls(kind.decode(), int(generation) if generation.isdigit() else 0, worker.decode())
+
+
+#: what one live message holds: a control notice, or its events in order
+LiveMessage = ControlNotice | list[LiveRecord]
+
+
+def decode_live(message: bytes) -> LiveMessage:
+    """A live message in one call: its control notice, or its events in order (raises
+    `LiveMessageError`, or orjson's error for a bare event that is not JSON)."""
+    if is_control(message):
+        return ControlNotice.read(message)
+    return split(message)
 
 
 def header_token(value: str, what: str) -> str:

@@ -9,8 +9,11 @@ import pytest
 
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import (
+    CATCHUP_KIND,
+    ControlNotice,
     LiveMessageError,
     LiveRecord,
+    decode_live,
     header_token,
     is_control,
     response_token,
@@ -59,6 +62,23 @@ def test_control_notices_are_told_apart_by_their_first_byte():
     assert is_control(b"!takeover 2") and is_control(b"!catchup")
     assert not is_control(b'{"type":"x"}') and not is_control(b"1 2 x \n{}")
     assert not is_control(b"")
+
+
+def test_one_call_decodes_any_live_message_into_its_typed_form():
+    """`decode_live`: a notice, a round's framed records, or a bare event, by the first byte."""
+    assert decode_live(ControlNotice.takeover(3).to_bytes()) == ControlNotice("takeover", 3)
+    moved = decode_live(ControlNotice.moved(2, "w-b").to_bytes())
+    assert isinstance(moved, ControlNotice) and (moved.owner_generation, moved.worker_id) == (
+        2,
+        "w-b",
+    )
+    assert decode_live(b"!catchup") == ControlNotice(CATCHUP_KIND)
+    framed = [LiveRecord(7, "a", "resp_1", b'{"n":1}'), LiveRecord(0, "b", None, b"{}")]
+    assert decode_live(b"".join(r.to_bytes() for r in framed)) == framed
+    bare = b'{"type":"error","event_id":"e"}'
+    assert decode_live(bare) == [LiveRecord(0, "error", None, bare)]
+    with pytest.raises(LiveMessageError):
+        decode_live(b"1 10 x \n{}")
 
 
 @pytest.mark.parametrize(
