@@ -44,7 +44,7 @@ from typing import Any
 from services.worker.handover import hand_over
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
-from services.worker.session.table import SessionTable
+from services.worker.session.table import Phase, SessionTable
 from shared.contracts import DuplexSessionError
 from shared.ids import now_ms
 from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, InboxMessage
@@ -243,10 +243,25 @@ class Drain:
         record = self.table.get(sid)
         if record is not None and record.drain_task is task:
             record.drain_task = None
-        if not task.cancelled() and task.exception() is not None:
+        failed = task.cancelled() or task.exception() is not None
+        if not failed:
+            return
+        if not task.cancelled():
             log.error("moving session %s failed", sid, exc_info=task.exception())
-            if record is not None:
-                self._let_go(record.session_id)
+        if record is None or record.kept_back is None:
+            return
+        if record.phase is Phase.LIVE:
+            # the move never took the session: what was kept back is handled here after all
+            give_back = asyncio.create_task(self._give_back(sid), name=f"drain-give-back:{sid}")
+            self._running.add(give_back)
+            give_back.add_done_callback(self._running.discard)
+        else:
+            log.warning(
+                "session %s: %d inbox messages kept back for its move are dropped",
+                sid,
+                len(record.kept_back),
+            )
+            self._let_go(sid)
 
     def _let_go(self, sid: str) -> None:
         """The session's messages are not kept back any more: its record may go."""

@@ -101,8 +101,10 @@ class RedisEventPublisher(SessionEventSink):
         self.ttl_ms = int(ttl_s * 1000)
         self.closed_ttl_ms = int(closed_ttl_s * 1000)
         self.host: PublishHost | None = None
-        #: the records with something to send, in the order they first had it
-        self._ready: dict[str, SessionRecord] = {}
+        #: the records with something to send, in the order they first had it (the record
+        #: itself is the key: a session's record may be replaced while an older one's
+        #: batch is out, and each must keep its own place)
+        self._ready: dict[SessionRecord, None] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -148,7 +150,7 @@ class RedisEventPublisher(SessionEventSink):
             outbox.dirty = True
         if wire_type == "session.closed":
             outbox.journaled = False
-        self._ready.setdefault(record.session_id, record)
+        self._ready[record] = None
         self._idle.clear()
         self._wake.set()
 
@@ -163,8 +165,9 @@ class RedisEventPublisher(SessionEventSink):
         if outbox.final is not None and not outbox.final.done.done():
             outbox.final.done.set_result(True)  # superseded: this one is written in its place
         outbox.final = FinalCheckpoint(data, done)
+        outbox.awaiting_final = False
         outbox.dirty = False
-        self._ready.setdefault(session_id, record)
+        self._ready[record] = None
         self._idle.clear()
         self._wake.set()
         return await done
@@ -178,10 +181,10 @@ class RedisEventPublisher(SessionEventSink):
         """The batch, and the checkpoints that go with it, taken at one instant."""
         ready, self._ready = self._ready, {}
         rounds = []
-        for record in ready.values():
+        for record in ready:
             outbox = record.outbox
-            if record.fenced:
-                continue  # nothing is sent for it any more
+            if record.fenced or self.table.get(record.session_id) is not record:
+                continue  # nothing is sent for it any more (fenced, or given up: removed)
             if not outbox.pending and outbox.final is None:
                 continue
             items, outbox.pending = outbox.pending, []
@@ -240,7 +243,9 @@ class RedisEventPublisher(SessionEventSink):
         for round_ in rounds:
             record, outbox = round_.record, round_.record.outbox
             outbox.in_flight = False
-            if record.fenced:
+            if record.fenced or self.table.get(record.session_id) is not record:
+                if round_.final is not None and not round_.final.done.done():
+                    round_.final.done.set_result(False)
                 continue
             outbox.pending = round_.items + outbox.pending
             if round_.final is not None:
@@ -250,9 +255,9 @@ class RedisEventPublisher(SessionEventSink):
                     round_.final.done.set_result(True)  # superseded by the newer final
             elif round_.checkpoint is not None:
                 outbox.kept = round_.checkpoint
-            self._ready[record.session_id] = record
-        for session_id, record in ready.items():
-            self._ready.setdefault(session_id, record)
+            self._ready[record] = None
+        for record in ready:
+            self._ready[record] = None
 
     async def _send(self, rounds: list[_Round]) -> None:
         if not rounds:
@@ -289,11 +294,17 @@ class RedisEventPublisher(SessionEventSink):
             if round_.items and round_.items[-1].wire_type == "session.closed":
                 closed.append(session_id)
             if record.outbox.pending or record.outbox.final:
-                self._ready.setdefault(session_id, record)  # emitted while this batch flew
-        if closed and self.sessions_key:
-            await self.store.client.srem(self.sessions_key, *closed)
+                self._ready[record] = None  # emitted while this batch flew
         for round_ in rounds:
             self.table.settle(round_.record)
+        if closed and self.sessions_key:
+            try:
+                await self.store.client.srem(self.sessions_key, *closed)
+            except Exception:
+                # the batch is published: failing here must not send it again. A closed
+                # session left in the set is skipped by every reader of it (its hash says
+                # closed) and goes when the worker leaves
+                log.warning("removing closed sessions from the worker's set failed", exc_info=True)
 
     def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(
@@ -305,7 +316,9 @@ class RedisEventPublisher(SessionEventSink):
         )
         record.fenced = True
         record.outbox.discard()
-        if self.host is not None:
+        if self.host is not None and self.table.get(record.session_id) is record:
+            # (a reply for a record replaced since, say by a restore here at a newer
+            # generation, drops nothing: the session held now is not the one refused)
             try:
                 self.host.drop(record.session_id, FENCED_OUT)
             except Exception:

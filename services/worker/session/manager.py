@@ -169,7 +169,7 @@ class SessionManager(SessionHost):
             runner = builder.runner(engine_session, pipeline)
             await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
         except BaseException:
-            self.table.remove(session_id)  # refused: the reservation goes, nothing else
+            self.table.abort(record)  # refused: the reservation goes, nothing else
             raise
         # 1: the owner generation of a first placement
         record.serve(runner, owner_generation=1, openai_surface=config.openai_surface)

@@ -159,6 +159,9 @@ class SessionMoves(PublishHost):
             session.state = "closed"
             session.lease.mark_terminal()
             record.phase = Phase.GONE
+            # the record stays until the caller has written this checkpoint after the
+            # session's events (`RedisEventPublisher.write_checkpoint`)
+            record.outbox.awaiting_final = True
         await self.builder.cleanup(record)
         log.info("session %s handed off (%d checkpoint bytes)", session_id, len(data))
         return data
@@ -198,7 +201,7 @@ class SessionMoves(PublishHost):
                 raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
             await builder.port.ensure(session.fence, plugin.stage_roles[0])
         except BaseException:
-            self.table.remove(session_id)  # refused: the reservation goes, nothing else
+            self.table.abort(record)  # refused: the reservation goes, nothing else
             raise
         record.serve(
             runner,
@@ -222,10 +225,16 @@ class SessionMoves(PublishHost):
                 )
             runner.start()
         except BaseException:
-            # not served here after all (the caller refuses it): no slot or owner is kept
-            self.table.remove(session_id)
-            with contextlib.suppress(Exception):  # the stage slot `ensure` took, given back
-                await builder.port.cleanup(session_id)
+            # not served here after all (the caller refuses it): nothing of it is published
+            # and the stage slot `ensure` took is given back (held, and retried by the
+            # reaper, should the stage refuse)
+            runner.silence()
+            record.fenced = True
+            record.outbox.discard()
+            record.phase = Phase.GONE
+            with contextlib.suppress(Exception):
+                await runner.stop("dropped")
+            await builder.cleanup(record)
             raise
         log.info(
             "session %s restored (%s, owner generation %d, applied %s)",

@@ -72,16 +72,19 @@ class Outbox:
     kept: bytes | None = None
     #: a batch of the session's events is on its way to Redis
     in_flight: bool = False
+    #: handed off: its final checkpoint is still to come (`write_checkpoint`)
+    awaiting_final: bool = False
 
     @property
     def idle(self) -> bool:
-        return not (self.pending or self.final or self.in_flight)
+        return not (self.pending or self.final or self.in_flight or self.awaiting_final)
 
     def discard(self) -> None:
         """Nothing more is sent (fenced out, dropped): a final still waiting is refused."""
         self.pending = []
         self.dirty = False
         self.kept = None
+        self.awaiting_final = False
         if self.final is not None and not self.final.done.done():
             self.final.done.set_result(False)
         self.final = None
@@ -220,16 +223,33 @@ class SessionTable:
             record = self._records[session_id] = SessionRecord(
                 session_id, Phase.RESERVED, order=CommandOrder(clock=self.clock)
             )
-        else:  # an earlier refusal of the same id is still being published
+        else:
+            # an earlier refusal of the same id is still being published: the record goes
+            # on carrying it (the publisher's queue holds this object), as a fresh session
             record.phase = Phase.RESERVED
+            record.stage_clean = False
+            record.fenced = False
+            record.order = CommandOrder(clock=self.clock)
         return record
+
+    def abort(self, record: SessionRecord) -> None:
+        """An open or a restore refused before its session was served: the reservation
+        goes. What the record still has to publish (an earlier refusal) is sent first."""
+        if self._records.get(record.session_id) is not record:
+            return
+        if record.outbox.idle:
+            self.remove(record.session_id)
+        else:
+            record.phase = Phase.UNOWNED
+            record.runner = None
+            record.stage_clean = True
 
     def unowned(self, session_id: str) -> SessionRecord:
         """The record that carries events of a session not held here (an open's refusal)."""
         record = self._records.get(session_id)
         if record is None:
             record = self._records[session_id] = SessionRecord(
-                session_id, Phase.UNOWNED, stage_clean=True
+                session_id, Phase.UNOWNED, stage_clean=True, order=CommandOrder(clock=self.clock)
             )
         return record
 

@@ -29,13 +29,15 @@ class Store:
 
     async def publish_many(self, batch, **_):
         self.calls.append({sid: [i.wire_type for i in items] for sid, items in batch.items()})
-        if not self.gate.is_set():
-            self.waiting.set()
-            await self.gate.wait()
-        return {
+        # Redis decides when the call runs; its reply may come back later (the gate)
+        replies = {
             sid: [-2] if sid in self.fence else list(range(1, len(items) + 1))
             for sid, items in batch.items()
         }
+        if not self.gate.is_set():
+            self.waiting.set()
+            await self.gate.wait()
+        return replies
 
 
 class Worker:
@@ -242,3 +244,102 @@ async def test_shutdown_leaves_an_empty_table(worker):
     await worker.manager.shutdown()
     await worker.publisher.flush()
     assert records(worker.table) == []
+
+
+# ---------------------------------------------------------------- records replaced, late replies
+
+
+async def test_an_open_over_a_refusal_still_being_published_is_a_fresh_session(worker):
+    """The record that carries an open's refusal becomes the next open's: its stage is not
+    clean (a failed cleanup keeps the slot held, for the reaper) and its order is new."""
+    sid = "duplex-again"
+    worker.store.gate.clear()  # the refusal's error stays in flight
+    worker.publisher.emit_unowned(sid, DuplexErrorEvent.for_code("bad_event", "refused"))
+    await worker.store.waiting.wait()
+    await worker.manager.open({"extra_body": {"pace": 0}}, session_id=sid)
+    record = worker.table.get(sid)
+    assert record.phase is Phase.LIVE and not record.stage_clean
+    cleanup = worker.manager.port.cleanup
+
+    async def stage_refuses(session_id):
+        raise RuntimeError("stage cleanup failed")
+
+    worker.manager.port.cleanup = stage_refuses  # type: ignore[method-assign]
+    worker.store.gate.set()
+    await worker.manager.close(sid)
+    await worker.settled()
+    assert records(worker.table) == [sid] and worker.manager.slots_in_use == 1  # still held
+    worker.manager.port.cleanup = cleanup  # type: ignore[method-assign]
+    await worker.manager.reap_once()  # the reaper's retry gives the slot back
+    assert records(worker.table) == [] and worker.manager.slots_in_use == 0
+
+
+async def test_a_failed_batch_of_a_given_up_record_does_not_hide_the_next_one(worker):
+    sid = "duplex-refused-twice"
+    publish = worker.store.publish_many
+    failed = False
+
+    async def fails_once(batch, **kwargs):
+        nonlocal failed
+        replies = await publish(batch, **kwargs)
+        if not failed:
+            failed = True
+            raise ConnectionError("redis away")
+        return replies
+
+    worker.store.publish_many = fails_once
+    worker.store.gate.clear()
+    worker.publisher.emit_unowned(sid, DuplexErrorEvent.for_code("bad_event", "first"))
+    await worker.store.waiting.wait()
+    with pytest.raises(DuplexSessionError):
+        await worker.manager.open({"modalities": 7}, session_id=sid)  # refused: bad config
+    worker.publisher.emit_unowned(sid, DuplexErrorEvent.for_code("bad_event", "second"))
+    worker.store.gate.set()
+    await worker.settled()
+    assert records(worker.table) == []
+    published = [call[sid] for call in worker.store.calls[1:] if sid in call]
+    assert sum(len(types) for types in published) == 2  # both refusals went out
+
+
+async def test_a_late_fenced_reply_does_not_drop_the_session_restored_here_since(worker):
+    sid = await worker.open()
+    await worker.publisher.flush()
+    data = worker.manager.moves.snapshot(sid)
+    worker.store.fence.add(sid)
+    worker.store.gate.clear()  # a batch at owner generation 1 is out when...
+    worker.publisher.emit(sid, SessionHeartbeatAck(session_id=sid))
+    await worker.store.waiting.wait()
+    worker.manager.moves.drop(sid, "the sweep moved it")  # ...the zombie check drops it
+    await worker.manager.builder.background_done()
+    assert sid not in worker.table
+    await worker.manager.moves.restore(sid, data, owner_generation=3, reason="drain")
+    worker.store.fence.discard(sid)  # generation 3 is the owner now
+    worker.store.gate.set()  # the old batch's refusal ([-2]) comes back late
+    await worker.settled()
+    record = worker.table.get(sid)
+    assert record.phase is Phase.LIVE and not record.fenced and sid in worker.table.live_ids()
+
+
+async def test_a_handed_off_record_waits_for_its_final_checkpoint(worker):
+    sid = await worker.open()
+    await worker.publisher.flush()
+    checkpoint = await worker.manager.moves.hand_off(sid)
+    await worker.settled()
+    assert records(worker.table) == [sid]  # its final checkpoint is still to be written
+    assert await worker.publisher.write_checkpoint(sid, checkpoint)
+    await worker.settled()
+    assert records(worker.table) == []
+
+
+async def test_a_failed_removal_from_the_worker_set_does_not_publish_the_batch_again(worker):
+    class Client:
+        async def srem(self, *args):
+            raise ConnectionError("blip")
+
+    worker.store.client = Client()
+    worker.publisher.sessions_key = "duplex:worker:w:sessions"
+    sid = await worker.open()
+    await worker.manager.close(sid)
+    await worker.settled()
+    closed = [call[sid] for call in worker.store.calls if "session.closed" in call.get(sid, [])]
+    assert len(closed) == 1 and records(worker.table) == []
