@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from services.worker.session.command_order import CommandOrder
 from services.worker.session.runner import SessionRunner
 from shared.contracts import DuplexSessionError
+from shared.redis.inbox_codec import InboxMessage
 from shared.redis.store import PublishItem
 
 
@@ -108,7 +109,7 @@ class SessionRecord:
     outbox: Outbox = dataclasses.field(default_factory=Outbox)
     #: a drain is moving the session: the inbox messages read for it meanwhile, held back
     #: until its new worker has its restore entry (None: not moving)
-    kept_back: list | None = None
+    kept_back: list[InboxMessage] | None = None
     #: the drain's task moving the session (or closing it: no worker can take it)
     drain_task: asyncio.Task[None] | None = None
 
