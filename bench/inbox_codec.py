@@ -17,9 +17,11 @@ envelope with `command_payload`); decode: the entry's fields as XREADGROUP retur
 typed records with their commands (the worker); drain: a message a draining worker kept
 back and then dispatched (before: decoded, re-encoded to fields for `Drain.take`, decoded
 and rebuilt again; after: decoded once, so the same as decode). Best of
-`--repeats` runs of `--iterations` each; nothing is written to docs/.
+`--repeats` runs of `--iterations` each. Prints the figures and writes them to
+docs/benchmarks.md (section `inbox_codec`).
 
     .venv/bin/python -m bench.inbox_codec [--appends 32] [--sessions 8] [--iterations 2000]
+                                          [--section inbox_codec] [--label TEXT] [--docs DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import machine
+from bench.common import add_output_arguments, commit, machine, now_utc, write_section
 from shared.protocol.duplex import DUPLEX_COMMANDS, DuplexCommand, parse_client_event
 from shared.redis import inbox_codec as after
 from shared.redis.inbox_codec import CommandRecord
@@ -319,14 +321,28 @@ def render(name: str, result: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> None:
     print(f"bench.inbox_codec on {machine()}")
     batch = records(args.appends, args.sessions)
-    pack = measure(batch, args.iterations, args.repeats)
-    print(render(f"a writer round's entry ({args.appends} appends of 640 B + 4 commands)", pack))
-    print()
-    lone = measure(batch[-3:-2], args.iterations * 10, args.repeats)
-    print(render("a lone heartbeat", lone))
-    print()
-    lone = measure(batch[:1], args.iterations * 10, args.repeats)
-    print(render("a lone append", lone))
+    cases = [
+        (
+            f"a writer round's entry ({args.appends} appends of 640 B + 4 commands)",
+            measure(batch, args.iterations, args.repeats),
+        ),
+        ("a lone heartbeat", measure(batch[-3:-2], args.iterations * 10, args.repeats)),
+        ("a lone append", measure(batch[:1], args.iterations * 10, args.repeats)),
+    ]
+    tables = "\n\n".join(render(name, result) for name, result in cases)
+    print(tables)
+    command = (
+        f"python -m bench.inbox_codec --appends {args.appends} --sessions {args.sessions} "
+        f"--iterations {args.iterations} --repeats {args.repeats}"
+    )
+    body = (
+        f"Measured {now_utc()} on {machine()}, code at commit {commit()}:\n`{command}`\n\n"
+        f"```text\n{tables}\n```"
+    )
+    heading = "The inbox codec alone (`bench/inbox_codec.py`)"
+    if args.label:
+        heading += f", {args.label}"
+    write_section("benchmarks.md", args.section, body, heading, args.docs)
 
 
 if __name__ == "__main__":
@@ -335,4 +351,5 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
+    add_output_arguments(parser, "inbox_codec")
     main(parser.parse_args())

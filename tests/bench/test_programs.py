@@ -31,6 +31,7 @@ RUNS = {
         "benchmarks.md",
         [],
     ),
+    "inbox_codec": (["--iterations", "5", "--repeats", "1"], "benchmarks.md", []),
 }
 
 
@@ -71,6 +72,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "models",
         "tick_batched",
         "cli_start",
+        "inbox_codec",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):
