@@ -17,6 +17,7 @@ import fakeredis
 import orjson
 
 from services.api.attachment import Attachment
+from services.api.connection import RealtimeConnection
 from services.api.delivery import Delivery, SessionView
 from services.api.inbox_writer import InboxFull, InboxWriter
 from services.api.live import LiveFeed, LiveHub
@@ -24,6 +25,7 @@ from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import OutputQueue
 from services.api.worker_client import WorkerClient
+from shared.protocol.duplex import SessionResume
 from shared.redis.boundary import InboxMessage, decode_entry
 from shared.redis.keys import KeySchema
 from shared.redis.placement import WorkerDirectory
@@ -184,6 +186,31 @@ async def active_session(
     session = orjson.dumps({"id": sid, "model": "echo"})
     item = PublishItem(orjson.dumps(created(sid)), "session.created", False, session)
     await store.publish(sid, [item], **JOURNAL)
+
+
+async def resumed_connection(
+    parts: Any, sid: str, *, max_input_bytes: int = 1 << 20
+) -> tuple[RealtimeConnection, dict[str, Any]]:
+    """A connection whose attachment resumed `sid` (an active session on worker-a, made
+    here), and the session object the resume returned; its delivery pump is not started."""
+    await active_session(parts.store, sid)
+    feed = LiveFeed()
+    attachment = parts.attachment(feed)
+    resumed = await attachment.resume(SessionResume(session_id=sid, resume_token="tok"))
+    delivery = parts.delivery(attachment, feed)
+    connection = RealtimeConnection(
+        None,
+        attachment,
+        delivery,
+        delivery.view,
+        parts.metrics,
+        model=None,
+        autostart=True,
+        resume_only=False,
+        config_timeout_s=10.0,
+        max_input_bytes=max_input_bytes,
+    )
+    return connection, resumed.session
 
 
 async def publish(store: SessionStore, sid: str, *types: str, **journal: int) -> list[int]:

@@ -7,10 +7,8 @@ import orjson
 import pytest
 
 from services.api.connection import RealtimeConnection
-from services.api.live import LiveFeed
-from shared.protocol.duplex import SessionResume
 from shared.redis.boundary import CloseRequest, CommandRecord
-from tests.api.parts import RecordingInbox, active_session, make_parts
+from tests.api.parts import RecordingInbox, make_parts, resumed_connection
 
 
 @pytest.fixture
@@ -28,23 +26,8 @@ async def parts_of():
 
 async def connection(parts, limit: int) -> RealtimeConnection:
     """A connection whose attachment resumed `duplex-t` (generation 2, on worker-a)."""
-    await active_session(parts.store, "duplex-t")
-    feed = LiveFeed()
-    attachment = parts.attachment(feed)
-    await attachment.resume(SessionResume(session_id="duplex-t", resume_token="tok"))
-    delivery = parts.delivery(attachment, feed)
-    return RealtimeConnection(
-        None,
-        attachment,
-        delivery,
-        delivery.view,
-        parts.metrics,
-        model=None,
-        autostart=True,
-        resume_only=False,
-        config_timeout_s=10.0,
-        max_input_bytes=limit,
-    )
+    conn, _ = await resumed_connection(parts, "duplex-t", max_input_bytes=limit)
+    return conn
 
 
 async def queued(conn: RealtimeConnection) -> list[dict]:

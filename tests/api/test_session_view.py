@@ -18,9 +18,8 @@ import pytest
 
 from services.api.connection import RealtimeConnection
 from services.api.delivery import SessionView
-from services.api.live import LiveFeed
-from shared.protocol.duplex import AppendAudio, SessionResume
-from tests.api.parts import RecordingInbox, active_session, make_parts
+from shared.protocol.duplex import AppendAudio
+from tests.api.parts import RecordingInbox, make_parts, resumed_connection
 
 SID = "duplex-v"
 AT_24K = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}}
@@ -37,26 +36,10 @@ async def parts():
 async def conn(parts):
     """A connection whose attachment resumed `SID` (its session object declares no format:
     appends are pcm16 at 16 kHz), its delivery pump running."""
-    await active_session(parts.store, SID)
-    feed = LiveFeed()
-    attachment = parts.attachment(feed)
-    resumed = await attachment.resume(SessionResume(session_id=SID, resume_token="tok"))
-    delivery = parts.delivery(attachment, feed)
-    connection = RealtimeConnection(
-        None,
-        attachment,
-        delivery,
-        delivery.view,
-        parts.metrics,
-        model=None,
-        autostart=True,
-        resume_only=False,
-        config_timeout_s=10.0,
-        max_input_bytes=1 << 20,
-    )
+    connection, session = await resumed_connection(parts, SID)
     connection.update_answer_timeout_s = 5.0  # a test that waits this long has failed
-    connection.view.observe(resumed.session)
-    pump = asyncio.create_task(delivery.pump())
+    connection.view.observe(session)
+    pump = asyncio.create_task(connection.delivery.pump())
     yield connection
     pump.cancel()
 
@@ -185,7 +168,9 @@ async def test_without_an_answer_the_appends_go_in_the_format_the_worker_confirm
     assert crossed(parts) == ["session.update", ("a1", "pcm16", 16000)]
     # a late session.updated still says what the worker does
     worker_says(conn, {"type": "session.updated", "session": AT_24K})
-    await asyncio.sleep(0.01)
+    async with asyncio.timeout(5):  # until the pump has delivered it
+        while conn.view.defaults.input_format.rate != 24000:
+            await asyncio.sleep(0.001)
     await reader(conn, append("a2"))
     assert crossed(parts)[-1] == ("a2", "pcm16", 24000)
 
@@ -194,28 +179,12 @@ async def test_an_update_the_inbox_refused_is_not_waited_for():
     """Not written, it will not be answered: the client hears input_backpressure at once."""
     parts = make_parts(inbox=RecordingInbox(refuse=True))
     try:
-        await active_session(parts.store, SID)
-        feed = LiveFeed()
-        attachment = parts.attachment(feed)
-        await attachment.resume(SessionResume(session_id=SID, resume_token="tok"))
-        delivery = parts.delivery(attachment, feed)
-        connection = RealtimeConnection(
-            None,
-            attachment,
-            delivery,
-            delivery.view,
-            parts.metrics,
-            model=None,
-            autostart=True,
-            resume_only=False,
-            config_timeout_s=10.0,
-            max_input_bytes=1 << 20,
-        )
+        connection, _ = await resumed_connection(parts, SID)
         await asyncio.wait_for(connection._handle_frame(update(AT_24K, "u1")), 1)
-        error = orjson.loads((await delivery.get()).data)
+        error = orjson.loads((await connection.delivery.get()).data)
         assert error["error"]["code"] == "input_backpressure"
         assert error["error"]["event_id"] == "u1"
-        assert delivery.view.defaults.input_format.rate == 16000
+        assert connection.view.defaults.input_format.rate == 16000
     finally:
         await parts.close()
 
