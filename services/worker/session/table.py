@@ -175,9 +175,6 @@ class SessionTable:
     def __iter__(self) -> Iterator[SessionRecord]:
         return iter(list(self._records.values()))
 
-    def __len__(self) -> int:
-        return len(self._records)
-
     def live(self) -> list[SessionRecord]:
         return [r for r in self._records.values() if r.phase is Phase.LIVE]
 
