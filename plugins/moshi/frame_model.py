@@ -17,6 +17,14 @@ for the whole batch, while here each row has its own start; a row still in its d
 masked to the rows that have audio tokens, so a slot's decoder starts with its first tokens,
 as kyutai's server's does.
 
+Memory: every step's output carries the slot's record (the tokens the step fed the LM:
+plugins/moshi/replay.py), so the session's history rebuilds the slot elsewhere
+(`restore_slot`, replayed in chunks by `replay_work` between steps). A barge-in
+(`interrupt_slot`) does not forget: for `interrupt_frames` frames the slot's text is forced
+to padding and its audio to the codes of silence (moshi has no interruption handling of
+its own: this is what it would have produced had it fallen silent), and it goes on from
+there with the whole conversation in its context.
+
 Batch invariance: with greedy decoding (temperatures 0) a slot's tokens do not depend on who
 shares the batch (tests/moshi prove it on the tiny model). moshi samples with torch's global
 generator over the whole batch, so sampled outputs are reproducible for a given batch but not
@@ -37,6 +45,15 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMGen, LMModel
 
 from plugins.moshi.checkpoint import MoshiCheckpoint
+from plugins.moshi.replay import (
+    Segment,
+    SideReplay,
+    decode_records,
+    decoder_tokens,
+    encode_records,
+    lm_inputs,
+    lmgen_columns,
+)
 from shared.contracts.frame_model import FrameModel, FrameOutput
 
 #: frames a slot still counts as speaking after its last word. Moshi's text stream is sparse:
@@ -44,6 +61,38 @@ from shared.contracts.frame_model import FrameModel, FrameOutput
 #: the short gaps between words. Without a hold the word's own audio (the frames after its
 #: token) would be cut off at the stage, which forwards only speaking frames.
 SPEAKING_HOLD_FRAMES = 2
+#: frames a barge-in keeps the model silent (its text forced to padding, its audio to
+#: silence) before it decides again, with the interruption in its context (about 1 s)
+INTERRUPT_FRAMES = 12
+#: frames one `replay_work` call forwards (a restore spreads over the ticks in chunks)
+REPLAY_CHUNK_FRAMES = 64
+#: a restored slot's last frames decoded (and thrown away) to warm its Mimi decoder
+DECODER_WARM_FRAMES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptPrefix:
+    """A prompt given as the LM's input embeddings (a PersonaPlex `.pt` voice): replayed
+    into the slot before anything else, then LMGen's token cache set to `columns`
+    (cache position -> [K] tokens, positions frames..frames + max delay)."""
+
+    embeddings: torch.Tensor  # [frames, dim], the LM's dtype and device
+    columns: dict[int, np.ndarray]
+
+    @property
+    def frames(self) -> int:
+        return int(self.embeddings.shape[0])
+
+
+@dataclasses.dataclass
+class _SlotReplay:
+    """A slot being rebuilt: its side replay and what to set once it is done."""
+
+    side: SideReplay
+    records: np.ndarray  # [frames, K] of the history (after any prefix)
+    first: int  # the step of records[0] (the prefix's frames)
+    offset: int  # LMGen's offset once replayed
+    columns: dict[int, np.ndarray]  # LMGen's cache columns to set then
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +147,8 @@ class MoshiFrameModel(FrameModel):
         slots: int,
         sampling: SamplingSettings = SamplingSettings(),
         speaking_hold_frames: int = SPEAKING_HOLD_FRAMES,
+        interrupt_frames: int = INTERRUPT_FRAMES,
+        replay_chunk_frames: int = REPLAY_CHUNK_FRAMES,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
@@ -109,6 +160,11 @@ class MoshiFrameModel(FrameModel):
         self.frame_samples = int(mimi.sample_rate / mimi.frame_rate)
         self.sampling = sampling
         self.speaking_hold_frames = speaking_hold_frames
+        self.interrupt_frames = interrupt_frames
+        self.replay_chunk_frames = replay_chunk_frames
+        self.state_record_bytes = 2 * lm.num_codebooks
+        self.user_codebooks = lm.num_codebooks - lm.dep_q - 1
+        self.silence_codes = self._silence_codes()
         self.lm_gen = LMGen(
             lm,
             use_sampling=not sampling.greedy,
@@ -125,6 +181,16 @@ class MoshiFrameModel(FrameModel):
         #: stall of the batch): meanwhile the slot's user stream is the prompt's, its text
         #: and audio tokens are forced, and it outputs no audio
         self.prompt_builder: Callable[[Mapping[str, Any]], list[PromptFrame]] | None = None
+        #: a preset's prompt given as input embeddings (PersonaPlex `.pt` voices), replayed
+        #: before the prompt frames
+        self.prefix_builder: Callable[[Mapping[str, Any]], PromptPrefix | None] | None = None
+        self._prefix: list[PromptPrefix | None] = [None] * slots
+        self._replays: dict[int, _SlotReplay] = {}
+        #: frames each slot is still kept silent after a barge-in
+        self._silenced = np.zeros(slots, dtype=np.int64)
+        #: this step's text and audio tokens as LMGen's hooks saw them (after forcing)
+        self._step_text: torch.Tensor | None = None
+        self._step_audio: torch.Tensor | None = None
         self._slot_prompt: list[list[PromptFrame]] = [[] for _ in range(slots)]
         self._prompts: list[list[PromptFrame]] = [[] for _ in range(slots)]
         self._prompt_previous: list[tuple[int, ...] | None] = [None] * slots
@@ -150,6 +216,9 @@ class MoshiFrameModel(FrameModel):
         device: str = "cpu",
         sampling: SamplingSettings | None = None,
         threads: int | None = None,
+        *,
+        interrupt_frames: int = INTERRUPT_FRAMES,
+        replay_chunk_frames: int = REPLAY_CHUNK_FRAMES,
     ) -> MoshiFrameModel:
         """The checkpoint's LM, Mimi and tokenizer on `device` (bf16 LM on CUDA, float32 on
         CPU, where bf16 matmuls are slow), with `slots` rows."""
@@ -162,7 +231,15 @@ class MoshiFrameModel(FrameModel):
         tokenizer = checkpoint.load_tokenizer()
         if sampling is None:
             sampling = sampling_from_config(checkpoint.info.lm_gen_config)
-        model = cls(lm, mimi, tokenizer, slots, sampling)
+        model = cls(
+            lm,
+            mimi,
+            tokenizer,
+            slots,
+            sampling,
+            interrupt_frames=interrupt_frames,
+            replay_chunk_frames=replay_chunk_frames,
+        )
         model.warm_up()
         return model
 
@@ -193,17 +270,107 @@ class MoshiFrameModel(FrameModel):
         self.mimi.reset_streaming(mask)
         self._fresh[slot] = True
         self._quiet[slot] = self.speaking_hold_frames + 1
+        self._silenced[slot] = 0
         # a reset goes back to where open_slot left the slot: its prompt is stepped again
         self._prompts[slot] = list(self._slot_prompt[slot])
         self._prompt_previous[slot] = None
+        self._replays.pop(slot, None)
+        prefix = self._prefix[slot]
+        if prefix is not None:
+            segment = Segment(embeddings=prefix.embeddings[None])
+            side = SideReplay(self.lm, [segment], self.replay_chunk_frames)
+            empty = np.zeros((0, self.lm.num_codebooks), dtype=np.int64)
+            self._replays[slot] = _SlotReplay(
+                side, empty, prefix.frames, prefix.frames, dict(prefix.columns)
+            )
 
     def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
         self._check(slot)
         prompt = self.prompt_builder(options) if self.prompt_builder else []
         self._slot_prompt[slot] = list(prompt)
+        self._prefix[slot] = self.prefix_builder(options) if self.prefix_builder else None
         self._restart(slot)
         self._open[slot] = True
         self.slot_options[slot] = dict(options)
+
+    def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
+        """Open the slot, then replay its history: its prefix (if any), then its records'
+        LM inputs, in chunks (`replay_work`); a history shorter than the prompt leaves the
+        rest of the prompt to step."""
+        records = decode_records(history, self.lm.num_codebooks)
+        self.open_slot(slot, options)
+        frames = len(records)
+        if not frames:
+            return
+        prompt = self._slot_prompt[slot]
+        self._prompts[slot] = list(prompt[frames:])
+        if 0 < frames <= len(prompt):
+            self._prompt_previous[slot] = prompt[frames - 1].model_codes
+        prefix = self._prefix[slot]
+        first = prefix.frames if prefix is not None else 0
+        before = dict(prefix.columns) if prefix is not None else None
+        inputs = lm_inputs(records, self.lm, start=first, before=before)
+        tokens = torch.from_numpy(inputs)[None].to(self.device)
+        segments = [Segment(tokens=tokens)]
+        if prefix is not None:
+            segments.insert(0, Segment(embeddings=prefix.embeddings[None]))
+        offset = first + frames
+        self._replays[slot] = _SlotReplay(
+            SideReplay(self.lm, segments, self.replay_chunk_frames),
+            records,
+            first,
+            offset,
+            lmgen_columns(records, self.lm, offset, before),
+        )
+        # the speaking state the history ends in: frames since the model's last word
+        silent = [int(t) in self._silent_ids for t in records[::-1, 0]]
+        self._quiet[slot] = silent.index(False) if False in silent else len(silent)
+
+    def replay_pending(self, slot: int) -> int:
+        replay = self._replays.get(self._check(slot))
+        return replay.side.left if replay is not None else 0
+
+    @torch.no_grad()
+    def replay_work(self, slot: int) -> int:
+        replay = self._replays.get(self._check(slot))
+        if replay is None:
+            return 0
+        left = replay.side.work()
+        if not left:
+            self._finish_replay(slot, replay)
+        return left
+
+    def _finish_replay(self, slot: int, replay: _SlotReplay) -> None:
+        """The replayed row into the batch, LMGen's offset and token cache as the last step
+        left them, and Mimi's decoder warmed on the last frames (its encoder starts fresh,
+        as at an open)."""
+        del self._replays[slot]
+        replay.side.commit(slot)
+        state = self.lm_gen._streaming_state
+        assert state is not None
+        length = state.cache.shape[2]
+        for position, column in replay.columns.items():
+            state.cache[slot, :, position % length] = torch.from_numpy(column).to(self.device)
+        state.offsets[slot] = replay.offset
+        mask = self._mask(slot)
+        tokens = torch.zeros(self.slots, self.lm.dep_q, 1, dtype=torch.long, device=self.device)
+        warm_from = max(replay.first, replay.offset - DECODER_WARM_FRAMES)
+        for step in range(warm_from, replay.offset):
+            frame = decoder_tokens(replay.records, self.lm, step, replay.first)
+            if frame is None:
+                continue
+            tokens[slot, :, 0] = torch.from_numpy(frame).to(self.device)
+            self.mimi.set_exec_mask(mask)
+            self.mimi.decode(tokens)
+
+    def interrupt_slot(self, slot: int) -> None:
+        """Barge-in: the slot is silent for `interrupt_frames` frames (text forced to
+        padding, audio to the codes of silence) and keeps its context; a slot still in its
+        prompt finishes the prompt."""
+        if not self._open[self._check(slot)]:
+            raise ValueError(f"slot {slot} is not open")
+        self._silenced[slot] = self.interrupt_frames
+        self._quiet[slot] = self.speaking_hold_frames + 1
 
     def reset_slot(self, slot: int) -> None:
         if not self._open[self._check(slot)]:
@@ -215,10 +382,21 @@ class MoshiFrameModel(FrameModel):
         self.slot_options[slot] = {}
         self._slot_prompt[slot] = []
         self._prompts[slot] = []
+        self._prefix[slot] = None
+        self._replays.pop(slot, None)
+        self._silenced[slot] = 0
 
     def _check(self, slot: int) -> int:
         self._mask(slot)
         return slot
+
+    @torch.no_grad()
+    def _silence_codes(self) -> tuple[int, ...]:
+        """The model's audio codes for silence: what Mimi makes of a few silent frames."""
+        with self.mimi.streaming(1):
+            zeros = torch.zeros(1, 1, 4 * self.frame_samples, device=self.device)
+            codes = self.mimi.encode(zeros)
+        return tuple(int(c) for c in codes[0, : self.lm.dep_q, -1].tolist())
 
     # ------------------------------------------------------------ the step
 
@@ -232,6 +410,9 @@ class MoshiFrameModel(FrameModel):
             )
         if (active & ~self._open).any():
             raise ValueError(f"slots {np.flatnonzero(active & ~self._open).tolist()} are not open")
+        replaying = [slot for slot in self._replays if active[slot]]
+        if replaying:
+            raise ValueError(f"slots {replaying} are still replaying their history")
         if not active.any():
             return [None] * self.slots
         mask = torch.from_numpy(active).to(self.device)
@@ -245,16 +426,19 @@ class MoshiFrameModel(FrameModel):
             self.mimi.reset_streaming(torch.from_numpy(fresh).to(self.device))
             self._fresh[fresh] = False
 
-        user_codes = codes[:, :, :1]
+        user_codes = codes[:, : self.user_codebooks, :1]
         prompting = np.array([bool(active[s] and self._prompts[s]) for s in range(self.slots)])
-        if prompting.any():
-            user_codes, self._forcing = self._prompt_step(user_codes, prompting)
+        silencing = active & (self._silenced > 0) & ~prompting
+        if prompting.any() or silencing.any():
+            user_codes, self._forcing = self._forced(user_codes, prompting, silencing)
         self.lm_gen.set_exec_mask(mask)
         try:
             tokens = self.lm_gen.step(user_codes)  # [slots, 1 + dep_q, 1]
         finally:
             self._forcing = None
         assert tokens is not None  # support_out_of_sync: never None
+        assert self._step_text is not None and self._step_audio is not None
+        self._silenced[silencing] -= 1
         audio_tokens = tokens[:, 1:, :]
         # a slot speaks once its acoustic delay is over and its prompt (if any) is done
         ready = (audio_tokens >= 0).all(dim=2).all(dim=1) & mask
@@ -265,22 +449,35 @@ class MoshiFrameModel(FrameModel):
             decoded = self.mimi.decode(torch.where(audio_tokens >= 0, audio_tokens, 0))
             pcm = decoded[:, 0, :].float().cpu().numpy()
         ready_np = ready.cpu().numpy()
+        # one copy to the host: the output tokens, then each slot's record (what the step
+        # fed the LM: its text and audio tokens after forcing, and the user's codes)
+        fed = torch.cat(
+            [tokens[:, :, 0], self._step_text[:, None], self._step_audio, user_codes[:, :, 0]],
+            dim=1,
+        )
+        host = fed.cpu().numpy()
+        width = 1 + self.lm.dep_q
         #: this step's tokens per slot [slots, 1 + dep_q] (text, then audio; -2: none yet)
-        self.last_tokens = tokens[:, :, 0].cpu().numpy()
+        self.last_tokens = host[:, :width]
+        records = host[:, width:]
         text_ids = self.last_tokens[:, 0].tolist()
 
         outputs: list[FrameOutput | None] = []
         for slot in range(self.slots):
             if not active[slot]:
                 outputs.append(None)
-            elif not ready_np[slot] or pcm is None:
+                continue
+            record = encode_records(records[slot : slot + 1])
+            if not ready_np[slot] or pcm is None:
                 # the model's acoustic delay: nothing generated for this slot yet
-                outputs.append(FrameOutput(audio=np.zeros(0, dtype=np.float32)))
-            else:
-                words = self.words(text_ids[slot])
-                self._quiet[slot] = 0 if words else self._quiet[slot] + 1
-                speaking = bool(self._quiet[slot] <= self.speaking_hold_frames)
-                outputs.append(FrameOutput(audio=pcm[slot].copy(), text=words, speaking=speaking))
+                outputs.append(FrameOutput(audio=np.zeros(0, dtype=np.float32), record=record))
+                continue
+            words = "" if silencing[slot] else self.words(text_ids[slot])
+            self._quiet[slot] = 0 if words else self._quiet[slot] + 1
+            speaking = bool(self._quiet[slot] <= self.speaking_hold_frames)
+            outputs.append(
+                FrameOutput(audio=pcm[slot].copy(), text=words, speaking=speaking, record=record)
+            )
         return outputs
 
     # ------------------------------------------------------------ prompts
@@ -288,12 +485,13 @@ class MoshiFrameModel(FrameModel):
     def prompt_frames_left(self, slot: int) -> int:
         return len(self._prompts[self._check(slot)])
 
-    def _prompt_step(
-        self, user_codes: torch.Tensor, prompting: np.ndarray
+    def _forced(
+        self, user_codes: torch.Tensor, prompting: np.ndarray, silencing: np.ndarray
     ) -> tuple[torch.Tensor, _Forcing]:
-        """This step's user codes and forced tokens for the slots still in their prompt.
-        Forced audio goes into LMGen's cache in its delayed layout: codebook k of this step
-        is frame t - delays[k] of the prompt's audio (kyutai's delays are 0 or 1)."""
+        """This step's user codes and forced tokens: the prompt's for the slots still in
+        their prompt, padding and silence for the slots a barge-in silenced. Forced audio
+        goes into LMGen's cache in its delayed layout: codebook k of this step is frame
+        t - delays[k] of the prompt's audio (kyutai's delays are 0 or 1)."""
         user_codes = user_codes.clone()
         slots, dep_q = self.slots, self.lm.dep_q
         text_mask = torch.zeros(slots, dtype=torch.bool)
@@ -313,6 +511,10 @@ class MoshiFrameModel(FrameModel):
                 for k in range(dep_q):
                     audio[slot, k] = (frame.model_codes if delays[k] == 0 else previous)[k]
                 self._prompt_previous[slot] = frame.model_codes
+        for slot in np.flatnonzero(silencing):
+            text_mask[slot], text[slot] = True, self.lm.text_padding_token_id
+            audio_mask[slot] = True
+            audio[slot] = torch.tensor(self.silence_codes, dtype=torch.long)
         device = self.device
         forcing = _Forcing(
             text_mask.to(device), text.to(device), audio_mask.to(device), audio.to(device)
@@ -321,9 +523,11 @@ class MoshiFrameModel(FrameModel):
 
     def _force_text(self, text_token: torch.Tensor) -> None:
         """LMGen's text hook gets the sampled tokens [slots] before they are fed to the
-        depformer and written to its cache: forcing in place forces both."""
+        depformer and written to its cache: forcing in place forces both. The tokens are
+        kept (after forcing) for the step's records."""
         if (forcing := self._forcing) is not None:
             text_token.copy_(torch.where(forcing.text_mask, forcing.text, text_token))
+        self._step_text = text_token
 
     def _force_audio(self, audio_tokens: torch.Tensor) -> None:
         """LMGen's audio hook gets the depformer's tokens [slots, dep_q] before the cache."""
@@ -331,6 +535,7 @@ class MoshiFrameModel(FrameModel):
             audio_tokens.copy_(
                 torch.where(forcing.audio_mask[:, None], forcing.audio, audio_tokens)
             )
+        self._step_audio = audio_tokens
 
     # ------------------------------------------------------------ text
 
@@ -358,8 +563,12 @@ def sampling_from_config(lm_gen_config: Mapping[str, Any]) -> SamplingSettings:
 
 
 __all__ = [
+    "INTERRUPT_FRAMES",
+    "REPLAY_CHUNK_FRAMES",
     "SPEAKING_HOLD_FRAMES",
     "MoshiFrameModel",
+    "PromptFrame",
+    "PromptPrefix",
     "SamplingSettings",
     "default_threads",
     "sampling_from_config",

@@ -9,6 +9,10 @@ Worker options (strings, from `--model-dir` / `--plugin-option KEY=VALUE`):
 - `temperature`, `temperature_text` (0: greedy), `top_k`, `top_k_text`: `LMGen`'s sampling
   (default: the checkpoint's `lm_gen_config`, else moshi's 0.8/0.7/250/25);
 - `threads`: torch CPU threads (default: cores - 1, at most 8);
+- `interrupt_frames`: frames a barge-in keeps the model silent before it decides again
+  (default 12, about 1 s; frame_model.py);
+- `replay_chunk_frames`: frames of a restored session's history replayed between two
+  steps (default 64; a restore spreads over as many ticks as it needs);
 - `voice_prompt_dir` (personaplex): where the voice prompt files are.
 
 The model decides when it speaks: `auto_response: false` is refused (FrameClockedPlugin), and
@@ -26,7 +30,13 @@ from typing import Any
 import torch
 
 from plugins.moshi.checkpoint import MoshiCheckpoint
-from plugins.moshi.frame_model import MoshiFrameModel, SamplingSettings, sampling_from_config
+from plugins.moshi.frame_model import (
+    INTERRUPT_FRAMES,
+    REPLAY_CHUNK_FRAMES,
+    MoshiFrameModel,
+    SamplingSettings,
+    sampling_from_config,
+)
 from plugins.moshi.personaplex import PersonaPlexPreset, checkpoint_preset
 from shared.contracts import DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin, FrameModel
@@ -79,6 +89,8 @@ class MoshiPlugin(FrameClockedPlugin):
         sampling: SamplingSettings | None = None,
         threads: int | None = None,
         voice_prompt_dir: Path | None = None,
+        interrupt_frames: int = INTERRUPT_FRAMES,
+        replay_chunk_frames: int = REPLAY_CHUNK_FRAMES,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"moshi option preset must be one of {PRESETS}, got {preset!r}")
@@ -87,6 +99,10 @@ class MoshiPlugin(FrameClockedPlugin):
         self.device = device
         self.sampling = sampling or sampling_from_config(checkpoint.info.lm_gen_config)
         self.threads = threads
+        if replay_chunk_frames < 1:
+            raise ValueError("moshi option replay_chunk_frames must be at least 1")
+        self.interrupt_frames = interrupt_frames
+        self.replay_chunk_frames = replay_chunk_frames
         self.personaplex = (
             PersonaPlexPreset(checkpoint, voice_prompt_dir) if preset == "personaplex" else None
         )
@@ -107,11 +123,19 @@ class MoshiPlugin(FrameClockedPlugin):
             sampling=read_sampling(options, checkpoint),
             threads=threads or None,
             voice_prompt_dir=Path(voice_prompt_dir) if voice_prompt_dir else None,
+            interrupt_frames=_number(options, "interrupt_frames", int, INTERRUPT_FRAMES),
+            replay_chunk_frames=_number(options, "replay_chunk_frames", int, REPLAY_CHUNK_FRAMES),
         )
 
     def frame_model(self, max_sessions: int) -> FrameModel:
         model = MoshiFrameModel.load(
-            self.checkpoint, max_sessions, self.device, self.sampling, self.threads
+            self.checkpoint,
+            max_sessions,
+            self.device,
+            self.sampling,
+            self.threads,
+            interrupt_frames=self.interrupt_frames,
+            replay_chunk_frames=self.replay_chunk_frames,
         )
         if self.personaplex is not None:
             self.personaplex.attach(model)

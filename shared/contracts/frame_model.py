@@ -14,8 +14,18 @@ thread (never on the event loop, never two at once), so a model needs no lock.
 
 Turn taking is the model's: each output frame says whether the model speaks in it
 (`FrameOutput.speaking`). The stage turns runs of speaking frames into responses and a
-run of quiet frames back into listening; barge-in and cancel reset one slot
-(`reset_slot`), never the batch.
+run of quiet frames back into listening; barge-in and cancel interrupt one slot
+(`interrupt_slot`: its output stops, its memory stays), never the batch.
+
+The model's memory moves with its session. A model with `state_record_bytes` > 0 gives,
+with every output, the frame's state record (`FrameOutput.record`): what the step fed into
+the model, such that the slot's state after N steps is a pure function of the options it
+was opened with and its N records, concatenated (the session's *history*). The worker
+writes the history to Redis as it grows (append-only), and a session moved to another
+worker gets its slot back by `restore_slot`: the model replays the history in chunks
+(`replay_work`, one call at a time between steps, as many as the tick's spare time
+allows), so the other slots never wait for it; the slot is stepped again once its
+replay is done.
 """
 
 from __future__ import annotations
@@ -47,15 +57,18 @@ class FrameOutput:
     text: str = ""
     #: the model speaks in this frame (model-native turn taking)
     speaking: bool = False
+    #: the frame's state record (`FrameModel.state_record_bytes` bytes; b"" for a model
+    #: whose state does not move)
+    record: bytes = b""
 
 
 class FrameModel(abc.ABC):
     """A frame-clocked model with `slots` sessions stepped in one batch.
 
-    Slots are numbered 0..slots-1. A slot is opened before its first step, reset on a
-    barge-in or cancel, and closed when its session ends; a closed slot is stepped as
-    inactive (`active[slot]` False) and its state must not change, nor change anyone
-    else's output: a session's outputs are the same whoever shares the batch.
+    Slots are numbered 0..slots-1. A slot is opened (or restored) before its first
+    step, interrupted on a barge-in or cancel, and closed when its session ends; a closed
+    slot is stepped as inactive (`active[slot]` False) and its state must not change,
+    nor change anyone else's output: a session's outputs are the same whoever shares the batch.
     """
 
     #: samples of one input frame at `input_sample_rate_hz`
@@ -64,6 +77,9 @@ class FrameModel(abc.ABC):
     output_sample_rate_hz: int
     #: sessions one batched step serves
     slots: int
+    #: bytes of one frame's state record; 0: the model's state cannot be exported (a
+    #: restored session opens a fresh slot)
+    state_record_bytes: int = 0
 
     @property
     def frame_ms(self) -> float:
@@ -77,8 +93,32 @@ class FrameModel(abc.ABC):
 
     @abc.abstractmethod
     def reset_slot(self, slot: int) -> None:
-        """Barge-in or cancel: `slot` goes back to the state `open_slot` left it in;
-        every other slot is untouched."""
+        """`slot` goes back to the state `open_slot` left it in (a second open of one
+        session); every other slot is untouched."""
+
+    def interrupt_slot(self, slot: int) -> None:
+        """Barge-in or cancel: the slot's current output stops, and it keeps its memory of
+        the conversation so far; every other slot is untouched. A model that cannot stop
+        without forgetting resets (the default)."""
+        self.reset_slot(slot)
+
+    def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
+        """Open `slot` as the session whose history (its frames' records, concatenated) is
+        `history`: what `open_slot` does, then the history replayed. Only a model with
+        `state_record_bytes` > 0 implements it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a slot's state")
+
+    def replay_pending(self, slot: int) -> int:
+        """Frames the slot still has to replay (a restore's history, a prompt given as
+        precomputed model inputs) before it can be stepped; 0: it steps. A step with a
+        replaying slot active raises."""
+        return 0
+
+    def replay_work(self, slot: int) -> int:
+        """Replay the next chunk of the slot's pending frames (a bounded amount of work:
+        the stage calls it between steps while the tick has time to spare); returns the
+        frames left, 0 once the slot is as it was when its last record was made."""
+        raise NotImplementedError(f"{type(self).__name__} has nothing to replay")
 
     @abc.abstractmethod
     def close_slot(self, slot: int) -> None:
@@ -110,8 +150,9 @@ class FrameClockedPlugin(DuplexModelPlugin):
 
     def capabilities(self, max_sessions: int) -> DuplexCapabilities:
         """A model-native, full-duplex model: it decides when it speaks; barge-in and
-        cancel reset its slot; a session restored elsewhere opens a fresh slot (the
-        model's state does not move), so resume works, with the model's memory lost."""
+        cancel interrupt its slot; a session restored elsewhere gets its model's memory
+        back where the model exports its state (`FrameModel.state_record_bytes`), and
+        opens a fresh slot where it does not."""
         return DuplexCapabilities(
             supports_model_native_turn_policy=True,
             supports_barge_in=True,

@@ -1,0 +1,251 @@
+"""A Moshi slot's memory as a token history, and its rebuild by replay.
+
+What one step feeds the LM is a pure function of 17 tokens a frame (for Moshi's 8 + 8
+codebooks): the text token and the 8 audio tokens the step produced (as LMGen's hooks see
+them: after any forcing, in the delayed layout LMGen caches), and the 8 user codes it was
+given. The depformer keeps nothing between frames. So a slot's record per frame is those
+tokens, as little-endian uint16 (34 bytes), and a slot's whole LM state after T steps
+follows from its T records (and whatever prefix its options give, a `.pt` voice's
+embeddings):
+
+- `lm_inputs` rebuilds what LMGen fed the transformer at each step (its token cache read
+  at the step's offset, initial tokens while a codebook's delay has not passed);
+- `SideReplay` runs those inputs through the transformer in chunks, in a *side* batch of
+  one, and copies the finished row into the slot's row of the shared batch. Never in the
+  shared batch itself: a forward of more than one frame there writes every row's key/value
+  ring at T positions (masked rows too: moshi's `RingKVCache.complete` scatters for all
+  rows, only the offsets honour the exec mask), which corrupts a neighbour whose ring has
+  wrapped. The side ring holds context + chunk - 1 positions, so a chunk's first frames
+  still see their whole context; past the model's context, chunked forwards stay exact;
+- `lmgen_columns` are LMGen's token-cache columns the next steps read before writing.
+
+Not rebuilt: Mimi's encoder and decoder (the slot's are reset; the decoder is warmed on the
+last frames' tokens by the frame model) and the sampler's random state (greedy decoding is
+exact; sampled decoding goes on from the same context with fresh randomness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from moshi.models.lm import LMModel
+from moshi.modules.transformer import (
+    RingKVCache,
+    StreamingMultiheadAttention,
+    _MHAState,
+    _TransformerState,
+)
+
+#: a record's tokens are stored as uint16: every token id must be below this
+TOKEN_LIMIT = 1 << 16
+
+
+def record_tokens(lm: LMModel) -> int:
+    """Tokens of one frame's record: text, the model's audio codebooks, the user's."""
+    return lm.num_codebooks
+
+
+def encode_records(tokens: np.ndarray) -> bytes:
+    """[frames, tokens] int64 -> the records' bytes."""
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= TOKEN_LIMIT):
+        raise ValueError("a record holds tokens 0..65535 only")
+    return np.ascontiguousarray(tokens, dtype="<u2").tobytes()
+
+
+def decode_records(data: bytes, tokens: int) -> np.ndarray:
+    """The records' bytes -> [frames, tokens] int64."""
+    width = 2 * tokens
+    if len(data) % width:
+        raise ValueError(f"a history of {len(data)} bytes is not whole {width}-byte records")
+    return np.frombuffer(data, dtype="<u2").reshape(-1, tokens).astype(np.int64)
+
+
+def lm_inputs(
+    records: np.ndarray,
+    lm: LMModel,
+    start: int = 0,
+    before: dict[int, np.ndarray] | None = None,
+) -> np.ndarray:
+    """[K, T] the tokens LMGen fed the transformer at steps start..start+T-1 of a slot
+    whose records are `records` (frame i of the records is step start + i).
+
+    LMGen's cache column at offset o holds, for the text and the model's audio (k <=
+    dep_q), what step o - 1 produced, and for a user codebook with delay d the codes step
+    o - d was given; a codebook whose delay has not passed (o <= d) reads its initial
+    token. What steps before `start` wrote (a prefix replayed from embeddings, which has
+    no records) comes from `before`: cache position -> [K] tokens, as `lmgen_columns`
+    gives them."""
+    frames, width = records.shape
+    delays = list(lm.delays)
+    if width != len(delays):
+        raise ValueError(f"records of {width} tokens, the model has {len(delays)} codebooks")
+    initial = lm._get_initial_token()[0, :, 0].cpu().numpy()
+    steps = np.arange(start, start + frames)
+    out = np.empty((width, frames), dtype=np.int64)
+    for k, delay in enumerate(delays):
+        source = steps - 1 if k <= lm.dep_q else steps - delay
+        initial_now = steps <= delay
+        recorded = ~initial_now & (source >= start)
+        column = np.full(frames, initial[k], dtype=np.int64)
+        column[recorded] = records[source[recorded] - start, k]
+        for i in np.flatnonzero(~initial_now & ~recorded):  # the first steps after a prefix
+            step = int(steps[i])
+            if before is None or step not in before:
+                raise ValueError(f"step {step} reads a token of step {source[i]}, not given")
+            column[i] = before[step][k]
+        out[k] = column
+    return out
+
+
+def lmgen_columns(
+    records: np.ndarray,
+    lm: LMModel,
+    offset: int,
+    before: dict[int, np.ndarray] | None = None,
+) -> dict[int, np.ndarray]:
+    """LMGen cache positions (not yet taken modulo its length) -> [K] tokens, for a slot
+    whose `offset` steps made `records` (the last record is step offset - 1): the columns
+    the next steps read before they write them. What steps before the records wrote comes
+    from `before` (a prefix's columns); entries nobody reads are left 0."""
+    delays = list(lm.delays)
+    max_delay = max(delays)
+    first = offset - len(records)
+    columns: dict[int, np.ndarray] = {}
+    for position in range(offset, offset + max_delay + 1):
+        given = (before or {}).get(position)
+        column = np.zeros(len(delays), dtype=np.int64) if given is None else given.copy()
+        for k, delay in enumerate(delays):
+            step = position - 1 if k <= lm.dep_q else position - delay
+            if first <= step < offset:
+                column[k] = records[step - first, k]
+        columns[position] = column
+    return columns
+
+
+def decoder_tokens(records: np.ndarray, lm: LMModel, step: int, first: int) -> np.ndarray | None:
+    """[dep_q] the audio tokens LMGen output at `step` (what Mimi decodes), from the
+    records of steps first.., or None when they are not all there."""
+    delays = list(lm.delays)
+    max_delay = max(delays)
+    out = np.empty(lm.dep_q, dtype=np.int64)
+    for k in range(1, lm.dep_q + 1):
+        source = step - max_delay + delays[k] - first
+        if not 0 <= source < len(records):
+            return None
+        out[k - 1] = records[source, k]
+    return out
+
+
+@dataclasses.dataclass
+class Segment:
+    """Inputs to replay: token columns [1, K, T], or input embeddings [1, T, dim]."""
+
+    tokens: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+
+    @property
+    def frames(self) -> int:
+        if self.tokens is not None:
+            return int(self.tokens.shape[2])
+        assert self.embeddings is not None
+        return int(self.embeddings.shape[1])
+
+
+class SideReplay:
+    """One slot's rebuild: its segments forwarded `chunk` frames at a time in a batch of
+    one of its own (`work`), then its row copied into the shared batch (`commit`)."""
+
+    def __init__(self, lm: LMModel, segments: Sequence[Segment], chunk: int) -> None:
+        if chunk < 1:
+            raise ValueError("a replay chunk is at least one frame")
+        self.lm = lm
+        self.segments = [s for s in segments if s.frames]
+        self.chunk = chunk
+        self.total = sum(s.frames for s in self.segments)
+        self.done = 0
+        self._segment = 0
+        self._within = 0
+        self._side: dict[str, object] | None = None
+
+    @property
+    def left(self) -> int:
+        return self.total - self.done
+
+    def work(self) -> int:
+        """Forward the next chunk; returns the frames left."""
+        if not self.left:
+            return 0
+        lm = self.lm
+        main = lm.get_streaming_state()
+        if self._side is None:
+            self._side = self._side_state(main)
+        lm.set_streaming_state(self._side)
+        try:
+            segment = self.segments[self._segment]
+            end = min(self._within + self.chunk, segment.frames)
+            if segment.tokens is not None:
+                lm.forward_text(segment.tokens[:, :, self._within : end])
+            else:
+                assert segment.embeddings is not None
+                lm.transformer(segment.embeddings[:, self._within : end])
+        finally:
+            lm.set_streaming_state(main)
+        self.done += end - self._within
+        self._within = end
+        if end == segment.frames:
+            self._segment, self._within = self._segment + 1, 0
+        return self.left
+
+    def _side_state(self, main: dict[str, object]) -> dict[str, object]:
+        """A batch of one, its rings context + chunk - 1 long; the shared batch's state is
+        put back as it was (the same objects: CUDA graphs captured on them stay valid)."""
+        lm = self.lm
+        lm.set_streaming_state({name: None for name in main})
+        lm.streaming(1)  # never exited: dropped with the replay
+        side = lm.get_streaming_state()
+        lm.set_streaming_state(main)
+        modules = dict(lm.named_modules())
+        for name, state in side.items():
+            module = modules[name]
+            if isinstance(state, _MHAState) and state.kv_cache is not None:
+                assert isinstance(module, StreamingMultiheadAttention)
+                ring = state.kv_cache
+                context = module.context or ring.capacity
+                state.kv_cache = RingKVCache(
+                    1,
+                    ring.cache.shape[2],
+                    ring.cache.shape[4],
+                    context + self.chunk - 1,
+                    respect_exec_mask=True,
+                    device=ring.cache.device,
+                    dtype=ring.cache.dtype,
+                )
+        return side
+
+    def commit(self, slot: int) -> None:
+        """The replayed row into `slot`'s row of the shared batch: each attention layer's
+        last `capacity` keys and values at their ring positions, its end offset and
+        offset, and the transformer's offsets. The slot's row was reset before."""
+        assert not self.left
+        lm, frames = self.lm, self.total
+        main = lm.get_streaming_state()
+        side = self._side or {}
+        for name, state in side.items():
+            target = main[name]
+            if isinstance(state, _MHAState) and isinstance(target, _MHAState):
+                target.offset[slot] = state.offset[0]
+                ring, into = state.kv_cache, target.kv_cache
+                if ring is None or into is None:
+                    continue
+                kept = min(frames, into.capacity)
+                positions = torch.arange(frames - kept, frames, device=ring.cache.device)
+                into.cache[:, slot, :, positions % into.capacity] = ring.cache[
+                    :, 0, :, positions % ring.capacity
+                ]
+                into.end_offset[slot] = frames
+            elif isinstance(state, _TransformerState) and isinstance(target, _TransformerState):
+                target.offsets[slot] = state.offsets[0]
+        self._side = None

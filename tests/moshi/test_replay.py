@@ -1,0 +1,200 @@
+"""A Moshi slot's memory: the records of its frames rebuild it exactly, elsewhere.
+
+The LM's state is what a restore rebuilds (plugins/moshi/replay.py); Mimi's encoder starts
+afresh at a restore, so the user codes it makes of the same audio differ for a few frames.
+These tests therefore give the LM the user's codes directly (`Codes` replaces Mimi's
+encoder with a per-slot script of codes), and compare the tokens the LM then produces:
+greedy, they must be equal to an uninterrupted run's, token for token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.moshi.conftest import user_audio
+
+CONTEXT = 100  # the tiny LM's context (harness/tiny_moshi.py)
+
+
+class Codes:
+    """Mimi's encoder replaced: each slot's next codes from its script (zeros when none)."""
+
+    def __init__(self, model, scripts: dict[int, np.ndarray]) -> None:
+        self.model = model
+        self.scripts = scripts
+        self.cursor = {slot: 0 for slot in scripts}
+        self.real = model.mimi.encode
+        model.mimi.encode = self
+
+    def __call__(self, audio: torch.Tensor) -> torch.Tensor:
+        real = self.real(audio)  # keeps Mimi's streaming state moving as it would
+        out = torch.zeros_like(real)
+        for slot, script in self.scripts.items():
+            if self.model._open[slot] and slot not in self.model._replays:
+                at = self.cursor[slot]
+                out[slot, : script.shape[1], 0] = torch.from_numpy(script[at])
+        return out
+
+    def advance(self, active: np.ndarray) -> None:
+        for slot in self.scripts:
+            if active[slot]:
+                self.cursor[slot] += 1
+
+
+def script(seed: int, frames: int, codebooks: int = 2, card: int = 32) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, card, size=(frames, codebooks))
+
+
+def step(model, codes: Codes, active_slots: list[int]):
+    frames = np.zeros((model.slots, model.frame_samples), np.float32)
+    active = np.zeros(model.slots, bool)
+    active[active_slots] = True
+    outputs = model.step(frames, active)
+    codes.advance(active)
+    return outputs
+
+
+def run_alone(make_model, seed: int, frames: int) -> tuple[bytes, list[np.ndarray]]:
+    """One slot stepped `frames` times on its script: its history and tokens per frame."""
+    model = make_model(1)
+    model.open_slot(0, {})
+    codes = Codes(model, {0: script(seed, frames)})
+    history, tokens = b"", []
+    for _ in range(frames):
+        output = step(model, codes, [0])[0]
+        history += output.record
+        tokens.append(model.last_tokens[0].copy())
+    return history, tokens
+
+
+@pytest.mark.parametrize("frames_before", [40, 260])
+def test_a_restored_slot_goes_on_as_if_never_moved_beside_a_wrapped_neighbour(
+    make_model, frames_before
+):
+    """K frames (below and past the context), restored in another model's slot 1 while
+    slot 0 is busy and its ring has wrapped: the next frames are the uninterrupted run's,
+    and the neighbour's are its own as if alone."""
+    after = 25
+    total = frames_before + after
+    history, reference = run_alone(make_model, seed=1, frames=total)
+    record_bytes = len(history) // total
+    neighbour_frames = CONTEXT + 40 + total
+    _, neighbour_alone = run_alone(make_model, seed=2, frames=neighbour_frames)
+
+    model = make_model(2, replay_chunk_frames="16")
+    model.open_slot(0, {})
+    session = script(1, total)
+    codes = Codes(model, {0: script(2, neighbour_frames), 1: session[frames_before:]})
+    neighbour = []
+    for _ in range(CONTEXT + 40):  # the neighbour's ring wraps before the restore
+        step(model, codes, [0])
+        neighbour.append(model.last_tokens[0].copy())
+    model.restore_slot(1, {}, history[: frames_before * record_bytes])
+    assert model.replay_pending(1) == frames_before
+    with pytest.raises(ValueError, match="replaying"):
+        step(model, codes, [0, 1])
+    chunks = 0
+    while model.replay_pending(1):  # a chunk between steps, the neighbour stepping on
+        step(model, codes, [0])
+        neighbour.append(model.last_tokens[0].copy())
+        model.replay_work(1)
+        chunks += 1
+    assert chunks == -(-frames_before // 16)
+    restored = []
+    for _ in range(after):
+        step(model, codes, [0, 1])
+        neighbour.append(model.last_tokens[0].copy())
+        restored.append(model.last_tokens[1].copy())
+    for index, (mine, theirs) in enumerate(zip(restored, reference[frames_before:], strict=True)):
+        assert np.array_equal(mine, theirs), f"frame {frames_before + index}: {mine} != {theirs}"
+    for index, (mine, theirs) in enumerate(zip(neighbour, neighbour_alone, strict=False)):
+        assert np.array_equal(mine, theirs), f"neighbour frame {index}: {mine} != {theirs}"
+
+
+def test_the_records_are_what_the_lm_was_fed(make_model):
+    """A slot's history is whole records, one per active step, of the LM's codebooks."""
+    model = make_model(2)
+    model.open_slot(0, {})
+    model.open_slot(1, {})
+    audio = user_audio(3, 6)
+    history = b""
+    for frame in audio:
+        frames = np.zeros((2, model.frame_samples), np.float32)
+        frames[0] = frame
+        output = model.step(frames, np.array([True, False]))[0]
+        history += output.record
+    assert model.state_record_bytes == 2 * model.lm.num_codebooks
+    assert len(history) == 6 * model.state_record_bytes
+    records = np.frombuffer(history, "<u2").reshape(6, -1)
+    assert (records[:, 0] < model.lm.text_card + 1).all()
+
+
+def test_a_barge_in_keeps_the_context(make_model):
+    """After an interrupt the slot is silent for its interrupt frames and then goes on
+    from its history: its next tokens are those of a run that spoke and was silenced at
+    the same frame, not those of a fresh open; and a reset (for contrast) forgets."""
+    before, after = 30, 20
+    codes_script = script(4, before + after)
+
+    def run(action):
+        model = make_model(1, interrupt_frames="3")
+        model.open_slot(0, {})
+        codes = Codes(model, {0: codes_script})
+        tokens, outputs = [], []
+        for index in range(before + after):
+            if index == before:
+                action(model)
+            outputs.append(step(model, codes, [0])[0])
+            tokens.append(model.last_tokens[0].copy())
+        return model, tokens, outputs
+
+    model, interrupted, outputs = run(lambda m: m.interrupt_slot(0))
+    records = np.frombuffer(b"".join(o.record for o in outputs), "<u2").reshape(before + after, -1)
+    # the silenced frames: text forced to padding, audio to the codes of silence
+    padding = model.lm.text_padding_token_id
+    assert (records[before : before + 3, 0] == padding).all()
+    assert [tuple(r) for r in records[before : before + 3, 1 : 1 + model.lm.dep_q]] == [
+        model.silence_codes
+    ] * 3
+    assert not any(o.speaking for o in outputs[before : before + 3])
+    # the context is kept: the slot's offset went on, a reset's starts over
+    state = model.lm_gen._streaming_state
+    assert int(state.offsets[0]) == before + after
+    reset_model, reset, _ = run(lambda m: m.reset_slot(0))
+    assert int(reset_model.lm_gen._streaming_state.offsets[0]) == after
+    # the same frames before the barge-in; after it, the reset slot (a fresh open, for
+    # contrast) and the interrupted one (its history in context) part ways
+    assert all(
+        np.array_equal(a, b) for a, b in zip(interrupted[:before], reset[:before], strict=True)
+    )
+    later = zip(interrupted[before + 3 :], reset[before + 3 :], strict=True)
+    assert not all(np.array_equal(a, b) for a, b in later)
+
+
+def test_a_history_restored_mid_prompt_steps_the_rest_of_the_prompt(make_model):
+    """A restore replays what was stepped and leaves the rest of the prompt to step."""
+    model = make_model(1)
+    from plugins.moshi.frame_model import PromptFrame
+
+    prompt = [PromptFrame((1, 2), text_token=5, model_codes=(3, 4)) for _ in range(6)]
+    model.prompt_builder = lambda options: prompt
+    model.open_slot(0, {})
+    history = b""
+    zeros = np.zeros((1, model.frame_samples), np.float32)
+    for _ in range(4):
+        history += model.step(zeros, np.array([True]))[0].record
+    other = make_model(1)
+    other.prompt_builder = lambda options: prompt
+    other.restore_slot(0, {}, history)
+    while other.replay_pending(0):
+        other.replay_work(0)
+    assert other.prompt_frames_left(0) == 2
+    assert model.prompt_frames_left(0) == 2
+
+
+def test_a_history_of_broken_records_is_refused(make_model):
+    model = make_model(1)
+    with pytest.raises(ValueError, match="records"):
+        model.restore_slot(0, {}, b"\x01\x02\x03")
