@@ -8,6 +8,12 @@ as its audio and "." as its text; any other frame is quiet (zeros, no text). A s
 output depends on its own input only, so the model is batch-invariant by construction;
 `steps[slot]` counts the steps a slot was active in, so a test can check that inactive
 slots do not advance, and `batches` records how many slots each step served.
+
+Its memory is its step count: each frame's record is the slot's step number (uint32), so a
+history is the numbers 1..N, and a restore (`restore_slot`, replayed `replay_chunk_frames`
+frames per `replay_work`) checks that it is exactly that (a history with a gap or a repeat
+is refused) and goes on counting from N. A barge-in (`interrupt_slot`) drops what the slot
+was about to say and keeps its count (`interrupts[slot]` counts them).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import struct
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -34,10 +41,21 @@ class EchoFrameModel(FrameModel):
     input_sample_rate_hz = RATE
     output_sample_rate_hz = RATE
 
+    state_record_bytes = 4
+
     def __init__(
-        self, slots: int, *, delay_frames: int = 2, frame_samples: int = FRAME_SAMPLES
+        self,
+        slots: int,
+        *,
+        delay_frames: int = 2,
+        frame_samples: int = FRAME_SAMPLES,
+        replay_chunk_frames: int = 8,
     ) -> None:
         self.slots = slots
+        self.replay_chunk_frames = replay_chunk_frames
+        self.interrupts = [0] * slots
+        self.restored = [0] * slots  # frames of history each slot was last restored from
+        self._replay_left = [0] * slots
         self.frame_samples = frame_samples
         self.delay_frames = delay_frames
         self.steps = [0] * slots
@@ -70,9 +88,31 @@ class EchoFrameModel(FrameModel):
         self.resets[slot] += 1
         self._history[slot] = self._fresh()
 
+    def interrupt_slot(self, slot: int) -> None:
+        self.interrupts[slot] += 1
+        self._history[slot] = self._fresh()
+
+    def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
+        count = len(history) // self.state_record_bytes
+        numbers = list(struct.unpack(f"<{count}I", history[: count * self.state_record_bytes]))
+        if len(history) % self.state_record_bytes or numbers != list(range(1, count + 1)):
+            raise ValueError(f"a history that is not the steps 1..{count}: {numbers[:8]}...")
+        self.open_slot(slot, options)
+        self.steps[slot] = count
+        self.restored[slot] = count
+        self._replay_left[slot] = count
+
+    def replay_pending(self, slot: int) -> int:
+        return self._replay_left[slot]
+
+    def replay_work(self, slot: int) -> int:
+        self._replay_left[slot] = max(0, self._replay_left[slot] - self.replay_chunk_frames)
+        return self._replay_left[slot]
+
     def close_slot(self, slot: int) -> None:
         self.opened[slot] = False
         self.options[slot] = None
+        self._replay_left[slot] = 0
 
     def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
         if self.on_step is not None:
@@ -86,15 +126,19 @@ class EchoFrameModel(FrameModel):
                 continue
             if not self.opened[slot]:
                 raise RuntimeError(f"slot {slot} stepped before open_slot")
+            if self._replay_left[slot]:
+                raise RuntimeError(f"slot {slot} stepped while replaying")
             self.steps[slot] += 1
+            record = struct.pack("<I", self.steps[slot])
             history = self._history[slot]
             history.append(frames[slot].copy())
             said = history.popleft()
             speaking = float(np.sqrt(np.mean(said**2))) > SPEECH_RMS
             if speaking:
-                outputs.append(FrameOutput(said, ".", True))
+                outputs.append(FrameOutput(said, ".", True, record))
             else:
-                outputs.append(FrameOutput(np.zeros(self.frame_samples, np.float32)))
+                silence = np.zeros(self.frame_samples, np.float32)
+                outputs.append(FrameOutput(silence, record=record))
         return outputs
 
     def close(self) -> None:
@@ -110,9 +154,12 @@ class EchoFramePlugin(FrameClockedPlugin):
     output_sample_rate_hz: ClassVar[int] = RATE
     listen_after_frames: ClassVar[int] = 3
 
-    def __init__(self, slots: int | None = None, delay_frames: int = 2) -> None:
+    def __init__(
+        self, slots: int | None = None, delay_frames: int = 2, replay_chunk_frames: int = 8
+    ) -> None:
         self.slots = slots
         self.delay_frames = delay_frames
+        self.replay_chunk_frames = replay_chunk_frames
         self.models: list[EchoFrameModel] = []
 
     @classmethod
@@ -121,11 +168,14 @@ class EchoFramePlugin(FrameClockedPlugin):
         return cls(
             slots=int(slots) if slots is not None else None,
             delay_frames=int(options.get("delay_frames", 2)),
+            replay_chunk_frames=int(options.get("replay_chunk_frames", 8)),
         )
 
     def frame_model(self, max_sessions: int) -> EchoFrameModel:
         slots = min(max_sessions, self.slots) if self.slots else max_sessions
-        model = EchoFrameModel(slots, delay_frames=self.delay_frames)
+        model = EchoFrameModel(
+            slots, delay_frames=self.delay_frames, replay_chunk_frames=self.replay_chunk_frames
+        )
         self.models.append(model)
         return model
 

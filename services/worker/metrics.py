@@ -17,6 +17,10 @@ TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0
 LAG_BUCKETS = (0.0, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 
+#: a native session's restore: a short history in one tick, Moshi's whole context in a few s
+RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
 class TickMetrics:
     """The tick-batched stage's clock, labelled with the model (`model`)."""
 
@@ -54,6 +58,19 @@ class TickMetrics:
             "duplex_tick_slots_active",
             "Slots held by a session (stepped as active)",
             ["model"],
+            registry=registry,
+        )
+        self.restored_frames = Counter(
+            "duplex_native_restored_frames_total",
+            "Frames of model-native sessions' histories replayed into a slot (restores)",
+            ["model"],
+            registry=registry,
+        )
+        self.restore_duration = Histogram(
+            "duplex_native_restore_seconds",
+            "From a restored session's slot open to its first step (its history replayed)",
+            ["model"],
+            buckets=RESTORE_BUCKETS,
             registry=registry,
         )
 

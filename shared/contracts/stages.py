@@ -137,6 +137,40 @@ class StagePort(abc.ABC):
         """Release engine resources when the worker stops."""
 
 
+class ModelHistory:
+    """A model-native session's model state, as the model's records of its frames
+    (`FrameOutput.record`), appended frame by frame; how much of it is in Redis already
+    (`written`, in bytes: the publisher appends the rest, about once a second); and how
+    many frames the session came back with at its last restore. One per session, owned by
+    its stream (`NativeStream`), so it outlives the stage's slot."""
+
+    def __init__(self, record_bytes: int, data: bytes = b"") -> None:
+        if record_bytes < 1 or len(data) % record_bytes:
+            raise ValueError(f"a history of {len(data)} bytes is not whole records")
+        self.record_bytes = record_bytes
+        self.data = bytearray(data)
+        self.written = len(data)  # what it came back with is in Redis already
+        self.restored_frames = len(data) // record_bytes
+
+    @property
+    def frames(self) -> int:
+        return len(self.data) // self.record_bytes
+
+    def append(self, record: bytes) -> None:
+        if len(record) != self.record_bytes:
+            raise ValueError(f"a record of {len(record)} bytes, not {self.record_bytes}")
+        self.data += record
+
+    def unwritten(self) -> tuple[int, bytes] | None:
+        """(offset, bytes) not in Redis yet, or None."""
+        if self.written >= len(self.data):
+            return None
+        return self.written, bytes(self.data[self.written :])
+
+    def mark_written(self, upto: int) -> None:
+        self.written = max(self.written, upto)
+
+
 class InputFedStagePort(StagePort):
     """A stage port whose stream request hears the session's input as it is applied, not
     in a plan's payload: the tick-batched stage of a frame-clocked model, whose slot is
@@ -148,11 +182,23 @@ class InputFedStagePort(StagePort):
         """`session_id`'s converted input: mono float32 at the model's input rate.
         Non-blocking; a session with no stream open (closed meanwhile) takes none."""
 
+    @property
+    def state_record_bytes(self) -> int:
+        """Bytes of one frame's record of the stage's model (0: its state does not move)."""
+        return 0
+
+    def keep_history(self, session_id: str, history: ModelHistory, *, responding: bool) -> None:
+        """Before the session's stream request: the model's records of its frames go to
+        `history` from now on; a history that holds frames already (a restore) is replayed
+        into the slot when the request opens it. `responding`: the session had a response
+        in flight when it moved, which the model's next frames go on with."""
+
 
 __all__ = [
     "DuplexFence",
     "FunctionCall",
     "InputFedStagePort",
+    "ModelHistory",
     "OutputSink",
     "StageCleanupError",
     "StageOutput",

@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from shared.contracts import DuplexFence
+from shared.contracts import DuplexFence, ModelHistory
 
 
 @dataclasses.dataclass
@@ -35,6 +35,14 @@ class SlotState:
     generation: int = 0
     #: the request an abort named: no output is sent under it again
     aborted_request_id: str | None = None
+    #: where the model's records of this slot's frames go (the session's history)
+    history: ModelHistory | None = None
+    #: the model is rebuilding the slot from its history (`replay_work`): not stepped yet
+    replaying: bool = False
+    replay_started: float = 0.0
+    #: ticks since the replay last made progress (a chunk longer than any spare time
+    #: still runs once this many ticks have passed without one)
+    replay_waited: int = 0
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
     #: speaking a response (its frames go to the session); False: listening
@@ -71,6 +79,16 @@ class SlotState:
         rest = audio[self.frame_samples :]
         self.chunks, self.buffered = ([rest] if rest.size else []), rest.size
         return True
+
+    def keep_latest(self, frames: int) -> int:
+        """Cut the input back to its newest `frames` frames; returns the samples cut."""
+        excess = self.buffered - frames * self.frame_samples
+        if excess <= 0:
+            return 0
+        audio = np.concatenate(self.chunks)[excess:]
+        self.chunks, self.buffered = [audio], audio.size
+        self.dropped_samples += excess
+        return excess
 
     @property
     def opened_in_model(self) -> bool:

@@ -20,9 +20,21 @@ never overlaps an open, reset or close, and those run between steps in call orde
 Turn taking is the model's (`FrameOutput.speaking`): a listening slot's frames are not
 sent; the first speaking frame and every frame after it go to the session as "audio"
 outputs stamped with the slot's request id and fence; `listen_after_frames` quiet frames,
-or `max_response_frames` frames, end the response with a "listen" output. `abort` resets
-the sessions it names (barge-in, cancel) and drops whatever their step in flight made;
-an `ensure` with a newer epoch re-stamps the slot.
+or `max_response_frames` frames, end the response with a "listen" output. `abort`
+interrupts the sessions it names (barge-in, cancel: `interrupt_slot`, which keeps the
+model's memory) and drops whatever their step in flight made; an `ensure` with a newer
+epoch re-stamps the slot.
+
+The model's memory (a model with `state_record_bytes`): every frame's record goes to the
+session's `ModelHistory` (`keep_history`), including frames whose output an abort drops
+(the model stepped them). A session restored here with a history opens its slot with
+`restore_slot`; the slot is not stepped while the model replays (`replay_pending`), and
+the replay runs a chunk at a time (`replay_work`) after each tick's step, only while the
+next frame is not due (the other slots miss no deadline for it), one slot at a time, the
+oldest restore first. A chunk longer than any tick's spare time runs anyway once
+`REPLAY_STARVED_TICKS` ticks have passed without one, so every restore ends. When the
+slot steps again, the input that arrived meanwhile is cut to its newest
+`RESTORED_INPUT_FRAMES` frames: the model goes on in real time, not seconds behind.
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from shared.contracts import (
     FrameModel,
     FrameOutput,
     InputFedStagePort,
+    ModelHistory,
     OutputSink,
     StageCleanupError,
     StageOutput,
@@ -63,6 +76,10 @@ T = TypeVar("T")
 MAX_BUFFERED_FRAMES = 25
 #: the error code of a model step that raised
 STEP_FAILED = "runtime_data_plane_stream_failed"
+#: input a restored slot keeps of what arrived while it replayed (160 ms at 80 ms)
+RESTORED_INPUT_FRAMES = 2
+#: ticks a replay waits for spare time before its next chunk runs regardless (2 s)
+REPLAY_STARVED_TICKS = 25
 
 
 @dataclasses.dataclass
@@ -75,6 +92,10 @@ class TickCounters:
     dropped_input_frames: float = 0.0
     last_tick_s: float = 0.0
     max_tick_s: float = 0.0
+    restores: int = 0
+    restored_frames: int = 0
+    replay_chunks: int = 0
+    last_restore_s: float = 0.0
 
     def count(self, duration: float, silence: int) -> None:
         """One tick whose step took `duration` and stepped `silence` late frames."""
@@ -118,6 +139,8 @@ class TickBatchedStagePort(InputFedStagePort):
         self._wake = asyncio.Event()
         self._ticked = asyncio.Event()
         self.counters = TickCounters()  # since start: stats()
+        #: how long the last replay chunk took: the next is expected to take as long
+        self._chunk_estimate = 0.0
         if metrics is not None:
             metrics.slots.labels(model_name).set(model.slots)
             metrics.slots_active.labels(model_name).set(0)
@@ -180,10 +203,18 @@ class TickBatchedStagePort(InputFedStagePort):
             return
         # submitted now and shielded: a caller cancelled meanwhile (its session closed) leaves
         # the open running, and `cleanup` closes what it opened, after it on the model thread
-        slot.opening = asyncio.get_running_loop().run_in_executor(
-            self._thread, self.model.open_slot, slot.index, options
-        )
+        history = slot.history
+        if history is not None and history.frames:
+            slot.opening = asyncio.get_running_loop().run_in_executor(
+                self._thread, self.model.restore_slot, slot.index, options, bytes(history.data)
+            )
+        else:
+            slot.opening = asyncio.get_running_loop().run_in_executor(
+                self._thread, self.model.open_slot, slot.index, options
+            )
         await asyncio.shield(slot.opening)
+        if await self._on_model(self.model.replay_pending, slot.index):
+            slot.replaying, slot.replay_started = True, self.clock.now()
         slot.opened = True
         self._start()
         self._wake.set()
@@ -197,10 +228,29 @@ class TickBatchedStagePort(InputFedStagePort):
         if dropped:
             self.counters.dropped_input_frames += dropped / self.model.frame_samples
 
+    @property
+    def state_record_bytes(self) -> int:
+        return self.model.state_record_bytes
+
+    def keep_history(self, session_id: str, history: ModelHistory, *, responding: bool) -> None:
+        """Between the session's `ensure` and its `submit_initial`."""
+        slot = self._slots.get(session_id)
+        if slot is None:
+            raise DuplexSessionError("unknown_session", f"no slot for {session_id}")
+        if history.record_bytes != self.model.state_record_bytes:
+            raise DuplexSessionError(
+                "invalid_duplex_runtime_config",
+                f"the session's model history has {history.record_bytes}-byte records, "
+                f"{self.model_name} makes {self.model.state_record_bytes}-byte ones",
+            )
+        slot.history = history
+        slot.responding = responding
+
     async def abort(self, request_ids: Sequence[str]) -> None:
-        """Barge-in or cancel: each named session's slot starts over (`reset_slot`) and
-        listens; what its step in flight made is dropped. Its buffered input is kept: on a
-        barge-in that is the speech that interrupted the model, which it must still hear."""
+        """Barge-in or cancel: each named session's slot is interrupted (`interrupt_slot`:
+        its output stops, its memory stays) and listens; what its step in flight made is
+        dropped. Its buffered input is kept: on a barge-in that is the speech that
+        interrupted the model, which it must still hear."""
         for request_id in request_ids:
             try:
                 session_id, _, _ = parse_stage_request_id(request_id)
@@ -213,7 +263,7 @@ class TickBatchedStagePort(InputFedStagePort):
             slot.aborted_request_id = request_id  # silent until an ensure re-stamps it
             slot.listen()
             if slot.opened:
-                await self._on_model(self.model.reset_slot, slot.index)
+                await self._on_model(self.model.interrupt_slot, slot.index)
 
     async def cleanup(self, session_id: str) -> None:
         self._sinks.pop(session_id, None)
@@ -321,6 +371,69 @@ class TickBatchedStagePort(InputFedStagePort):
                 log.exception("tick of %s failed", self.model_name)
                 ended = self.clock.now()
             due = self._next_due(due, ended)
+            await self._replay(due)
+
+    async def _replay(self, due: float) -> None:
+        """Replay chunks of the oldest restore while the next frame is not due: a chunk is
+        expected to take as long as the last one did, and one that would end past `due`
+        waits for the next tick (unless its restore has waited too long for any)."""
+        while True:
+            slot = next((s for s in self._slots.values() if s.replaying), None)
+            if slot is None:
+                return
+            started = self.clock.now()
+            if started + self._chunk_estimate > due:
+                if slot.replay_waited < REPLAY_STARVED_TICKS:
+                    slot.replay_waited += 1
+                    return
+            try:
+                left = await self._on_model(self.model.replay_work, slot.index)
+            except Exception as exc:
+                log.exception("%s: replaying session %s failed", self.model_name, slot.session_id)
+                self._replay_failed(slot, f"restoring the model's state failed: {exc}")
+                return
+            self.counters.replay_chunks += 1
+            self._chunk_estimate = self.clock.now() - started
+            slot.replay_waited = 0
+            if self._slots.get(slot.session_id) is not slot:
+                continue  # closed while the chunk ran: its close ends the replay
+            if not left:
+                self._replayed(slot)
+
+    def _replayed(self, slot: SlotState) -> None:
+        """The slot is rebuilt: it steps from the next tick, on its newest input."""
+        slot.replaying = False
+        frames = slot.history.restored_frames if slot.history is not None else 0
+        seconds = self.clock.now() - slot.replay_started
+        dropped = slot.keep_latest(RESTORED_INPUT_FRAMES)
+        if dropped:
+            self.counters.dropped_input_frames += dropped / self.model.frame_samples
+        counters = self.counters
+        counters.restores += 1
+        counters.restored_frames += frames
+        counters.last_restore_s = seconds
+        if self._metrics is not None:
+            self._metrics.restored_frames.labels(self.model_name).inc(frames)
+            self._metrics.restore_duration.labels(self.model_name).observe(seconds)
+        log.info(
+            "%s: session %s restored (%d frames replayed in %.3f s)",
+            self.model_name,
+            slot.session_id,
+            frames,
+            seconds,
+        )
+
+    def _replay_failed(self, slot: SlotState, message: str) -> None:
+        """A replay that raised: the session gets its error (the stream cannot go on)."""
+        slot.replaying = False
+        slot.opened = False  # never stepped: its close frees it
+        sink = self._sinks.get(slot.session_id)
+        if sink is not None and slot.request_id and slot.fence:
+            sink(
+                StageOutput(
+                    slot.request_id, slot.fence, "error", error_code=STEP_FAILED, message=message
+                )
+            )
 
     def _next_due(self, due: float, ended: float) -> float:
         """The grid's next due time; a miss is counted."""
@@ -338,7 +451,7 @@ class TickBatchedStagePort(InputFedStagePort):
         stepped: list[tuple[SlotState, int]] = []
         silence = 0
         for slot in self._slots.values():
-            if not slot.opened:
+            if not slot.opened or slot.replaying:
                 continue
             active[slot.index] = True
             if not slot.take_frame(frames[slot.index]):
@@ -358,8 +471,17 @@ class TickBatchedStagePort(InputFedStagePort):
         self._count(ended - started, silence)
         for slot, generation in stepped:
             output = outputs[slot.index]
+            if output is None:
+                continue
+            if (
+                output.record
+                and slot.history is not None
+                and self._slots.get(slot.session_id) is slot
+            ):
+                # the model stepped it: its memory holds this frame, aborted or not
+                slot.history.append(output.record)
             # aborted or closed while the step ran: nothing it made for this slot is sent
-            if output is not None and generation == slot.generation:
+            if generation == slot.generation:
                 self._fan_out(slot, output)
         return ended
 

@@ -5,6 +5,7 @@ given and freed, turn taking, abort of one slot, and its metrics."""
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import numpy as np
 import pytest
@@ -14,7 +15,13 @@ from harness.frame_models import FRAME_SAMPLES, EchoFrameModel, ManualClock, ton
 from services.worker.metrics import TickMetrics
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from services.worker.stages.tick_clock import TickGrid
-from shared.contracts import DuplexFence, DuplexSessionError, StageOutput, StagePlan
+from shared.contracts import (
+    DuplexFence,
+    DuplexSessionError,
+    ModelHistory,
+    StageOutput,
+    StagePlan,
+)
 
 
 class Rig:
@@ -197,7 +204,7 @@ async def test_slots_are_given_at_ensure_and_freed_at_cleanup():
     assert rig.model.closed
 
 
-async def test_abort_resets_one_slot_and_keeps_the_speech_that_interrupted(rig):
+async def test_abort_interrupts_one_slot_keeping_its_memory_and_the_speech_that_interrupted(rig):
     request_a = await rig.open("a")
     await rig.open("b")
     for _ in range(3):
@@ -207,11 +214,11 @@ async def test_abort_resets_one_slot_and_keeps_the_speech_that_interrupted(rig):
     assert rig.kinds("a") == rig.kinds("b") == ["audio"]
     rig.port.feed("a", tone(4))  # buffered: the speech that interrupts the model
     await rig.port.abort([request_a])
-    assert rig.model.resets == [1, 0, 0, 0]
+    assert rig.model.interrupts == [1, 0, 0, 0] and rig.model.resets == [0, 0, 0, 0]
     for _ in range(3):
         rig.port.feed("b", tone(1))
         await rig.tick()
-    # a's model starts over and hears the buffered speech; nothing of the aborted request
+    # a's model drops what it was saying and hears the buffered speech; nothing of the aborted request
     # is sent (the runner re-stamps the stream after an abort)
     assert rig.kinds("a") == ["audio"]
     assert rig.kinds("b") == ["audio"] * 4
@@ -276,3 +283,75 @@ async def test_nothing_is_sent_under_an_aborted_request_until_a_newer_ensure(rig
     rig.port.feed("a", tone(1))
     await rig.tick()
     assert [(o.kind, o.request_id) for o in rig.outputs["a"]] == [("audio", newer)]
+
+
+def steps_history(count: int) -> ModelHistory:
+    """An echo model's history of `count` frames (its records are the step numbers)."""
+    return ModelHistory(4, b"".join(struct.pack("<I", n) for n in range(1, count + 1)))
+
+
+async def open_with_history(rig, session_id: str, history: ModelHistory, responding=False):
+    fence = DuplexFence(session_id, 0, 0)
+    rig.outputs[session_id] = []
+    rig.port.bind(session_id, rig.outputs[session_id].append)
+    request_id = await rig.port.ensure(fence, "stage0")
+    rig.port.keep_history(session_id, history, responding=responding)
+    await rig.port.submit_initial(StagePlan(request_id, fence, "stage0", {}))
+    return request_id
+
+
+async def test_every_stepped_frame_goes_to_the_history_aborted_ones_too(rig):
+    history = ModelHistory(4)
+    request = await open_with_history(rig, "a", history)
+    for _ in range(3):
+        rig.port.feed("a", tone(1))
+        await rig.tick()
+    await rig.port.abort([request])
+    await rig.tick(2)
+    assert history.frames == 5
+    assert history.data == steps_history(5).data
+    assert rig.model.interrupts[0] == 1 and rig.model.steps[0] == 5
+
+
+async def test_a_restored_slot_replays_between_ticks_and_the_others_miss_nothing(rig):
+    """A 20-frame history at 8 frames a chunk of 50 ms each, on an 80 ms frame: one chunk
+    fits after each step, so the restore takes 3 ticks; the slot already there is stepped
+    on every tick on time; the restored slot then counts on from 20."""
+    rig.model.replay_chunk_frames = 8
+    real_work = rig.model.replay_work
+
+    def slow_work(slot: int) -> int:
+        rig.clock.skew(0.05)
+        return real_work(slot)
+
+    rig.model.replay_work = slow_work
+    await rig.open("b")
+    await rig.tick()
+    history = steps_history(20)
+    await open_with_history(rig, "a", history)
+    rig.port.feed("a", tone(30))  # arrived while it replays: only the newest 2 frames stay
+    assert rig.port.stats()["slots_active"] == 2
+    await rig.tick(3)  # a chunk after each of these ticks' steps
+    assert rig.model.batches == [1, 1, 1, 1]  # b alone while a replays
+    await rig.tick()  # (the tick waits until the last chunk's tick is asleep again)
+    assert rig.port.counters.replay_chunks == 3
+    assert rig.model.batches[-1] == 2
+    stats = rig.port.stats()
+    assert stats["deadline_misses"] == 0
+    assert stats["restores"] == 1 and stats["restored_frames"] == 20
+    assert history.frames == 21  # the restored frames, and the one stepped since
+    assert rig.port.slot_of("a") is not None
+    assert rig.model.steps[rig.port.slot_of("a")] == 21
+    assert stats["dropped_input_frames"] == 28
+    text = generate_latest(rig.registry)
+    assert b'duplex_native_restored_frames_total{model="frame_echo"} 20.0' in text
+    assert b'duplex_native_restore_seconds_count{model="frame_echo"} 1.0' in text
+
+
+async def test_a_history_the_model_refuses_fails_the_open(rig):
+    history = ModelHistory(4, struct.pack("<3I", 1, 2, 2))  # a repeat: not the model's
+    with pytest.raises(ValueError, match="not the steps"):
+        await open_with_history(rig, "a", history)
+    bad = ModelHistory(8)
+    with pytest.raises(DuplexSessionError, match="8-byte records"):
+        await open_with_history(rig, "b", bad)
