@@ -382,10 +382,10 @@ class TickBatchedStagePort(InputFedStagePort):
             if slot is None:
                 return
             started = self.clock.now()
-            if started + self._chunk_estimate > due:
-                if slot.replay_waited < REPLAY_STARVED_TICKS:
-                    slot.replay_waited += 1
-                    return
+            fits = started + self._chunk_estimate <= due
+            if not fits and slot.replay_waited < REPLAY_STARVED_TICKS:
+                slot.replay_waited += 1
+                return
             try:
                 left = await self._on_model(self.model.replay_work, slot.index)
             except Exception as exc:

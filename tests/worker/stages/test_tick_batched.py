@@ -218,8 +218,8 @@ async def test_abort_interrupts_one_slot_keeping_its_memory_and_the_speech_that_
     for _ in range(3):
         rig.port.feed("b", tone(1))
         await rig.tick()
-    # a's model drops what it was saying and hears the buffered speech; nothing of the aborted request
-    # is sent (the runner re-stamps the stream after an abort)
+    # a's model drops what it was saying and hears the buffered speech; nothing of the
+    # aborted request is sent (the runner re-stamps the stream after an abort)
     assert rig.kinds("a") == ["audio"]
     assert rig.kinds("b") == ["audio"] * 4
     assert rig.port.stats()["silence_frames_by_session"]["a"] == 0
