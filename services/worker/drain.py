@@ -5,9 +5,11 @@
    Opens that still arrive are refused with `resource_exhausted` (the API pod tries the
    next worker); restores are taken (a move that raced the flag), and moved on like the rest.
 2. Each session moves as soon as it is idle (`manager.is_idle`: no response, no turn or
-   input work in flight). At `drain_timeout_s` the responses still active are cancelled
-   (reason `shutdown`) and their sessions move too. A session for whose model no other
-   live worker has room closes as before the drain existed (reason `shutdown`).
+   input work in flight); a model-native session at once (it is never idle, and its
+   model's state moves with it, its speech included). At `drain_timeout_s` the responses
+   still active are cancelled (reason `shutdown`) and their sessions move too. A session
+   for whose model no other live worker has room closes as before the drain existed
+   (reason `shutdown`).
 3. The move of session S to worker B (the first the placement ring gives, this worker
    excluded): `manager.hand_off(S)` (final checkpoint, with the uncommitted input) ->
    the publisher stores it, fenced, after S's pending events -> `move_owner(S, A, B,

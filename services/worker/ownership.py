@@ -96,7 +96,7 @@ class Ownership:
                 _text(state) or "gone",
             )
             return False
-        checkpoint = await self.store.checkpoint(sid)
+        checkpoint, model_history = await self.store.restore_state(sid)
         if checkpoint is None:
             await self.refuse(request, "it has no checkpoint")
             return False
@@ -106,6 +106,7 @@ class Ownership:
                 checkpoint,
                 owner_generation=request.owner_generation,
                 reason=request.reason,
+                model_history=model_history,
             )
         except DuplexSessionError as exc:
             await self.refuse(request, f"{exc.code}: {exc.message}")

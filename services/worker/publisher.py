@@ -25,6 +25,13 @@ its checkpoint goes in the same call as the events, so it matches the journal up
 call's last event. `write_checkpoint` sends a drain's final checkpoint after the session's
 pending events.
 
+Model histories: a model-native session's model history (`ModelHistory`: its frames'
+records) goes to Redis in the same fenced calls, append-only: every `MODEL_WRITE_S` the
+sessions with unwritten frames are queued (`Outbox.model_due`), and a call carries the
+bytes since the last write at their offset; a drain's final checkpoint and every
+checkpoint snapshot take the rest with them, so a checkpoint never names frames the
+history in Redis lacks. Never the whole history at each write.
+
 A session's events of one round go out as one live message (event_publish.lua frames
 them: shared/redis/live_message.py), each with its response's id in its header. An
 openai-surface session publishes its JSON without `server_event_seq`: GA's events have no
@@ -70,6 +77,8 @@ DURABLE = frozenset(
     }
 )
 FENCED, GONE = [-2], [-1]
+#: how often a model-native session's new frames are written (its model history)
+MODEL_WRITE_S = 1.0
 
 
 def _response_id(event: DuplexEvent, wire_type: str) -> str | None:
@@ -109,9 +118,11 @@ class RedisEventPublisher(SessionEventSink):
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop: SupervisedLoop | None = None
+        self._model_loop: SupervisedLoop | None = None
         self._backoff = Backoff()
         self.published = 0
         self.checkpoints = 0
+        self.model_bytes = 0  # model history bytes written
 
     def serve(self, host: PublishHost) -> None:
         """Whom to ask for checkpoints, and to tell of a session fenced out."""
@@ -176,6 +187,25 @@ class RedisEventPublisher(SessionEventSink):
 
     def start(self) -> None:
         self._loop = SupervisedLoop("event-publisher", self._run).start()
+        self._model_loop = SupervisedLoop("model-history-writer", self._model_writes).start()
+
+    async def _model_writes(self) -> None:
+        """Every `MODEL_WRITE_S`: the sessions whose model history grew are queued."""
+        while True:
+            await asyncio.sleep(MODEL_WRITE_S)
+            self.queue_model_writes()
+
+    def queue_model_writes(self) -> None:
+        """Queue every live session with unwritten model frames for the next batch."""
+        if self.host is None:
+            return
+        for record in self.table.live():
+            history = self.host.model_history(record.session_id)
+            if history is not None and history.unwritten() is not None and not record.fenced:
+                record.outbox.model_due = True
+                self._ready[record] = None
+                self._idle.clear()
+                self._wake.set()
 
     def _take(self) -> list[_Round]:
         """The batch, and the checkpoints that go with it, taken at one instant."""
@@ -185,7 +215,7 @@ class RedisEventPublisher(SessionEventSink):
             outbox = record.outbox
             if record.fenced or self.table.get(record.session_id) is not record:
                 continue  # nothing is sent for it any more (fenced, or given up: removed)
-            if not outbox.pending and outbox.final is None:
+            if not outbox.pending and outbox.final is None and not outbox.model_due:
                 continue
             items, outbox.pending = outbox.pending, []
             final, outbox.final = outbox.final, None
@@ -197,9 +227,21 @@ class RedisEventPublisher(SessionEventSink):
             elif outbox.dirty:
                 outbox.dirty = False
                 checkpoint = self._snapshot(record.session_id) or kept
+            model = None
+            if outbox.model_due or checkpoint is not None:
+                outbox.model_due = False
+                model = self._model_append(record.session_id)
+            if not items and final is None and checkpoint is None and model is None:
+                continue
             outbox.in_flight = True
-            rounds.append(_Round(record, items, checkpoint, final))
+            rounds.append(_Round(record, items, checkpoint, final, model))
         return rounds
+
+    def _model_append(self, session_id: str) -> tuple[int, bytes] | None:
+        if self.host is None:
+            return None
+        history = self.host.model_history(session_id)
+        return history.unwritten() if history is not None else None
 
     def _snapshot(self, session_id: str) -> bytes | None:
         if self.host is None:
@@ -255,6 +297,8 @@ class RedisEventPublisher(SessionEventSink):
                     round_.final.done.set_result(True)  # superseded by the newer final
             elif round_.checkpoint is not None:
                 outbox.kept = round_.checkpoint
+            if round_.model is not None:
+                outbox.model_due = True  # its bytes go again (SETRANGE: the same bytes)
             self._ready[record] = None
         for record in ready:
             self._ready[record] = None
@@ -277,6 +321,7 @@ class RedisEventPublisher(SessionEventSink):
                 r.record.session_id: r.checkpoint for r in rounds if r.checkpoint is not None
             },
             unstamped={r.record.session_id for r in rounds if r.record.openai_surface},
+            model_appends={r.record.session_id: r.model for r in rounds if r.model is not None},
         )
         closed = []
         for round_ in rounds:
@@ -291,6 +336,8 @@ class RedisEventPublisher(SessionEventSink):
                 continue
             self.published += len(round_.items)
             self.checkpoints += round_.checkpoint is not None
+            if round_.model is not None and reply != GONE:
+                self._model_written(session_id, round_.model)
             if round_.items and round_.items[-1].wire_type == "session.closed":
                 closed.append(session_id)
             if record.outbox.pending or record.outbox.final:
@@ -305,6 +352,13 @@ class RedisEventPublisher(SessionEventSink):
                 # session left in the set is skipped by every reader of it (its hash says
                 # closed) and goes when the worker leaves
                 log.warning("removing closed sessions from the worker's set failed", exc_info=True)
+
+    def _model_written(self, session_id: str, model: tuple[int, bytes]) -> None:
+        history = self.host.model_history(session_id) if self.host is not None else None
+        if history is not None:
+            offset, data = model
+            history.mark_written(offset + len(data))
+            self.model_bytes += len(data)
 
     def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(
@@ -336,6 +390,8 @@ class RedisEventPublisher(SessionEventSink):
             except TimeoutError:
                 log.warning("stopping with unpublished events")
             await self._loop.stop()
+        if self._model_loop is not None:
+            await self._model_loop.stop()
 
 
 @dataclasses.dataclass
@@ -346,3 +402,5 @@ class _Round:
     items: list[PublishItem]
     checkpoint: bytes | None
     final: FinalCheckpoint | None
+    #: (offset, bytes) of the session's model history to append, or None
+    model: tuple[int, bytes] | None = None

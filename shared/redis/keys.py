@@ -32,6 +32,11 @@ class KeySchema:
         """string: the session's checkpoint JSON, written by its owning worker (restore)."""
         return f"{self.prefix}:session:{{{session_id}}}:checkpoint"
 
+    def model_history(self, session_id: str) -> str:
+        """string: a model-native session's model history (its frames' records, appended
+        by its owning worker; `STRLEN` / the model's record bytes = frames)."""
+        return f"{self.prefix}:session:{{{session_id}}}:model"
+
     def live(self, session_id: str) -> str:
         """channel: live delivery of the session's events and takeover notices."""
         return f"{self.prefix}:session:{{{session_id}}}:live"

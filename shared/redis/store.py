@@ -85,6 +85,7 @@ class SessionStore:
             self.keys.session(session_id),
             self.keys.events(session_id),
             self.keys.checkpoint(session_id),
+            self.keys.model_history(session_id),
         ]
 
     async def open(
@@ -113,6 +114,7 @@ class SessionStore:
         owner_generation: int | None = None,
         checkpoint: bytes = b"",
         stamp_seq: bool = True,
+        model_append: tuple[int, bytes] | None = None,
     ) -> tuple[list[str], list[Any]]:
         args: list[Any] = [
             self.keys.live(session_id),
@@ -126,6 +128,8 @@ class SessionStore:
             "1" if stamp_seq else "0",
             # on a cluster the live channel (same hash tag) is a shard channel: SPUBLISH
             "1" if isinstance(self.client, RedisCluster) else "0",
+            "" if model_append is None else model_append[0],
+            b"" if model_append is None else model_append[1],
         ]
         for item in items:
             journaled, rid = "1" if item.journaled else "0", response_token(item.response_id)
@@ -172,14 +176,17 @@ class SessionStore:
         owners: Mapping[str, int] | None = None,
         checkpoints: Mapping[str, bytes] | None = None,
         unstamped: Collection[str] = (),
+        model_appends: Mapping[str, tuple[int, bytes]] | None = None,
     ) -> dict[str, list[int]]:
         """Publish several sessions' events: one pipelined round trip on one Redis; on a
         cluster (which refuses scripts in pipelines) concurrent calls, one per session.
         Each session's call is fenced on its owner generation in `owners` and stores its
-        checkpoint in `checkpoints`, if any; the sessions in `unstamped` publish their JSON
-        without `server_event_seq`; returns each session's reply (see `publish`)."""
+        checkpoint in `checkpoints`, if any, and appends to its model history what
+        `model_appends` gives ((offset, bytes)); the sessions in `unstamped` publish their
+        JSON without `server_event_seq`; returns each session's reply (see `publish`)."""
         owners = owners or {}
         checkpoints = checkpoints or {}
+        model_appends = model_appends or {}
         sessions = list(batch)
         calls = [
             self._publish_call(
@@ -191,6 +198,7 @@ class SessionStore:
                 owners.get(sid),
                 checkpoints.get(sid, b""),
                 sid not in unstamped,
+                model_appends.get(sid),
             )
             for sid in sessions
         ]
@@ -250,6 +258,14 @@ class SessionStore:
     async def checkpoint(self, session_id: str) -> bytes | None:
         """The session's last checkpoint (JSON), or None."""
         return await self.client.get(self.keys.checkpoint(session_id))
+
+    async def restore_state(self, session_id: str) -> tuple[bytes | None, bytes]:
+        """The session's last checkpoint and its model history (b"" when none), read at
+        once (one MGET: the keys share the session's hash tag)."""
+        checkpoint, history = await self.client.mget(
+            self.keys.checkpoint(session_id), self.keys.model_history(session_id)
+        )
+        return checkpoint, history or b""
 
     async def detach(
         self, session_id: str, attachment_generation: int, grace_ms: int, by: str = "client"

@@ -3,7 +3,8 @@
 to this interpreter), the tiny random checkpoint, and a WebSocket client on
 `/v1/realtime?duplex=1` streaming 24 kHz pcm16: the model hears, decides to speak (its random
 text stream is words on most frames) and its Mimi-decoded voice comes back as audio deltas;
-a barge-in cancels that response (the stage resets the session's slot)."""
+a barge-in cancels that response (the stage interrupts the session's slot, which keeps its
+memory)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.moves import PublishHost
 from services.worker.session.table import SessionRecord, SessionTable
+from shared.contracts import ModelHistory
 
 
 class Host(PublishHost):
@@ -13,12 +14,17 @@ class Host(PublishHost):
     def __init__(self, snapshot: Callable[[str], bytes | None] | None = None) -> None:
         self._snapshot = snapshot
         self.dropped: list[str] = []
+        #: model-native sessions' model histories, by session
+        self.histories: dict[str, ModelHistory] = {}
 
     def snapshot(self, session_id: str) -> bytes | None:
         return self._snapshot(session_id) if self._snapshot is not None else None
 
     def drop(self, session_id: str, why: str) -> None:
         self.dropped.append(session_id)
+
+    def model_history(self, session_id: str) -> ModelHistory | None:
+        return self.histories.get(session_id)
 
 
 def publisher_on(store, host: PublishHost | None = None) -> RedisEventPublisher:

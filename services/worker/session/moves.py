@@ -37,12 +37,15 @@ from services.worker.session.checkpoint import (
 )
 from services.worker.session.command_marks import CommandMarks, Mark
 from services.worker.session.lease import LeaseState
+from services.worker.session.response import INCOMPLETE
 from services.worker.session.table import Phase, SessionRecord, SessionTable
-from shared.contracts import DuplexRuntimeConfigError, DuplexSessionError
+from shared.contracts import DuplexRuntimeConfigError, DuplexSessionError, ModelHistory
 
 log = logging.getLogger(__name__)
 
 WORKER_LOST = "worker_lost"
+#: a restore's reason when the session was drained (moved with its final checkpoint)
+DRAINED = "drain"
 FENCED_OUT = "fenced out: another worker owns the session now"
 #: how long `hand_off` waits for the session's input work before it moves it all the same
 #: (what was still in flight is then not in the checkpoint's `applied`: the new owner
@@ -60,6 +63,10 @@ class PublishHost(abc.ABC):
     @abc.abstractmethod
     def drop(self, session_id: str, why: str) -> None:
         """Another worker owns the session: forget it here without an event."""
+
+    @abc.abstractmethod
+    def model_history(self, session_id: str) -> ModelHistory | None:
+        """A model-native session's model history (None: the session has none here)."""
 
 
 class SessionMoves(PublishHost):
@@ -88,14 +95,24 @@ class SessionMoves(PublishHost):
             model_state=self.builder.plugin.export_session_state(session_id),
         )
 
+    def model_history(self, session_id: str) -> ModelHistory | None:
+        record = self.table.get(session_id)
+        if record is None or record.runner is None:
+            return None
+        native = record.runner.responses.native
+        return native.history if native is not None else None
+
     def is_idle(self, session_id: str) -> bool:
         """No active response, no commit or append in flight, no command waiting: a move
         now loses nothing and cuts nothing short. Committed turns waiting for a
-        response.create do not count (the checkpoint carries them)."""
+        response.create do not count (the checkpoint carries them). A model-native session
+        is always ready: what it is in the middle of moves with its model's state."""
         record = self.table.get(session_id)
         if record is None or record.phase is not Phase.LIVE or record.runner is None:
             return True
         runner = record.runner
+        if runner.responses.native is not None:
+            return True  # never idle, and never needs to be: the model's state moves with it
         session = runner.session
         return (
             session.active is None
@@ -112,8 +129,14 @@ class SessionMoves(PublishHost):
             await record.runner.cancel_active(reason)
 
     def report_lost_commands(self, session_id: str, count: int) -> None:
-        """Commands of a moving session that never arrived: the client appends again."""
-        self.table.runner(session_id).error(
+        """Commands of a moving session that never arrived: the client appends again. Not
+        in a model-native session: its stream is real time, and the audio lost while no
+        worker held it is silence to the model (it cannot be spoken again); logged only."""
+        runner = self.table.runner(session_id)
+        if runner.responses.native is not None:
+            log.info("session %s: %d command(s) lost in its move: silence", session_id, count)
+            return
+        runner.error(
             "input_lost",
             f"{count} command(s) sent while the session moved to another worker were lost; "
             "append the current turn's audio again",
@@ -129,10 +152,19 @@ class SessionMoves(PublishHost):
         the cancelled chain (`shutdown`). No `session.closed`: the session goes on on
         another worker. The stage is cleaned up; the slot is freed once it is. The record
         stays until its last events are published (and a drain's kept-back messages sent
-        on), then goes."""
+        on), then goes.
+
+        A model-native session moves as it is: its slot stops first (every frame the model
+        stepped is then in its history, and that frame's output in the runner's mailbox,
+        which the settle applies), its response in flight is not cancelled (the checkpoint
+        carries it, and the model's next frames on the new worker go on with it), and its
+        checkpoint carries no input audio (the model heard it: its history holds it)."""
         runner = self.table.runner(session_id)
         record = self.table.get(session_id)
         assert record is not None  # a runner is only found through its record
+        native = runner.responses.native
+        if native is not None:
+            await self.builder.port.cleanup(session_id)
         try:
             async with asyncio.timeout(SETTLE_TIMEOUT_S):
                 await runner.settle_input()
@@ -147,12 +179,15 @@ class SessionMoves(PublishHost):
         record.phase = Phase.LEAVING  # holds the slot until the stage is cleaned up
         session = runner.session
         try:
-            await runner.stop("shutdown")
+            if native is None:
+                await runner.stop("shutdown")
+            else:
+                await runner.halt()
             data = export_checkpoint(
                 session,
                 applied=runner.marks.applied,
                 model_state=self.builder.plugin.export_session_state(session_id),
-                with_input=True,
+                with_input=native is None,
             )
         finally:
             runner.silence()
@@ -162,21 +197,33 @@ class SessionMoves(PublishHost):
             # the record stays until the caller has written this checkpoint after the
             # session's events (`RedisEventPublisher.write_checkpoint`)
             record.outbox.awaiting_final = True
+        if native is not None:
+            await runner.responses.close("shutdown")  # silenced: it goes on elsewhere
         await self.builder.cleanup(record)
         log.info("session %s handed off (%d checkpoint bytes)", session_id, len(data))
         return data
 
     async def restore(
-        self, session_id: str, checkpoint: bytes, *, owner_generation: int, reason: str
+        self,
+        session_id: str,
+        checkpoint: bytes,
+        *,
+        owner_generation: int,
+        reason: str,
+        model_history: bytes = b"",
     ) -> Mark:
-        """Serve a session moved here from its checkpoint; returns the checkpoint's
+        """Serve a session moved here from its checkpoint (and a model-native session's
+        model history, which its slot is rebuilt from); returns the checkpoint's
         `applied` mark (the next command to apply is the one after it), which the
         session's command order starts from. Admission as `open` (raises
         `DuplexSessionError`: resource_exhausted, session_exists, a checkpoint that cannot
         be read or a plugin that refuses it). No session.created. A response in flight in
         the checkpoint cannot go on here (its stage ran on the lost worker): it ends with
         the failure chain, response.done `failed` with code `worker_lost` and its partial
-        item out of history, then the error event."""
+        item out of history, then the error event. In a model-native session a drained
+        response goes on (the model's state came with it), and one cut by a failover ends
+        `incomplete` (reason `worker_lost`), its words kept: the model said them and
+        remembers them; no error event, as for the input lost meanwhile."""
         builder, plugin = self.builder, self.builder.plugin
         record = self.table.reserve(session_id)  # the slot is held across the awaits below
         try:
@@ -193,6 +240,10 @@ class SessionMoves(PublishHost):
             applied = applied_mark(doc)
             pipeline = builder.pipeline(session.config, session.input.stream_ms)
             runner = builder.runner(session, pipeline, CommandMarks(applied))
+            native = runner.responses.native
+            if native is not None:
+                native.restored_history(model_history)
+                native.responding = session.active is not None and reason == DRAINED
             try:
                 await plugin.import_session_state(
                     session_id, doc.get("model_state"), session.conversation.items
@@ -211,7 +262,11 @@ class SessionMoves(PublishHost):
         )
         record.order.restored(applied)
         try:
-            if session.active is not None:
+            if native is not None and native.responding:
+                pass  # the model goes on with it (its stream re-opens under the same fence)
+            elif native is not None and session.active is not None:
+                runner.responses.finish(session.active, INCOMPLETE, WORKER_LOST)
+            elif session.active is not None:
                 # before the runner's task starts, this coroutine is the session's one writer
                 runner.responses.fail(
                     session.active,

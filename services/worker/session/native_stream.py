@@ -6,9 +6,12 @@ stage (`services/worker/stages/tick_batched.py`) for its whole life, and one lon
 stream request on it:
 
 - at start (open and restore) the stream is ensured and submitted on the runner's task,
-  with the session's runtime config as its payload: the slot opens fresh in the model. At
-  a restore on another worker it opens fresh too: the model's state never moves between
-  workers (checkpoints carry nothing of it). The open does not wait for the slot (the
+  with the session's runtime config as its payload: the slot opens in the model. The
+  model's memory moves with the session where the model exports it (a stage whose
+  `state_record_bytes` > 0): the stream owns the session's `ModelHistory`, which the stage
+  appends every frame's record to and the publisher writes to Redis as it grows; a
+  restore (drain, failover, same-id restart) comes with the history read back, and the
+  slot is rebuilt from it before it steps again. The open does not wait for the slot (the
   worker dispatches every session's commands on one task, and the model thread may be
   mid-step), so a stream that cannot start ends the session afterwards: its error, then
   session.closed; a session that never speaks must not hold a slot. What a plugin can
@@ -46,6 +49,7 @@ from shared.contracts import (
     DuplexSessionError,
     FrameClockedPlugin,
     InputFedStagePort,
+    ModelHistory,
     StageOutput,
     StagePlan,
     StagePort,
@@ -77,12 +81,25 @@ class NativeStream:
         self.port = port
         self.role = plugin.stage_roles[0]
         self.request_id: str | None = None
+        #: the model's memory of the session (None: the stage's model exports none)
+        self.history: ModelHistory | None = None
+        if isinstance(port, InputFedStagePort) and port.state_record_bytes:
+            self.history = ModelHistory(port.state_record_bytes)
+        #: a response was in flight when the session moved here: the model goes on with it
+        self.responding = False
+
+    def restored_history(self, data: bytes) -> None:
+        """A restore: the history written to Redis so far (what the model replays)."""
+        if self.history is not None:
+            self.history = ModelHistory(self.history.record_bytes, data)
 
     async def open(self) -> None:
         """Ensure and submit the stream under the session's fence (the slot opens)."""
         session = self.session
         try:
             request_id = await self.port.ensure(session.fence, self.role)
+            if self.history is not None and isinstance(self.port, InputFedStagePort):
+                self.port.keep_history(session.session_id, self.history, responding=self.responding)
             plan = StagePlan(request_id, session.fence, self.role, dict(session.runtime_config))
             await self.port.submit_initial(plan)
         except DuplexSessionError:
@@ -104,8 +121,9 @@ class NativeStream:
         if isinstance(self.port, InputFedStagePort):
             self.port.feed(self.session.session_id, samples)
         ledger = self.session.input
-        # the stream's input is never replayed into a model (its state never moves): a
-        # checkpoint's `applied` must not go back to the stream's first append (before_turn)
+        # the stream's input is never replayed into a model (its memory moves as the
+        # model's history): a checkpoint's `applied` must not go back to the stream's first
+        # append (before_turn)
         ledger.first_mark = None
         if ledger.samples * 1000 > (TURN_WINDOW_MS + TRIM_SLACK_MS) * ledger.sample_rate_hz:
             ledger.trim_before(ledger.stream_ms - TURN_WINDOW_MS)

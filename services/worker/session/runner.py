@@ -135,13 +135,18 @@ class SessionRunner:
 
     async def stop(self, reason: str) -> None:
         """Stop processing; a response still active ends with the cancelled chain."""
+        await self.halt()
+        await self.responses.close(reason)
+
+    async def halt(self) -> None:
+        """Stop processing and leave the responses as they are (a model-native session's
+        hand-off: its response goes on on the next worker); `stop` after it closes them."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        # the runner's task has ended: from here this coroutine is the session's one writer
+        # the runner's task has ended: from here the caller is the session's one writer
         await self.input.stop()
-        await self.responses.close(reason)
         for done in list(self._waiters):  # control items that will never be handled now
             if not done.done():
                 done.set_result(None)

@@ -75,6 +75,8 @@ class Outbox:
     in_flight: bool = False
     #: handed off: its final checkpoint is still to come (`write_checkpoint`)
     awaiting_final: bool = False
+    #: the model history's unwritten frames go with the next batch (about once a second)
+    model_due: bool = False
 
     @property
     def idle(self) -> bool:
@@ -86,6 +88,7 @@ class Outbox:
         self.dirty = False
         self.kept = None
         self.awaiting_final = False
+        self.model_due = False
         if self.final is not None and not self.final.done.done():
             self.final.done.set_result(False)
         self.final = None

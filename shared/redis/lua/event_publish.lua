@@ -16,6 +16,8 @@
 -- session (declared dead, the session re-placed) is refused before anything is written.
 -- With a checkpoint, the same call stores it after the events, so the checkpoint always
 -- matches the journal up to the last event of the call (a failover restores both at once).
+-- A model-native session's model history grows in the same fenced calls: append-only,
+-- about once a second, never rewritten whole.
 -- Commands: one HMGET of the meta hash, one XADD per call with a journaled event, one HSET
 -- of the counters, one (S)PUBLISH per frame (one per call unless an unjournaled event
 -- splits it).
@@ -31,6 +33,7 @@
 -- KEYS[1] duplex:session:{SID}              meta hash
 -- KEYS[2] duplex:session:{SID}:events       journal stream
 -- KEYS[3] duplex:session:{SID}:checkpoint   string: the session's checkpoint JSON
+-- KEYS[4] duplex:session:{SID}:model        string: a model-native session's model history
 -- ARGV[1] live channel   ARGV[2] journal max bytes   ARGV[3] journal TTL (ms)
 -- ARGV[4] now (ms)       ARGV[5] closed-session key TTL (ms)
 -- ARGV[6] an event id for the session.resync_required notice, should the journal overflow
@@ -38,12 +41,17 @@
 -- ARGV[8] a checkpoint JSON to store after the events ("": none)
 -- ARGV[9] "1": stamp server_event_seq on the JSON (duplex surface), "0": do not (openai)
 -- ARGV[10] "1": SPUBLISH (Redis Cluster: the channel hashes to the session's slot), "0": PUBLISH
+-- ARGV[11] the byte offset of ARGV[12] in the model history ("": nothing to append)
+-- ARGV[12] the model history's bytes from that offset (its frames' records since the last
+--   write). Written with SETRANGE, so a call retried after a reply that never came writes
+--   the same bytes again; an offset past the end (the key was lost) writes nothing and
+--   sets model_gap: a restore then replays the history as far as it is whole.
 -- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated),
 --   response id ("" when none; no line break)
 -- returns one seq per event (0 = not journaled); {-1} when the session is gone;
 --         {-2} when the caller is not the session's owner (nothing written)
-local meta, journal, checkpoint = KEYS[1], KEYS[2], KEYS[3]
+local meta, journal, checkpoint, model = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local channel, max_bytes, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, stamp = tonumber(ARGV[4]), ARGV[9] == '1'
 local publish = ARGV[10] == '1' and 'SPUBLISH' or 'PUBLISH'
@@ -100,7 +108,7 @@ local function open_journal()
   updates['journal_expires_at'] = now + ttl_ms + math.floor(ttl_ms / 2)
 end
 
-for i = 11, #ARGV, 5 do
+for i = 13, #ARGV, 5 do
   local journaled, etype, data, session, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if session ~= '' then
     updates['session'] = session
@@ -150,7 +158,7 @@ for i = 11, #ARGV, 5 do
     end
   end
   if etype == 'session.closed' then
-    redis.call('DEL', checkpoint)  -- nothing restores a closed session
+    redis.call('DEL', checkpoint, model)  -- nothing restores a closed session
     state = 'closed'
     updates['state'], updates['closed_at'] = state, ARGV[4]
     closed_now = true  -- the keys' short TTL is set once the journal entry is written
@@ -212,6 +220,14 @@ end
 if ARGV[8] ~= '' and state ~= 'closed' then
   redis.call('SET', checkpoint, ARGV[8])
   updates['checkpoints'] = (tonumber(m[8]) or 0) + 1
+end
+if ARGV[11] ~= '' and state ~= 'closed' then
+  local offset = tonumber(ARGV[11])
+  if redis.call('STRLEN', model) >= offset then
+    updates['model_bytes'] = redis.call('SETRANGE', model, offset, ARGV[12])
+  else
+    updates['model_gap'] = offset
+  end
 end
 local fields = {}
 for field, value in pairs(updates) do

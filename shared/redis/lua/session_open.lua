@@ -2,6 +2,7 @@
 -- KEYS[1] duplex:session:{SID}          meta hash
 -- KEYS[2] duplex:session:{SID}:events   journal stream
 -- KEYS[3] duplex:session:{SID}:checkpoint  (a stale one is removed)
+-- KEYS[4] duplex:session:{SID}:model       (a stale model history too)
 -- The opening worker is the session's first owner: owner generation 1.
 -- ARGV[1] worker id   ARGV[2] model   ARGV[3] resume token SHA-256 (hex, "" = not resumable)
 -- ARGV[4] now (ms)    ARGV[5] session config JSON   ARGV[6] the API pod attaching it
@@ -11,7 +12,7 @@
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('session_exists')
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1],
   'state', 'opening', 'worker', ARGV[1], 'model', ARGV[2],
   'created_at', ARGV[4], 'last_activity', ARGV[4],

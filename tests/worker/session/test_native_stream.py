@@ -1,5 +1,5 @@
 """A frame-clocked plugin's session through the SessionManager and its runner: the model's
-speech opens model-native responses and its quiet ends them, barge-in cancels and resets
+speech opens model-native responses and its quiet ends them, barge-in cancels and interrupts
 its slot, VAD overlap does not cancel, response.create is refused, a commit plans nothing."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def test_the_model_speaking_opens_a_response_and_its_quiet_completes_it(ri
     assert done.response["metadata"]["playback"]["generated_ms"] == pytest.approx(480)
 
 
-async def test_barge_in_cancels_resets_the_slot_and_the_next_speech_opens_a_new_response(rig):
+async def test_barge_in_cancels_interrupts_the_slot_and_the_next_speech_opens_a_new_response(rig):
     session = await rig.open()
     other = await rig.open()
     await rig.say(session, tone(6))
@@ -114,8 +114,9 @@ async def test_barge_in_cancels_resets_the_slot_and_the_next_speech_opens_a_new_
     assert cancelled[-1].response["status_details"]["reason"] == "barge_in"
     await rig.settle(session)  # the barge-in's handling (its abort) has ended
     slot = rig.port.slot_of(session.session_id)
-    assert rig.model.resets[slot] == 1
-    assert sum(rig.model.resets) == 1  # the other session's slot was not touched
+    assert rig.model.interrupts[slot] == 1 and rig.model.steps[slot] > 0
+    # the other session's slot was not touched
+    assert sum(rig.model.interrupts) == 1 and sum(rig.model.resets) == 0
     await rig.say(session, tone(3))
     await rig.tick(3)
     created = (await session.until("response.created"))[-1]
@@ -127,7 +128,7 @@ async def test_barge_in_cancels_resets_the_slot_and_the_next_speech_opens_a_new_
     assert len(others) == 5 and {e.response_id for e in others} == {others[0].response_id}
 
 
-async def test_response_cancel_resets_the_slot_too(rig):
+async def test_response_cancel_interrupts_the_slot_too(rig):
     session = await rig.open()
     await rig.say(session, tone(4))
     await rig.tick(3)
@@ -136,7 +137,7 @@ async def test_response_cancel_resets_the_slot_too(rig):
     done = (await session.until("response.done"))[-1]
     assert done.response["status"] == "cancelled"
     await rig.settle(session)
-    assert rig.model.resets == [1, 0, 0, 0]
+    assert rig.model.interrupts == [1, 0, 0, 0]
 
 
 async def test_speech_over_the_response_is_reported_and_does_not_cancel_it():
@@ -218,30 +219,43 @@ async def test_a_stream_never_committed_keeps_only_its_window_of_input(rig):
     assert ledger.samples * 1000 // RATE <= TURN_WINDOW_MS + 10_000
 
 
-async def test_a_restored_session_opens_a_fresh_slot_and_speaks_again(rig):
+async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_again(rig):
+    """Restored from its checkpoint and model history: the slot replays the history (the
+    echo model counts on from it), the response the lost worker was speaking ends
+    `incomplete` with its words kept and no error event, and the model speaks again."""
     session = await rig.open()
     await rig.say(session, tone(4))
     await rig.tick(3)
     await session.until("response.output_audio.delta")  # mid-response when the worker goes
     checkpoint = rig.manager.moves.snapshot(session.session_id)
+    history = rig.manager.moves.model_history(session.session_id)
+    assert history is not None and history.frames >= 3
     other = Rig()
     try:
         await other.manager.moves.restore(
-            session.session_id, checkpoint, owner_generation=2, reason="worker_lost"
+            session.session_id,
+            checkpoint,
+            owner_generation=2,
+            reason="worker_lost",
+            model_history=bytes(history.data),
         )
         runner = other.manager.runner(session.session_id)
         await runner.settle_input()
         slot = other.port.slot_of(session.session_id)
-        assert other.model.opened[slot] and other.model.steps[slot] == 0  # fresh, not moved
+        assert other.model.restored[slot] == history.frames  # its memory, not a fresh slot
         queue = other.router.queue(session.session_id)
-        failed = [queue.get_nowait() for _ in range(queue.qsize())]
-        (done,) = [e for e in failed if e.wire_type == "response.done"]
-        assert done.response["status"] == "failed"  # the lost worker's response
+        events = [queue.get_nowait() for _ in range(queue.qsize())]
+        (done,) = [e for e in events if e.wire_type == "response.done"]
+        assert done.response["status"] == "incomplete"  # the lost worker's response
+        assert done.response["status_details"]["reason"] == "worker_lost"
+        assert not [e for e in events if e.wire_type == "error"]
+        await other.tick(2)  # the replay runs between ticks
         for command in appends(tone(3), RATE, chunk_ms=80):
             await other.manager.submit(session.session_id, command)
         await runner.settle_input()
         await other.tick(3)
         await runner.settle_input()
+        assert other.model.steps[slot] > history.frames  # counting on from its history
         kinds = [queue.get_nowait().wire_type for _ in range(queue.qsize())]
         assert "response.created" in kinds and "response.output_audio.delta" in kinds
     finally:

@@ -1,0 +1,113 @@
+"""A model-native session's model history reaches Redis append-only, in the fenced
+publish calls (event_publish.lua against a real redis-server): only the bytes since the
+last write go, a retried call writes the same bytes again, a fenced-out worker writes
+nothing, and the history goes with the session's other keys at session.closed."""
+
+import struct
+
+from shared.contracts import ModelHistory
+from shared.protocol.duplex import SessionClosed
+from shared.redis.keys import KeySchema
+from shared.redis.store import PublishItem, SessionStore
+from tests.worker.publishing import Host, own, publisher_on
+
+
+def frames(first: int, count: int) -> list[bytes]:
+    return [struct.pack("<I", n) for n in range(first, first + count)]
+
+
+async def test_only_the_new_frames_are_written_each_time(redis_client):
+    keys = KeySchema()
+    store = SessionStore(redis_client, keys)
+    sid = "duplex-native-history"
+    await store.open(sid, "w-a", "frame_echo", "", "{}")
+    host = Host()
+    history = host.histories[sid] = ModelHistory(4)
+    publisher = publisher_on(store, host)
+    own(publisher, sid, 1)
+    publisher.start()
+    try:
+        for record in frames(1, 12):
+            history.append(record)
+        publisher.queue_model_writes()  # what the once-a-second loop does
+        await publisher.flush()
+        assert await redis_client.get(keys.model_history(sid)) == bytes(history.data)
+        assert history.written == 48
+        for record in frames(13, 13):
+            history.append(record)
+        publisher.queue_model_writes()
+        await publisher.flush()
+        assert await redis_client.get(keys.model_history(sid)) == bytes(history.data)
+        assert publisher.model_bytes == 25 * 4  # each byte once: never the whole again
+        assert (await store.meta(sid))["model_bytes"] == "100"
+        publisher.queue_model_writes()  # nothing new: nothing queued
+        await publisher.flush()
+        assert publisher.model_bytes == 100
+        _, model = await store.restore_state(sid)
+        assert model == bytes(history.data)
+    finally:
+        await publisher.stop()
+
+
+async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(redis_client):
+    keys = KeySchema()
+    store = SessionStore(redis_client, keys)
+    sid = "duplex-native-retry"
+    await store.open(sid, "w-a", "frame_echo", "", "{}")
+    data = b"".join(frames(1, 5))
+    for _ in range(2):  # the reply of the first was lost: the same call again
+        await store.publish_many(
+            {sid: []},
+            max_bytes=1 << 20,
+            ttl_ms=60_000,
+            closed_ttl_ms=60_000,
+            owners={sid: 1},
+            model_appends={sid: (0, data)},
+        )
+    assert await redis_client.get(keys.model_history(sid)) == data
+    await store.publish_many(
+        {sid: []},
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=60_000,
+        owners={sid: 1},
+        model_appends={sid: (400, b"late")},  # past the end: the key lost frames
+    )
+    assert await redis_client.get(keys.model_history(sid)) == data
+    assert (await store.meta(sid))["model_gap"] == "400"
+
+
+async def test_a_fenced_out_worker_writes_no_history_and_a_close_removes_it(redis_client):
+    keys = KeySchema()
+    store = SessionStore(redis_client, keys)
+    sid = "duplex-native-fenced"
+    await store.open(sid, "w-a", "frame_echo", "", "{}")
+    replies = await store.publish_many(
+        {sid: []},
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=60_000,
+        owners={sid: 2},  # not the session's owner generation (1)
+        model_appends={sid: (0, b"".join(frames(1, 3)))},
+    )
+    assert replies[sid] == [-2]
+    assert not await redis_client.exists(keys.model_history(sid))
+    await store.publish_many(
+        {sid: []},
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=60_000,
+        owners={sid: 1},
+        model_appends={sid: (0, b"".join(frames(1, 3)))},
+    )
+    assert await redis_client.exists(keys.model_history(sid))
+    closed = SessionClosed(session_id=sid, reason="client_closed")
+    await store.publish(
+        sid,
+        [PublishItem(closed.to_json(), closed.wire_type)],
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=60_000,
+        owner_generation=1,
+    )
+    assert not await redis_client.exists(keys.model_history(sid))
