@@ -150,11 +150,11 @@ class MoshiPlugin(FrameClockedPlugin):
     def runtime_config_for_update(
         self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig
     ) -> dict[str, Any]:
-        """A persona or voice changed by `session.update` applies from the slot's next open
-        (a restore); the running conversation keeps the prompt it started with."""
-        if self.personaplex is None:
-            return dict(runtime_config)
-        return self.personaplex.runtime_config(config.instructions, config.voice)
+        """A persona or voice changed by `session.update` does not change a running
+        conversation: its prompt is in the model's memory, which moves with the session
+        and is rebuilt from the options it opened with (a `.pt` voice's embeddings are
+        replayed from them), so those options stay as they were."""
+        return dict(runtime_config)
 
 
 __all__ = ["PRESETS", "MoshiPlugin", "read_device", "read_sampling"]
