@@ -15,19 +15,49 @@ PyPI `moshi` 0.2.13 has no way to force the model's tokens by argument (the fork
 `LMGen.step(moshi_tokens=, text_token=)`); MoshiFrameModel forces them through LMGen's text
 and audio hooks, per slot, one prompt frame per tick while the other slots run on.
 
-Voice prompts: a `.wav` (the fork's `load_voice_prompt`) is supported: Mimi-encoded once per
-file, its frames forced as the model's audio with text padding. The fork normalizes it to
--24 LUFS; we scale it to -24 dBFS RMS (no K-weighting: a little louder or softer than the
-fork for the same file). The `.pt` voice prompts NVIDIA distributes (voices.tgz: NATF0..3,
-NATM0..3, VARF0..4, VARM0..4) hold LM input embeddings and the fork's token cache, replayed
-by the fork's `LMGen.step_embeddings` / `LMModel.forward_embeddings`, which 0.2.13 lacks:
-they are refused with that reason. Config.json key `"personaplex"` (ours) may override the
-token constants (`silence_tokens`, `sine_tokens`: the tiny test model's codebooks are small).
+Voice prompts: a `.wav` (the fork's `load_voice_prompt`) is Mimi-encoded once per file, its
+frames forced as the model's audio with text padding. The fork normalizes it to -24 LUFS; we
+scale it to -24 dBFS RMS (no K-weighting: a little louder or softer than the fork for the
+same file).
+
+A `.pt` voice prompt (NVIDIA's voices.tgz: NATF0..3, NATM0..3, VARF0..4, VARM0..4) is what
+the fork saved while stepping a `.wav` one: `{"embeddings": E, "cache": C}`, E the LM's input
+embeddings of the P steps that ran the transformer ([P, 1, 1, dim]: the columns 0..P-1 it
+read; the fork's first step, at offset 0, only initializes), C its token cache after them
+([1, K, CT], CT = max delay + 3 in the fork). The fork replays E through the transformer
+alone (`LMGen.step_embeddings`, which PyPI moshi 0.2.13 lacks) and copies C back. We load it
+(checked when a session opens, kept per file) as MoshiFrameModel's `PromptPrefix`, replayed
+by its side-batch replay in chunks before the prompt frames:
+
+- positions: the fork's LMGen offset runs one ahead of its transformer (its step at offset o
+  reads cache column o - 1), PyPI's LMGen runs the transformer at every step (its step at
+  offset o reads column o). Cache columns mean the same in both (column p: the model's
+  tokens predicted from column p - 1 and the user's codes of that frame, each codebook in
+  its delayed layout), so after E our LMGen offset is P, the transformer's position, and
+  C's columns map onto PyPI's ring (CT = max delay + 2) by absolute position: PyPI
+  position p takes C[:, :, p % CT]. The fork's ring holds positions P - 2..P + 1: column P
+  (the fork's next input) whole, and the delayed codebooks of column P + 1.
+- the first frame of silence after the voice is part of the prefix: its input is C's column
+  P (embedded here with the LM's embeddings, as `forward_text` does) and its output, column
+  P + 1, is forced whole, text padding, silence for the codebooks without delay, and for the
+  delayed ones the voice's last codes, which C holds at P + 1. Stepped as a prompt frame it
+  would force silence there instead (the frame model's delayed layout starts from the frame
+  itself), one column off the fork's. So a `.pt` prefix is P + 1 frames, the prompt frames
+  after it 5 of silence, the persona, 6 of silence, and the LM state after the whole prompt
+  is the fork's column for column (tests/moshi/test_personaplex.py makes a `.pt` the way
+  the fork does and checks it against the `.wav` it was made from, token for token).
+
+A bad `.pt` (not a torch file, other keys, a width or codebook count not the LM's, tokens
+out of range where the next steps read) refuses the session's open, as a bad `.wav` does.
+Config.json key `"personaplex"` (ours) may override the token constants (`silence_tokens`,
+`sine_tokens`: the tiny test model's codebooks are small).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import wave
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,9 +65,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from moshi.models import loaders
+from moshi.models.lm import LMModel
 
 from plugins.moshi.checkpoint import CheckpointError, MoshiCheckpoint
-from plugins.moshi.frame_model import MoshiFrameModel, PromptFrame
+from plugins.moshi.frame_model import MoshiFrameModel, PromptFrame, PromptPrefix
 from shared.contracts import DuplexRuntimeConfigError
 from shared.protocol.duplex import StreamingResampler
 
@@ -123,6 +155,131 @@ def check_voice_wav(path: Path, min_seconds: float) -> None:
         )
 
 
+def _voice_error(path: Path, reason: str) -> DuplexRuntimeConfigError:
+    return DuplexRuntimeConfigError(
+        "invalid_duplex_runtime_config", f"voice prompt {path.name}: {reason}", param="voice"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LMLayout:
+    """What a `.pt` voice must fit: the LM's width, codebooks, cardinalities and delays."""
+
+    dim: int
+    card: int
+    text_card: int
+    dep_q: int
+    delays: tuple[int, ...]
+
+    @property
+    def num_codebooks(self) -> int:
+        return len(self.delays)
+
+    @classmethod
+    def of_lm(cls, lm: LMModel) -> LMLayout:
+        return cls(lm.dim, lm.card, lm.text_card, lm.dep_q, tuple(lm.delays))
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: MoshiCheckpoint) -> LMLayout:
+        """From the LM's kwargs, before the LM is loaded (LMModel's defaults where absent)."""
+        kwargs = checkpoint.info.lm_config or loaders._lm_kwargs
+        defaults = inspect.signature(LMModel.__init__).parameters
+
+        def get(name: str) -> Any:
+            return kwargs.get(name, defaults[name].default)
+
+        return cls(
+            int(get("dim")),
+            int(get("card")),
+            int(get("text_card")),
+            int(get("dep_q")),
+            tuple(int(d) for d in get("delays")),
+        )
+
+
+def embed_tokens(lm: LMModel, tokens: torch.Tensor) -> torch.Tensor:
+    """[B, K, T] token columns -> [B, T, dim]: the LM's input embeddings, summed in the
+    order `LMModel.forward_text` sums them (so that they are its own, to the last bit)."""
+    total: torch.Tensor | None = None
+    for codebook in range(lm.num_audio_codebooks):
+        embedded = lm.emb[codebook](tokens[:, codebook + lm.audio_offset])
+        total = embedded if total is None else total + embedded
+    text = lm.text_emb(tokens[:, 0])
+    return text if total is None else total + text
+
+
+@dataclasses.dataclass(frozen=True)
+class VoiceEmbeddings:
+    """A `.pt` voice prompt as NVIDIA's fork saved it, checked against the LM (on the CPU)."""
+
+    embeddings: torch.Tensor  # [P, dim], the file's dtype
+    cache: np.ndarray  # [K, CT] int64: LMGen's token cache after the P steps
+
+    @property
+    def frames(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    def column(self, position: int) -> np.ndarray:
+        """The cache's column at an absolute position (the fork's ring, by its modulo)."""
+        return self.cache[:, position % self.cache.shape[1]].copy()
+
+
+def load_voice_embeddings(path: Path, layout: LMLayout) -> VoiceEmbeddings:
+    """A `.pt` voice prompt, refused (the session's config error) unless it is a torch file
+    of `{"embeddings": [P, 1, 1, dim] or [P, dim], "cache": [1, K, CT]}` that fits the LM,
+    its tokens the next steps read in range."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # an unpickler's errors are many: any of them is a bad file
+        # (named, not quoted: torch's messages run long and suggest weights_only=False)
+        reason = f"not a torch file of tensors, as NVIDIA's fork saves ({type(error).__name__})"
+        raise _voice_error(path, reason) from error
+    if not isinstance(state, Mapping) or not {"embeddings", "cache"} <= set(state):
+        keys = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise _voice_error(path, f"wants the keys 'embeddings' and 'cache', got {keys}")
+    embeddings, cache = state["embeddings"], state["cache"]
+    if not isinstance(embeddings, torch.Tensor) or not isinstance(cache, torch.Tensor):
+        raise _voice_error(path, "'embeddings' and 'cache' must be tensors")
+    dim = layout.dim
+    shape = tuple(embeddings.shape)
+    if len(shape) == 4 and shape[1:3] == (1, 1):
+        embeddings = embeddings[:, 0, 0]
+    if embeddings.dim() != 2 or embeddings.shape[0] < 1 or not embeddings.is_floating_point():
+        raise _voice_error(
+            path, f"embeddings of shape {list(shape)} ({embeddings.dtype}): [frames, 1, 1, {dim}]"
+        )
+    if embeddings.shape[1] != dim:
+        raise _voice_error(path, f"embeddings of width {embeddings.shape[1]}, the LM's is {dim}")
+    if not torch.isfinite(embeddings).all():
+        raise _voice_error(path, "embeddings that are not finite")
+    k, max_delay = layout.num_codebooks, max(layout.delays)
+    if (
+        cache.dim() != 3
+        or cache.shape[0] != 1
+        or cache.is_floating_point()
+        or cache.is_complex()
+        or cache.dtype == torch.bool
+    ):
+        raise _voice_error(
+            path, f"a cache of shape {list(cache.shape)} ({cache.dtype}): [1, {k}, CT]"
+        )
+    if cache.shape[1] != k:
+        raise _voice_error(path, f"a cache of {cache.shape[1]} codebooks, the LM has {k}")
+    if cache.shape[2] < max_delay + 2:
+        raise _voice_error(path, f"a cache ring of {cache.shape[2]} columns, under {max_delay + 2}")
+    voice = VoiceEmbeddings(embeddings, cache[0].to(torch.int64).numpy())
+    # what the next steps read: column P whole, the delayed codebooks of P + 1 and on
+    limits = np.array([layout.text_card] + [layout.card] * (k - 1))
+    delays = np.array(layout.delays)
+    for ahead in range(max_delay + 1):
+        column, read = voice.column(voice.frames + ahead), delays >= ahead
+        if ((column < 0) | (column > limits))[read].any():
+            raise _voice_error(
+                path, f"cache tokens at position {voice.frames + ahead} out of range: {column}"
+            )
+    return voice
+
+
 class PersonaPlexPreset:
     """Validates a session's persona and voice, and builds its prompt frames."""
 
@@ -144,6 +301,8 @@ class PersonaPlexPreset:
         self.tokenizer = checkpoint.load_tokenizer()
         self._model: MoshiFrameModel | None = None
         self._voice_codes: dict[str, list[tuple[int, ...]]] = {}
+        self._voice_embeddings: dict[str, VoiceEmbeddings] = {}
+        self._prefixes: dict[str, PromptPrefix] = {}
         self._encoder: Any = None
 
     # ------------------------------------------------------------ session policy
@@ -171,18 +330,10 @@ class PersonaPlexPreset:
         for name in names:
             path = self.voice_prompt_dir / name
             if path.is_file() and path.suffix in VOICE_SUFFIXES:
-                if path.suffix == ".pt":
-                    raise DuplexRuntimeConfigError(
-                        "invalid_duplex_runtime_config",
-                        f"voice {voice!r} is a .pt voice prompt (LM input embeddings replayed "
-                        "by NVIDIA's moshi fork, LMGen.step_embeddings), which kyutai's moshi "
-                        "0.2.13 cannot replay: give a .wav voice prompt",
-                        param="voice",
-                    )
                 return path
         raise DuplexRuntimeConfigError(
             "invalid_duplex_runtime_config",
-            f"voice {voice!r}: no {voice}.wav in the voice prompt directory",
+            f"voice {voice!r}: no {voice}.wav or {voice}.pt in the voice prompt directory",
             param="voice",
         )
 
@@ -198,7 +349,10 @@ class PersonaPlexPreset:
         voice_name = None
         if voice:
             path = self.voice_path(voice)
-            check_voice_wav(path, self.frame_seconds)
+            if path.suffix == ".pt":
+                self.voice_embeddings(path.name)
+            else:
+                check_voice_wav(path, self.frame_seconds)
             voice_name = path.name
         return {"persona": instructions.strip() if tokens else None, "voice": voice_name}
 
@@ -223,21 +377,83 @@ class PersonaPlexPreset:
                     f"of {card})"
                 )
         self._model = model
+        self._prefixes.clear()  # built for the model attached before
         model.prompt_builder = self.prompt_frames
+        model.prefix_builder = self.prompt_prefix
 
     def prompt_frames(self, options: Mapping[str, Any]) -> list[PromptFrame]:
-        """Voice prompt, silence, persona, silence (the fork's `step_system_prompts`)."""
+        """Voice prompt, silence, persona, silence (the fork's `step_system_prompts`). A
+        `.pt` voice is the slot's prefix (`prompt_prefix`), and so is the first frame of
+        silence after it."""
         sine, silence = self.sine_tokens, self.silence_tokens
         frames: list[PromptFrame] = []
-        if options.get("voice"):
-            for codes in self.voice_codes(options["voice"]):
+        voice = options.get("voice")
+        silence_after_voice = SILENCE_FRAMES
+        if voice and self.is_embedded(voice):
+            silence_after_voice -= 1
+        elif voice:
+            for codes in self.voice_codes(voice):
                 frames.append(PromptFrame(sine, TEXT_PADDING, codes))
-        frames += [PromptFrame(sine, TEXT_PADDING, silence)] * SILENCE_FRAMES
+        frames += [PromptFrame(sine, TEXT_PADDING, silence)] * silence_after_voice
         persona = self.persona_tokens(options.get("persona"))
         if persona:
             frames += [PromptFrame(sine, token, silence) for token in persona]
             frames += [PromptFrame(sine, TEXT_PADDING, silence)] * SILENCE_FRAMES
         return frames
+
+    @staticmethod
+    def is_embedded(voice: str) -> bool:
+        """Whether a runtime config's voice (a file name) is a `.pt` voice prompt."""
+        return Path(voice).suffix == ".pt"
+
+    def layout(self) -> LMLayout:
+        model = self._model
+        return (
+            LMLayout.of_lm(model.lm)
+            if model is not None
+            else LMLayout.of_checkpoint(self.checkpoint)
+        )
+
+    def voice_embeddings(self, voice: str) -> VoiceEmbeddings:
+        """A `.pt` voice prompt, loaded and checked once per file."""
+        if voice not in self._voice_embeddings:
+            self._voice_embeddings[voice] = load_voice_embeddings(
+                self.voice_path(voice), self.layout()
+            )
+        return self._voice_embeddings[voice]
+
+    def prompt_prefix(self, options: Mapping[str, Any]) -> PromptPrefix | None:
+        """A `.pt` voice's prefix (None for a `.wav` voice or none): the file's P embeddings,
+        then the first frame of silence, its input C's column P embedded; LMGen's cache
+        columns after it are C's by absolute position, column P + 1 forced as that frame
+        forces it (see the module doc)."""
+        voice = options.get("voice")
+        if not voice or not self.is_embedded(voice):
+            return None
+        if voice not in self._prefixes:
+            assert self._model is not None, "attach the preset to its model first"
+            self._prefixes[voice] = self._build_prefix(self.voice_embeddings(voice))
+        return self._prefixes[voice]
+
+    @torch.no_grad()
+    def _build_prefix(self, voice: VoiceEmbeddings) -> PromptPrefix:
+        assert self._model is not None
+        lm = self._model.lm
+        dep_q, delays, frames = lm.dep_q, list(lm.delays), voice.frames
+        embeddings = voice.embeddings.to(device=lm.device, dtype=lm.dtype)
+        read = torch.from_numpy(voice.column(frames)).to(lm.device)[None, :, None]
+        embeddings = torch.cat([embeddings, embed_tokens(lm, read)[0]])
+        forced = voice.column(frames + 1)
+        forced[0] = TEXT_PADDING
+        for k in range(1, len(delays)):
+            if delays[k] == 0:  # the delayed codebooks keep the voice's last codes
+                forced[k] = (
+                    self.silence_tokens[k - 1] if k <= dep_q else self.sine_tokens[k - 1 - dep_q]
+                )
+        columns = {frames + 1: forced}
+        for position in range(frames + 2, frames + 2 + max(delays)):
+            columns[position] = voice.column(position)  # rewritten before they are read
+        return PromptPrefix(embeddings=embeddings, columns=columns)
 
     def voice_codes(self, voice: str) -> list[tuple[int, ...]]:
         """The voice prompt's Mimi codes per frame, encoded once per file (on the model
@@ -267,9 +483,13 @@ __all__ = [
     "MAX_PERSONA_TOKENS",
     "SILENCE_TOKENS",
     "SINE_TOKENS",
+    "LMLayout",
     "PersonaPlexPreset",
+    "VoiceEmbeddings",
     "check_voice_wav",
     "checkpoint_preset",
+    "embed_tokens",
+    "load_voice_embeddings",
     "read_wav",
     "wrap_with_system_tags",
 ]
