@@ -140,6 +140,7 @@ bench: venv redis-server
 	@# the tick stage with the tiny Moshi too where .venv-moshi exists (the echo model alone else)
 	@echo "== bench.tick_batched"; \
 	  $(if $(wildcard $(MOSHI_STAMP)),$(MOSHI_VENV)/bin/python,$(BIN)/python) -m bench.tick_batched
+	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.native_restore"; $(MOSHI_VENV)/bin/python -m bench.native_restore)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
