@@ -115,6 +115,14 @@ class Admin:
         for field in sorted(meta):
             if field not in ("config", "session"):
                 self._print(f"{field:24} {meta[field]}")
+        if meta.get("model_bytes"):
+            # a model-native session's model history: what a restore replays
+            size, record = int(meta["model_bytes"]), int(meta.get("model_record_bytes") or 0)
+            frames = f", {size // record} frames" if record else ""
+            self._print(
+                f"-- model history {self.store.keys.model_history(session_id)}: "
+                f"{size} bytes{frames}"
+            )
         first = max(0, int(meta.get("next_seq", "0")) - last)
         self._print(f"-- last {last} events (journal from seq {first + 1})")
         for seq, data in await self.store.journal(session_id, first):

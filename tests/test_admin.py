@@ -10,7 +10,7 @@ import pytest
 from services.admin import Admin
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
-from shared.redis.store import PublishItem, SessionStore, token_digest
+from shared.redis.store import ModelAppend, PublishItem, SessionStore, token_digest
 
 SID = "duplex-tail1"
 KEYS = KeySchema()
@@ -182,3 +182,18 @@ async def test_show_prints_the_last_events_from_the_middle_of_a_round(tail):
     shown = [line.split(maxsplit=1) for line in lines[marker + 1 :]]
     assert [int(seq) for seq, _ in shown] == [3, 4, 5]
     assert [orjson.loads(data)["n"] for _, data in shown] == [3, 4, 5]
+
+
+async def test_show_names_a_native_sessions_model_history(tail):
+    """`duplex sessions show` says where the model history is and how many frames it holds
+    (what a restore would replay)."""
+    await tail.store.publish_many(
+        {SID: []},
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=60_000,
+        model_appends={SID: ModelAppend(0, bytes(34 * 5), 34)},
+    )
+    assert await tail.admin.show(SID) == 0
+    lines = tail.out.getvalue().splitlines()
+    assert f"-- model history {KEYS.model_history(SID)}: 170 bytes, 5 frames" in lines

@@ -49,7 +49,7 @@ from services.worker.session.table import FinalCheckpoint, SessionRecord, Sessio
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.protocol.duplex import DuplexEvent, dumps
-from shared.redis.store import PublishItem, SessionStore
+from shared.redis.store import ModelAppend, PublishItem, SessionStore
 from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
@@ -237,11 +237,14 @@ class RedisEventPublisher(SessionEventSink):
             rounds.append(_Round(record, items, checkpoint, final, model))
         return rounds
 
-    def _model_append(self, session_id: str) -> tuple[int, bytes] | None:
+    def _model_append(self, session_id: str) -> ModelAppend | None:
         if self.host is None:
             return None
         history = self.host.model_history(session_id)
-        return history.unwritten() if history is not None else None
+        unwritten = history.unwritten() if history is not None else None
+        if history is None or unwritten is None:
+            return None
+        return ModelAppend(unwritten[0], unwritten[1], history.record_bytes)
 
     def _snapshot(self, session_id: str) -> bytes | None:
         if self.host is None:
@@ -353,12 +356,11 @@ class RedisEventPublisher(SessionEventSink):
                 # closed) and goes when the worker leaves
                 log.warning("removing closed sessions from the worker's set failed", exc_info=True)
 
-    def _model_written(self, session_id: str, model: tuple[int, bytes]) -> None:
+    def _model_written(self, session_id: str, model: ModelAppend) -> None:
         history = self.host.model_history(session_id) if self.host is not None else None
         if history is not None:
-            offset, data = model
-            history.mark_written(offset + len(data))
-            self.model_bytes += len(data)
+            history.mark_written(model.offset + len(model.data))
+            self.model_bytes += len(model.data)
 
     def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(
@@ -402,5 +404,5 @@ class _Round:
     items: list[PublishItem]
     checkpoint: bytes | None
     final: FinalCheckpoint | None
-    #: (offset, bytes) of the session's model history to append, or None
-    model: tuple[int, bytes] | None = None
+    #: what of the session's model history to append, or None
+    model: ModelAppend | None = None

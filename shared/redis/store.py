@@ -54,6 +54,16 @@ class PublishItem:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelAppend:
+    """What a publish call appends to a model-native session's model history: `data` at
+    byte `offset`, in records of `record_bytes` each."""
+
+    offset: int
+    data: bytes
+    record_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class ResumeGranted:
     attachment_generation: int
     lease_generation: int
@@ -114,7 +124,7 @@ class SessionStore:
         owner_generation: int | None = None,
         checkpoint: bytes = b"",
         stamp_seq: bool = True,
-        model_append: tuple[int, bytes] | None = None,
+        model_append: ModelAppend | None = None,
     ) -> tuple[list[str], list[Any]]:
         args: list[Any] = [
             self.keys.live(session_id),
@@ -128,8 +138,9 @@ class SessionStore:
             "1" if stamp_seq else "0",
             # on a cluster the live channel (same hash tag) is a shard channel: SPUBLISH
             "1" if isinstance(self.client, RedisCluster) else "0",
-            "" if model_append is None else model_append[0],
-            b"" if model_append is None else model_append[1],
+            "" if model_append is None else model_append.offset,
+            b"" if model_append is None else model_append.data,
+            "" if model_append is None else model_append.record_bytes,
         ]
         for item in items:
             journaled, rid = "1" if item.journaled else "0", response_token(item.response_id)
@@ -176,13 +187,13 @@ class SessionStore:
         owners: Mapping[str, int] | None = None,
         checkpoints: Mapping[str, bytes] | None = None,
         unstamped: Collection[str] = (),
-        model_appends: Mapping[str, tuple[int, bytes]] | None = None,
+        model_appends: Mapping[str, ModelAppend] | None = None,
     ) -> dict[str, list[int]]:
         """Publish several sessions' events: one pipelined round trip on one Redis; on a
         cluster (which refuses scripts in pipelines) concurrent calls, one per session.
         Each session's call is fenced on its owner generation in `owners` and stores its
         checkpoint in `checkpoints`, if any, and appends to its model history what
-        `model_appends` gives ((offset, bytes)); the sessions in `unstamped` publish their
+        `model_appends` gives; the sessions in `unstamped` publish their
         JSON without `server_event_seq`; returns each session's reply (see `publish`)."""
         owners = owners or {}
         checkpoints = checkpoints or {}

@@ -73,6 +73,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "tick_batched",
         "cli_start",
         "inbox_codec",
+        "native_restore",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):

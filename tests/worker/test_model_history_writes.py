@@ -8,7 +8,7 @@ import struct
 from shared.contracts import ModelHistory
 from shared.protocol.duplex import SessionClosed
 from shared.redis.keys import KeySchema
-from shared.redis.store import PublishItem, SessionStore
+from shared.redis.store import ModelAppend, PublishItem, SessionStore
 from tests.worker.publishing import Host, own, publisher_on
 
 
@@ -39,7 +39,8 @@ async def test_only_the_new_frames_are_written_each_time(redis_client):
         await publisher.flush()
         assert await redis_client.get(keys.model_history(sid)) == bytes(history.data)
         assert publisher.model_bytes == 25 * 4  # each byte once: never the whole again
-        assert (await store.meta(sid))["model_bytes"] == "100"
+        meta = await store.meta(sid)
+        assert (meta["model_bytes"], meta["model_record_bytes"]) == ("100", "4")
         publisher.queue_model_writes()  # nothing new: nothing queued
         await publisher.flush()
         assert publisher.model_bytes == 100
@@ -62,7 +63,7 @@ async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(r
             ttl_ms=60_000,
             closed_ttl_ms=60_000,
             owners={sid: 1},
-            model_appends={sid: (0, data)},
+            model_appends={sid: ModelAppend(0, data, 4)},
         )
     assert await redis_client.get(keys.model_history(sid)) == data
     await store.publish_many(
@@ -71,7 +72,7 @@ async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(r
         ttl_ms=60_000,
         closed_ttl_ms=60_000,
         owners={sid: 1},
-        model_appends={sid: (400, b"late")},  # past the end: the key lost frames
+        model_appends={sid: ModelAppend(400, b"late", 4)},  # past the end: the key lost frames
     )
     assert await redis_client.get(keys.model_history(sid)) == data
     assert (await store.meta(sid))["model_gap"] == "400"
@@ -88,7 +89,7 @@ async def test_a_fenced_out_worker_writes_no_history_and_a_close_removes_it(redi
         ttl_ms=60_000,
         closed_ttl_ms=60_000,
         owners={sid: 2},  # not the session's owner generation (1)
-        model_appends={sid: (0, b"".join(frames(1, 3)))},
+        model_appends={sid: ModelAppend(0, b"".join(frames(1, 3)), 4)},
     )
     assert replies[sid] == [-2]
     assert not await redis_client.exists(keys.model_history(sid))
@@ -98,7 +99,7 @@ async def test_a_fenced_out_worker_writes_no_history_and_a_close_removes_it(redi
         ttl_ms=60_000,
         closed_ttl_ms=60_000,
         owners={sid: 1},
-        model_appends={sid: (0, b"".join(frames(1, 3)))},
+        model_appends={sid: ModelAppend(0, b"".join(frames(1, 3)), 4)},
     )
     assert await redis_client.exists(keys.model_history(sid))
     closed = SessionClosed(session_id=sid, reason="client_closed")

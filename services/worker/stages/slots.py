@@ -37,8 +37,10 @@ class SlotState:
     aborted_request_id: str | None = None
     #: where the model's records of this slot's frames go (the session's history)
     history: ModelHistory | None = None
-    #: the model is rebuilding the slot from its history (`replay_work`): not stepped yet
+    #: the model is rebuilding the slot (`replay_work`): not stepped yet
     replaying: bool = False
+    #: the slot was opened from a session's history (a restore), not fresh
+    restoring: bool = False
     replay_started: float = 0.0
     #: ticks since the replay last made progress (a chunk longer than any spare time
     #: still runs once this many ticks have passed without one)

@@ -204,7 +204,9 @@ class TickBatchedStagePort(InputFedStagePort):
         # submitted now and shielded: a caller cancelled meanwhile (its session closed) leaves
         # the open running, and `cleanup` closes what it opened, after it on the model thread
         history = slot.history
-        if history is not None and history.frames:
+        slot.restoring = history is not None and history.frames > 0
+        if slot.restoring:
+            assert history is not None
             slot.opening = asyncio.get_running_loop().run_in_executor(
                 self._thread, self.model.restore_slot, slot.index, options, bytes(history.data)
             )
@@ -401,13 +403,23 @@ class TickBatchedStagePort(InputFedStagePort):
                 self._replayed(slot)
 
     def _replayed(self, slot: SlotState) -> None:
-        """The slot is rebuilt: it steps from the next tick, on its newest input."""
+        """The slot is rebuilt: it steps from the next tick, on its newest input. Counted
+        as a restore when it replayed a history (a prompt prefix alone, a PersonaPlex
+        `.pt` voice at an open, is not one)."""
         slot.replaying = False
-        frames = slot.history.restored_frames if slot.history is not None else 0
         seconds = self.clock.now() - slot.replay_started
         dropped = slot.keep_latest(RESTORED_INPUT_FRAMES)
         if dropped:
             self.counters.dropped_input_frames += dropped / self.model.frame_samples
+        if not slot.restoring:
+            log.debug(
+                "%s: session %s: prompt replayed in %.3f s",
+                self.model_name,
+                slot.session_id,
+                seconds,
+            )
+            return
+        frames = slot.history.restored_frames if slot.history is not None else 0
         counters = self.counters
         counters.restores += 1
         counters.restored_frames += frames

@@ -46,6 +46,7 @@
 --   write). Written with SETRANGE, so a call retried after a reply that never came writes
 --   the same bytes again; an offset past the end (the key was lost) writes nothing and
 --   sets model_gap: a restore then replays the history as far as it is whole.
+-- ARGV[13] the model's record bytes per frame (kept as model_record_bytes, for operators)
 -- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated),
 --   response id ("" when none; no line break)
@@ -108,7 +109,7 @@ local function open_journal()
   updates['journal_expires_at'] = now + ttl_ms + math.floor(ttl_ms / 2)
 end
 
-for i = 13, #ARGV, 5 do
+for i = 14, #ARGV, 5 do
   local journaled, etype, data, session, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if session ~= '' then
     updates['session'] = session
@@ -225,6 +226,7 @@ if ARGV[11] ~= '' and state ~= 'closed' then
   local offset = tonumber(ARGV[11])
   if redis.call('STRLEN', model) >= offset then
     updates['model_bytes'] = redis.call('SETRANGE', model, offset, ARGV[12])
+    updates['model_record_bytes'] = ARGV[13]
   else
     updates['model_gap'] = offset
   end

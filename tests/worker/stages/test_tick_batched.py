@@ -355,3 +355,19 @@ async def test_a_history_the_model_refuses_fails_the_open(rig):
     bad = ModelHistory(8)
     with pytest.raises(DuplexSessionError, match="8-byte records"):
         await open_with_history(rig, "b", bad)
+
+
+async def test_a_prompt_replayed_at_an_open_is_not_counted_as_a_restore(rig):
+    """A model may replay at an open too (a PersonaPlex `.pt` voice's embeddings): the slot
+    waits for it like a restore, and the restore metrics do not count it."""
+    rig.model.on_open = lambda slot, options: rig.model._replay_left.__setitem__(slot, 16)
+    await rig.open("a")
+    assert rig.model.replay_pending(0) == 16
+    await rig.tick(2)  # the replay runs after the first tick's step (the clock stands still)
+    assert rig.model.batches == [0, 1]  # not stepped until its replay was done
+    stats = rig.port.stats()
+    assert stats["restores"] == 0 and stats["restored_frames"] == 0
+    assert rig.port.counters.replay_chunks == 2
+    text = generate_latest(rig.registry)
+    assert b'duplex_native_restored_frames_total{model="frame_echo"}' not in text
+    assert b'duplex_native_restore_seconds_count{model="frame_echo"}' not in text
