@@ -1,141 +1,28 @@
-"""A model-native session keeps its model's memory when its worker goes: real processes,
-two `duplex worker --plugin harness.frame_models:EchoFramePlugin` (its memory is its step
-count, each frame's record the step number: tick_batched.py writes them to the session's
-history, the publisher to Redis) behind one `duplex api` on redis-server. The client
-streams audio in real time; SIGTERM (a drain: the session moves at once) or SIGKILL (a
-failover from the last written history) of the owner; the session goes on on the other
-worker with its history replayed (the restored-frames metric says how many frames came
-back), seqs stay contiguous, no `input_lost` and no error reach the client, and the model
-speaks again. Every wait is for something the client, Redis or /metrics shows."""
+"""A model-native session keeps its model's memory when its worker goes (SIGTERM: a drain,
+SIGKILL: a failover), with the echo frame model: its memory is its step count, each
+frame's record the step number, so the history the new worker writes must count on from
+the frames it restored. The scenario and its checks: tests/e2e/native_moves.py."""
 
 from __future__ import annotations
 
-import asyncio
-import re
 import signal
-import time
-import uuid
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
-from bench.chaos import RecordingClient, drain
-from harness.frame_models import RATE, tone
-from harness.processes import start_api, start_worker
-from harness.redis_server import free_port
-from shared.protocol.duplex import float_to_pcm16
-from shared.redis.connection import connect
-from shared.redis.keys import KeySchema
-
-PLUGIN = "harness.frame_models:EchoFramePlugin"
-CHECKOUT = str(Path(__file__).resolve().parents[2])
-FAST = {"DUPLEX_HEARTBEAT_INTERVAL_S": "0.2", "DUPLEX_HEARTBEAT_TTL_S": "2.0"}
-RESTORED = re.compile(r'duplex_native_restored_frames_total\{model="frame_echo"\} ([0-9.e+]+)')
-
-
-async def until(read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await read()
-        if ok(value):
-            return value
-        assert time.monotonic() < deadline, f"still {value!r} after {timeout} s"
-        await asyncio.sleep(0.05)
-
-
-async def stream(client: RecordingClient, stop: asyncio.Event) -> None:
-    """Real-time microphone audio: 80 ms a chunk, speech then quiet, until stopped (the
-    pacing is the microphone's, not an ordering of events)."""
-    speech = np.concatenate([tone(5), np.zeros(RATE // 2, np.float32)])
-    pcm = float_to_pcm16(speech)
-    step = RATE * 2 * 80 // 1000
-    while not stop.is_set():
-        for start in range(0, len(pcm), step):
-            if stop.is_set():
-                return
-            await client.append_audio(
-                pcm[start : start + step], format="pcm16", sample_rate_hz=RATE
-            )
-            await asyncio.sleep(0.08)
-
-
-def restored_frames(port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-    found = RESTORED.search(text)
-    return float(found.group(1)) if found else 0.0
+from tests.e2e.native_moves import move_a_native_session
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["drain", "failover"])
 async def test_a_native_session_keeps_its_models_memory_when_its_worker_goes(redis_server, how):
-    prefix = f"native-moves-{uuid.uuid4().hex[:6]}"
-    keys = KeySchema(prefix)
-    ports = {name: free_port() for name in ("w-a", "w-b")}
-    workers = {
-        name: start_worker(
-            redis_server.url,
-            prefix,
-            name,
-            PLUGIN,
-            DUPLEX_WORKER_HEALTH_PORT=str(port),
-            PYTHONPATH=CHECKOUT,
-            **FAST,
-        )
-        for name, port in ports.items()
-    }
-    api = start_api(redis_server.url, prefix, "native-api", **FAST)
-    handle = connect(redis_server.url)
-    redis = handle.client
-    stop = asyncio.Event()
-    client = RecordingClient([api.base], heartbeat_s=None)
-    tasks: list[asyncio.Task[None]] = []
-    try:
-        api.wait_ready()
-        await until(lambda: redis.zcard(keys.workers()), lambda n: n >= 2)
-        await client.connect({"model": "frame_echo"})
-        tasks += [asyncio.create_task(drain(client)), asyncio.create_task(stream(client, stop))]
-        sid = client.session_id
-        owner = (await redis.hget(keys.session(sid), "worker")).decode()
-        other = next(name for name in workers if name != owner)
-        # the model has heard a while, and its history is in Redis (about once a second)
-        history = keys.model_history(sid)
-        await until(lambda: redis.strlen(history), lambda n: n >= 4 * 25)
-        spoke_before = sum(1 for f in client.delivered if f.get("type") == "response.created")
-        workers[owner].process.send_signal(how)
-        await until(
-            lambda: redis.hget(keys.session(sid), "worker"), lambda w: w == other.encode(), 40
-        )
-        frames = await until(
-            lambda: asyncio.to_thread(restored_frames, ports[other]), lambda n: n >= 25, 30
-        )
-        since = len(client.delivered)
-        await until(
-            lambda: asyncio.sleep(0, len(client.delivered)),
-            lambda _: any(
-                f.get("type") == "response.output_audio.delta" for f in client.delivered[since:]
-            ),
-            30,
-        )
-        # the restored slot counts on from its history: the new records continue it
-        written = await until(lambda: redis.get(history), lambda d: len(d) > frames * 4)
-        steps = np.frombuffer(written, "<u4")
-        assert (np.diff(steps[: int(frames) + 10]) == 1).all()
-        errors = [f for f in client.delivered if f.get("type") == "error"]
-        assert errors == []  # no input_lost, no worker_lost: nothing the client must do
-        seqs = [f["server_event_seq"] for f in client.delivered if "server_event_seq" in f]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-        assert spoke_before >= 1
-        assert client.ended is None
-    finally:
-        stop.set()
-        await client.close(end_session=False)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        api.stop()
-        for worker in workers.values():
-            worker.stop()
-        await handle.close()
+    written, frames = await move_a_native_session(
+        redis_server.url,
+        how,
+        plugin="harness.frame_models:EchoFramePlugin",
+        model="frame_echo",
+        record_bytes=4,
+    )
+    steps = np.frombuffer(written, "<u4")
+    # 1, 2, 3, ...: the restored slot counted on from its history, nothing lost or twice
+    assert (np.diff(steps) == 1).all() and steps[0] == 1
+    assert len(steps) > frames

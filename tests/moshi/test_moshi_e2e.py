@@ -4,11 +4,13 @@ to this interpreter), the tiny random checkpoint, and a WebSocket client on
 `/v1/realtime?duplex=1` streaming 24 kHz pcm16: the model hears, decides to speak (its random
 text stream is words on most frames) and its Mimi-decoded voice comes back as audio deltas;
 a barge-in cancels that response (the stage interrupts the session's slot, which keeps its
-memory)."""
+memory); and a session whose worker is drained or killed goes on on another with its
+model's memory replayed."""
 
 from __future__ import annotations
 
 import base64
+import signal
 import time
 import uuid
 
@@ -20,6 +22,7 @@ from harness.processes import start_api, start_worker
 from harness.redis_server import free_port
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
+from tests.e2e.native_moves import move_a_native_session
 from tests.moshi.conftest import user_audio
 
 RATE = 24_000
@@ -102,3 +105,24 @@ async def test_a_moshi_session_speaks_back_and_a_barge_in_cancels(moshi_cluster)
         await client.close()
     metrics = httpx.get(f"http://127.0.0.1:{health}/metrics", timeout=5).text
     assert 'duplex_tick_duration_seconds_count{model="moshi"}' in metrics
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["drain", "failover"])
+async def test_a_moshi_session_keeps_its_models_memory_when_its_worker_goes(
+    redis_server, tiny_dir, how
+):
+    """Two tiny-Moshi workers: the owner drained or killed mid-conversation; the other
+    replays the session's model history (its records: the LM's 5 tokens a frame here) and
+    the conversation goes on with no error (tests/e2e/native_moves.py checks it)."""
+    written, frames = await move_a_native_session(
+        redis_server.url,
+        how,
+        plugin="moshi",
+        model="moshi",
+        record_bytes=10,
+        DUPLEX_MODEL_DIR=str(tiny_dir),
+        DUPLEX_PLUGIN_OPTIONS=OPTIONS,
+        DUPLEX_MAX_SESSIONS="2",
+        HF_HUB_OFFLINE="1",
+    )
+    assert frames >= 25 and len(written) > frames * 10
