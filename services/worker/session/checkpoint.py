@@ -15,7 +15,11 @@ they were), `applied` ([attachment, seq]:
 the highest command mark whose whole effect is in the checkpoint), `model_state` (the
 plugin's `export_session_state`, or null) and `input` (a drain's final checkpoint only:
 the uncommitted turn's audio, base64 float32, its text and the input ledger's timing;
-null otherwise).
+null otherwise, and always null for a model-native session, whose model heard that audio).
+
+A model-native session's model state is not in the checkpoint: it is its model history
+(`duplex:session:{SID}:model`, appended in the same fenced calls; native_stream.py),
+read back beside the checkpoint at a restore.
 
 Function calls: `function_call` and `function_call_output` items are items like any other;
 the calls still waiting for an output are the call items without one
