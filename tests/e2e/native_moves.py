@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -29,19 +26,10 @@ from harness.redis_server import free_port
 from shared.protocol.duplex import float_to_pcm16
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from tests.e2e.waits import until
 
 CHECKOUT = str(Path(__file__).resolve().parents[2])
 FAST = {"DUPLEX_HEARTBEAT_INTERVAL_S": "0.2", "DUPLEX_HEARTBEAT_TTL_S": "2.0"}
-
-
-async def until(read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await read()
-        if ok(value):
-            return value
-        assert time.monotonic() < deadline, f"still {value!r} after {timeout} s"
-        await asyncio.sleep(0.05)
 
 
 async def stream(client: RecordingClient, stop: asyncio.Event) -> None:

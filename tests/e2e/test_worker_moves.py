@@ -31,6 +31,7 @@ from bench.chaos import (
 from harness.processes import start_api, start_worker
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from tests.e2e.waits import until
 
 FAST = {
     "DUPLEX_HEARTBEAT_INTERVAL_S": "0.2",
@@ -89,16 +90,6 @@ class Fleet:
     def tracebacks(self, *skip: str) -> int:
         processes = [*self.apis, *(w for n, w in self.workers.items() if n not in skip)]
         return sum(p.logs().count("Traceback") for p in processes)
-
-
-async def until(read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await read()
-        if ok(value):
-            return value
-        assert time.monotonic() < deadline, f"still {value!r} after {timeout} s"
-        await asyncio.sleep(0.05)
 
 
 async def frame(

@@ -12,6 +12,19 @@ from shared.redis.store import ModelAppend, PublishItem, SessionStore
 from tests.worker.publishing import Host, own, publisher_on
 
 
+async def append(store: SessionStore, sid: str, model: ModelAppend, owner: int) -> list[int]:
+    """A publish call with no events that appends `model`, fenced on `owner`."""
+    replies = await store.publish_many(
+        {sid: []},
+        max_bytes=1 << 20,
+        ttl_ms=60_000,
+        closed_ttl_ms=60_000,
+        owners={sid: owner},
+        model_appends={sid: model},
+    )
+    return replies[sid]
+
+
 def frames(first: int, count: int) -> list[bytes]:
     return [struct.pack("<I", n) for n in range(first, first + count)]
 
@@ -57,23 +70,10 @@ async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(r
     await store.open(sid, "w-a", "frame_echo", "", "{}")
     data = b"".join(frames(1, 5))
     for _ in range(2):  # the reply of the first was lost: the same call again
-        await store.publish_many(
-            {sid: []},
-            max_bytes=1 << 20,
-            ttl_ms=60_000,
-            closed_ttl_ms=60_000,
-            owners={sid: 1},
-            model_appends={sid: ModelAppend(0, data, 4)},
-        )
+        await append(store, sid, ModelAppend(0, data, 4), owner=1)
     assert await redis_client.get(keys.model_history(sid)) == data
-    await store.publish_many(
-        {sid: []},
-        max_bytes=1 << 20,
-        ttl_ms=60_000,
-        closed_ttl_ms=60_000,
-        owners={sid: 1},
-        model_appends={sid: ModelAppend(400, b"late", 4)},  # past the end: the key lost frames
-    )
+    # past the end: the key lost frames
+    await append(store, sid, ModelAppend(400, b"late", 4), owner=1)
     assert await redis_client.get(keys.model_history(sid)) == data
     assert (await store.meta(sid))["model_gap"] == "400"
 
@@ -83,24 +83,11 @@ async def test_a_fenced_out_worker_writes_no_history_and_a_close_removes_it(redi
     store = SessionStore(redis_client, keys)
     sid = "duplex-native-fenced"
     await store.open(sid, "w-a", "frame_echo", "", "{}")
-    replies = await store.publish_many(
-        {sid: []},
-        max_bytes=1 << 20,
-        ttl_ms=60_000,
-        closed_ttl_ms=60_000,
-        owners={sid: 2},  # not the session's owner generation (1)
-        model_appends={sid: ModelAppend(0, b"".join(frames(1, 3)), 4)},
-    )
-    assert replies[sid] == [-2]
+    # not the session's owner generation (1)
+    reply = await append(store, sid, ModelAppend(0, b"".join(frames(1, 3)), 4), owner=2)
+    assert reply == [-2]
     assert not await redis_client.exists(keys.model_history(sid))
-    await store.publish_many(
-        {sid: []},
-        max_bytes=1 << 20,
-        ttl_ms=60_000,
-        closed_ttl_ms=60_000,
-        owners={sid: 1},
-        model_appends={sid: ModelAppend(0, b"".join(frames(1, 3)), 4)},
-    )
+    await append(store, sid, ModelAppend(0, b"".join(frames(1, 3)), 4), owner=1)
     assert await redis_client.exists(keys.model_history(sid))
     closed = SessionClosed(session_id=sid, reason="client_closed")
     await store.publish(

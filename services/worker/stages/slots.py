@@ -62,13 +62,7 @@ class SlotState:
             return 0
         self.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
         self.buffered += samples.size
-        excess = self.buffered - self.max_buffered_samples
-        if excess <= 0:
-            return 0
-        audio = np.concatenate(self.chunks)[excess:]
-        self.chunks, self.buffered = [audio], audio.size
-        self.dropped_samples += excess
-        return excess
+        return self._cut_to(self.max_buffered_samples)
 
     def take_frame(self, into: np.ndarray) -> bool:
         """Fill `into` with the next frame of input; False (and `into` left zero, the input
@@ -84,7 +78,11 @@ class SlotState:
 
     def keep_latest(self, frames: int) -> int:
         """Cut the input back to its newest `frames` frames; returns the samples cut."""
-        excess = self.buffered - frames * self.frame_samples
+        return self._cut_to(frames * self.frame_samples)
+
+    def _cut_to(self, samples: int) -> int:
+        """Keep the newest `samples` of input; returns the samples cut (counted)."""
+        excess = self.buffered - samples
         if excess <= 0:
             return 0
         audio = np.concatenate(self.chunks)[excess:]
