@@ -311,6 +311,8 @@ class InputController:
             for event in transcript_events(session.config, item_id, transcript, failure, seconds):
                 self.emit(event)
         self.emit(ConversationItemDone(previous_item_id=previous, item=item))
+        if self.responses.native is not None:
+            return turn  # never answered by a response.create: its audio is not kept
         session.pending_turns.append(turn)
         while len(session.pending_turns) > MAX_UNANSWERED_TURNS:
             session.pending_turns.popleft()  # response.create answers the latest turn

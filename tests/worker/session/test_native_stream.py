@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import orjson
 import pytest
 
 from harness.frame_models import RATE, EchoFramePlugin, ManualClock, tone
@@ -176,6 +177,10 @@ async def test_a_commit_commits_the_turn_and_plans_no_response(rig):
     assert "input_audio_buffer.committed" in types(events)
     assert "response.created" not in types(events)
     assert rig.manager.runner(session.session_id).session.active is None
+    # nothing will ever answer the turn (the model speaks when it will): its audio is not
+    # kept for a response.create, nor carried in the checkpoint
+    checkpoint = orjson.loads(rig.manager.moves.snapshot(session.session_id))
+    assert checkpoint["pending_turns"] == [] and checkpoint["input"] is None
 
 
 async def test_auto_response_false_is_refused_at_open_and_at_update(rig):
