@@ -198,12 +198,14 @@ _DISTRIBUTED: list[tuple[str, str]] = [
     (
         "worker_lost",
         "the worker serving the session died: its in-flight response failed and the session "
-        "goes on on another worker, or, when no worker could take it, the session is closed",
+        "goes on on another worker, or, when no worker could take it, the session is closed "
+        "(a model-native session's response ends `incomplete` instead, with no error event)",
     ),
     (
         "input_lost",
         "commands sent while the session moved to another worker were lost "
-        "(`lost_commands`); append the current turn's audio again",
+        "(`lost_commands`); append the current turn's audio again (never in a model-native "
+        "session: there the lost audio is silence to the model)",
     ),
     (
         "output_overflow",
