@@ -43,6 +43,7 @@ import sentencepiece
 import torch
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMGen, LMModel
+from moshi.modules.streaming import StreamingModule
 
 from plugins.moshi.checkpoint import MoshiCheckpoint
 from plugins.moshi.replay import (
@@ -54,7 +55,7 @@ from plugins.moshi.replay import (
     lm_inputs,
     lmgen_columns,
 )
-from shared.contracts.frame_model import FrameModel, FrameOutput
+from shared.contracts.frame_model import FrameModel, FrameOutput, FrameStepError
 
 #: frames a slot still counts as speaking after its last word. Moshi's text stream is sparse:
 #: one token per word piece at the start of the word, padding while the word is voiced and in
@@ -68,6 +69,8 @@ INTERRUPT_FRAMES = 12
 REPLAY_CHUNK_FRAMES = 64
 #: a restored slot's last frames decoded (and thrown away) to warm its Mimi decoder
 DECODER_WARM_FRAMES = 4
+#: Mimi's modules on the way from audio to codes (`MimiModel._encode_to_unquantized_latent`)
+ENCODER_PARTS = frozenset({"encoder", "encoder_transformer", "downsample"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,7 @@ class _SlotReplay:
     records: np.ndarray  # [frames, K] of the history (after any prefix)
     first: int  # the step of records[0] (the prefix's frames)
     offset: int  # LMGen's offset once replayed
-    columns: dict[int, np.ndarray]  # LMGen's cache columns to set then
+    columns: dict[int, np.ndarray]  # LMGen's token cache (index -> [K]) to set then
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,9 +283,11 @@ class MoshiFrameModel(FrameModel):
             segment = Segment(embeddings=prefix.embeddings[None])
             side = SideReplay(self.lm, [segment], self.replay_chunk_frames)
             empty = np.zeros((0, self.lm.num_codebooks), dtype=np.int64)
-            self._replays[slot] = _SlotReplay(
-                side, empty, prefix.frames, prefix.frames, dict(prefix.columns)
-            )
+            state = self.lm_gen._streaming_state
+            assert state is not None
+            length = state.cache.shape[2]
+            columns = lmgen_columns(empty, self.lm, prefix.frames, length, prefix.columns)
+            self._replays[slot] = _SlotReplay(side, empty, prefix.frames, prefix.frames, columns)
 
     def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
         self._check(slot)
@@ -315,12 +320,14 @@ class MoshiFrameModel(FrameModel):
         if prefix is not None:
             segments.insert(0, Segment(embeddings=prefix.embeddings[None]))
         offset = first + frames
+        state = self.lm_gen._streaming_state
+        assert state is not None
         self._replays[slot] = _SlotReplay(
             SideReplay(self.lm, segments, self.replay_chunk_frames),
             records,
             first,
             offset,
-            lmgen_columns(records, self.lm, offset, before),
+            lmgen_columns(records, self.lm, offset, state.cache.shape[2], before),
         )
         # the speaking state the history ends in: frames since the model's last word
         silent = [int(t) in self._silent_ids for t in records[::-1, 0]]
@@ -348,9 +355,8 @@ class MoshiFrameModel(FrameModel):
         replay.side.commit(slot)
         state = self.lm_gen._streaming_state
         assert state is not None
-        length = state.cache.shape[2]
-        for position, column in replay.columns.items():
-            state.cache[slot, :, position % length] = torch.from_numpy(column).to(self.device)
+        for index, column in replay.columns.items():
+            state.cache[slot, :, index] = torch.from_numpy(column).to(self.device)
         state.offsets[slot] = replay.offset
         mask = self._mask(slot)
         tokens = torch.zeros(self.slots, self.lm.dep_q, 1, dtype=torch.long, device=self.device)
@@ -390,6 +396,15 @@ class MoshiFrameModel(FrameModel):
         self._mask(slot)
         return slot
 
+    def _reset_encoder(self, mask: torch.Tensor) -> None:
+        """Mimi's encoder side alone starts over for the rows of `mask` (kyutai's server
+        resets after a fresh stream's first frame, whose left padding would otherwise
+        linger); the decoder keeps its state, which a restored slot's warm-up gave it."""
+        for name, module in self.mimi.named_children():
+            streaming = isinstance(module, StreamingModule) and module.is_streaming
+            if name in ENCODER_PARTS and streaming:
+                module.reset_streaming(mask)
+
     @torch.no_grad()
     def _silence_codes(self) -> tuple[int, ...]:
         """The model's audio codes for silence: what Mimi makes of a few silent frames."""
@@ -423,7 +438,7 @@ class MoshiFrameModel(FrameModel):
         codes = self.mimi.encode(audio_in)  # [slots, codebooks, 1]
         fresh = active & self._fresh
         if fresh.any():
-            self.mimi.reset_streaming(torch.from_numpy(fresh).to(self.device))
+            self._reset_encoder(torch.from_numpy(fresh).to(self.device))
             self._fresh[fresh] = False
 
         user_codes = codes[:, : self.user_codebooks, :1]
@@ -439,6 +454,41 @@ class MoshiFrameModel(FrameModel):
         assert tokens is not None  # support_out_of_sync: never None
         assert self._step_text is not None and self._step_audio is not None
         self._silenced[silencing] -= 1
+        # one copy to the host, at once: the LM has advanced, so whatever fails from here
+        # on, its records go with the failure (FrameStepError), or the session's history
+        # would lack a frame its model holds. Output tokens, then each slot's record (what
+        # the step fed the LM: its text and audio tokens after forcing, the user's codes)
+        fed = torch.cat(
+            [tokens[:, :, 0], self._step_text[:, None], self._step_audio, user_codes[:, :, 0]],
+            dim=1,
+        )
+        host = fed.cpu().numpy()
+        width = 1 + self.lm.dep_q
+        records = [
+            encode_records(host[slot : slot + 1, width:]) if active[slot] else None
+            for slot in range(self.slots)
+        ]
+        try:
+            return self._outputs(
+                tokens, host[:, :width], records, active, mask, prompting, silencing
+            )
+        except Exception as exc:
+            raise FrameStepError(
+                f"the step failed after the model advanced: {exc}", records
+            ) from exc
+
+    def _outputs(
+        self,
+        tokens: torch.Tensor,
+        last_tokens: np.ndarray,
+        records: list[bytes | None],
+        active: np.ndarray,
+        mask: torch.Tensor,
+        prompting: np.ndarray,
+        silencing: np.ndarray,
+    ) -> list[FrameOutput | None]:
+        """The step's outputs: Mimi decodes the audio of the slots past their acoustic
+        delay and prompt; the text token becomes words."""
         audio_tokens = tokens[:, 1:, :]
         # a slot speaks once its acoustic delay is over and its prompt (if any) is done
         ready = (audio_tokens >= 0).all(dim=2).all(dim=1) & mask
@@ -449,25 +499,15 @@ class MoshiFrameModel(FrameModel):
             decoded = self.mimi.decode(torch.where(audio_tokens >= 0, audio_tokens, 0))
             pcm = decoded[:, 0, :].float().cpu().numpy()
         ready_np = ready.cpu().numpy()
-        # one copy to the host: the output tokens, then each slot's record (what the step
-        # fed the LM: its text and audio tokens after forcing, and the user's codes)
-        fed = torch.cat(
-            [tokens[:, :, 0], self._step_text[:, None], self._step_audio, user_codes[:, :, 0]],
-            dim=1,
-        )
-        host = fed.cpu().numpy()
-        width = 1 + self.lm.dep_q
         #: this step's tokens per slot [slots, 1 + dep_q] (text, then audio; -2: none yet)
-        self.last_tokens = host[:, :width]
-        records = host[:, width:]
-        text_ids = self.last_tokens[:, 0].tolist()
-
+        self.last_tokens = last_tokens
+        text_ids = last_tokens[:, 0].tolist()
         outputs: list[FrameOutput | None] = []
         for slot in range(self.slots):
-            if not active[slot]:
+            record = records[slot]
+            if record is None:
                 outputs.append(None)
                 continue
-            record = encode_records(records[slot : slot + 1])
             if not ready_np[slot] or pcm is None:
                 # the model's acoustic delay: nothing generated for this slot yet
                 outputs.append(FrameOutput(audio=np.zeros(0, dtype=np.float32), record=record))

@@ -17,7 +17,7 @@ embeddings):
   rows, only the offsets honour the exec mask), which corrupts a neighbour whose ring has
   wrapped. The side ring holds context + chunk - 1 positions, so a chunk's first frames
   still see their whole context; past the model's context, chunked forwards stay exact;
-- `lmgen_columns` are LMGen's token-cache columns the next steps read before writing.
+- `lmgen_columns` is LMGen's token cache as the last step left it.
 
 Not rebuilt: Mimi's encoder and decoder (the slot's are reset; the decoder is warmed on the
 last frames' tokens by the frame model) and the sampler's random state (greedy decoding is
@@ -104,24 +104,31 @@ def lmgen_columns(
     records: np.ndarray,
     lm: LMModel,
     offset: int,
+    length: int,
     before: dict[int, np.ndarray] | None = None,
 ) -> dict[int, np.ndarray]:
-    """LMGen cache positions (not yet taken modulo its length) -> [K] tokens, for a slot
-    whose `offset` steps made `records` (the last record is step offset - 1): the columns
-    the next steps read before they write them. What steps before the records wrote comes
-    from `before` (a prefix's columns); entries nobody reads are left 0."""
+    """LMGen's token cache for a slot whose `offset` steps made `records` (the last record
+    is step offset - 1): cache index (0..length-1) -> [K] tokens, each codebook's entry
+    the last value written there before step `offset`. A step s writes the text and the
+    model's audio at position s + 1 and a user codebook with delay d at s + d, so the entry
+    of codebook k at index c comes from the last step s < offset whose position is c
+    modulo the cache's length; a step before the records (a prefix replayed from
+    embeddings) takes the value from `before` (cache position -> [K] tokens), and one with
+    neither (a step before the first, or a prefix's position nobody reads again) leaves
+    the entry 0: LMGen reads such an entry only while the codebook's delay has not passed
+    (it reads the initial token then) or after the next steps have written it."""
     delays = list(lm.delays)
-    max_delay = max(delays)
     first = offset - len(records)
-    columns: dict[int, np.ndarray] = {}
-    for position in range(offset, offset + max_delay + 1):
-        given = (before or {}).get(position)
-        column = np.zeros(len(delays), dtype=np.int64) if given is None else given.copy()
-        for k, delay in enumerate(delays):
-            step = position - 1 if k <= lm.dep_q else position - delay
-            if first <= step < offset:
-                column[k] = records[step - first, k]
-        columns[position] = column
+    columns = {index: np.zeros(len(delays), dtype=np.int64) for index in range(length)}
+    for k, delay in enumerate(delays):
+        lag = 1 if k <= lm.dep_q else delay  # a step s writes codebook k at s + lag
+        for index in range(length):
+            # the last step s < offset with (s + lag) % length == index
+            step = offset - 1 - ((offset - 1 + lag - index) % length)
+            if first <= step:
+                columns[index][k] = records[step - first, k]
+            elif before is not None and step + lag in before:
+                columns[index][k] = before[step + lag][k]
     return columns
 
 
@@ -204,9 +211,12 @@ class SideReplay:
         put back as it was (the same objects: CUDA graphs captured on them stay valid)."""
         lm = self.lm
         lm.set_streaming_state({name: None for name in main})
-        lm.streaming(1)  # never exited: dropped with the replay
-        side = lm.get_streaming_state()
-        lm.set_streaming_state(main)
+        try:
+            lm.streaming(1)  # never exited: dropped with the replay
+            side = lm.get_streaming_state()
+        finally:
+            # whatever happened (an allocation that failed), the shared batch goes on
+            lm.set_streaming_state(main)
         modules = dict(lm.named_modules())
         for name, state in side.items():
             module = modules[name]

@@ -339,8 +339,8 @@ class RedisEventPublisher(SessionEventSink):
                 continue
             self.published += len(round_.items)
             self.checkpoints += round_.checkpoint is not None
-            if round_.model is not None and reply != GONE:
-                self._model_written(session_id, round_.model)
+            if round_.model is not None and len(reply) == len(round_.items) + 1:
+                self._model_written(record, round_.model, reply[-1])
             if round_.items and round_.items[-1].wire_type == "session.closed":
                 closed.append(session_id)
             if record.outbox.pending or record.outbox.final:
@@ -356,11 +356,30 @@ class RedisEventPublisher(SessionEventSink):
                 # closed) and goes when the worker leaves
                 log.warning("removing closed sessions from the worker's set failed", exc_info=True)
 
-    def _model_written(self, session_id: str, model: ModelAppend) -> None:
-        history = self.host.model_history(session_id) if self.host is not None else None
-        if history is not None:
-            history.mark_written(model.offset + len(model.data))
+    def _model_written(self, record: SessionRecord, model: ModelAppend, length: int) -> None:
+        """The history in Redis is `length` bytes long now. Shorter than what was sent
+        (the key lost bytes: a gap the script refused to write past): the writer goes back
+        to where Redis ends, and the next round writes the rest again from there."""
+        history = self.host.model_history(record.session_id) if self.host is not None else None
+        if history is None:
+            return
+        end = model.offset + len(model.data)
+        if length >= end:
+            history.mark_written(end)
             self.model_bytes += len(model.data)
+            return
+        log.warning(
+            "session %s: its model history in Redis ends at %d bytes, not %d: written again "
+            "from there",
+            record.session_id,
+            length,
+            model.offset,
+        )
+        history.written = length
+        record.outbox.model_due = True
+        self._ready[record] = None
+        self._idle.clear()
+        self._wake.set()
 
     def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(

@@ -7,7 +7,12 @@ from shared.contracts.config import (
     SessionRuntimeConfig,
     TurnDetection,
 )
-from shared.contracts.frame_model import FrameClockedPlugin, FrameModel, FrameOutput
+from shared.contracts.frame_model import (
+    FrameClockedPlugin,
+    FrameModel,
+    FrameOutput,
+    FrameStepError,
+)
 from shared.contracts.host import DuplexSessionError, OpenResult, SessionEventSink, SessionHost
 from shared.contracts.plugin import (
     CommittedTurn,
@@ -43,6 +48,7 @@ __all__ = [
     "FrameClockedPlugin",
     "FrameModel",
     "FrameOutput",
+    "FrameStepError",
     "FunctionCall",
     "InputFedStagePort",
     "ModelHistory",

@@ -62,6 +62,16 @@ class FrameOutput:
     record: bytes = b""
 
 
+class FrameStepError(RuntimeError):
+    """A step that failed after the model's state had advanced: `records` are the frame's
+    records of the slots it stepped (None for the others), which still go to their
+    histories, so a history never lacks a frame its model holds."""
+
+    def __init__(self, message: str, records: list[bytes | None]) -> None:
+        super().__init__(message)
+        self.records = records
+
+
 class FrameModel(abc.ABC):
     """A frame-clocked model with `slots` sessions stepped in one batch.
 
@@ -196,4 +206,4 @@ class FrameClockedPlugin(DuplexModelPlugin):
         raise TypeError(f"{self.plugin_id} decides itself when it speaks: nothing to plan")
 
 
-__all__ = ["FrameClockedPlugin", "FrameModel", "FrameOutput"]
+__all__ = ["FrameClockedPlugin", "FrameModel", "FrameOutput", "FrameStepError"]

@@ -258,7 +258,7 @@ def fork_voice_file(lm, records: np.ndarray) -> dict[str, torch.Tensor]:
     ring = np.full((lm.num_codebooks, 4), -2, dtype=np.int64)
     for position in range(voice_frames - 2, voice_frames + 1):
         ring[:, position % 4] = inputs[:, position]
-    ahead = lmgen_columns(records, lm, voice_frames + 1)[voice_frames + 1]
+    ahead = lmgen_columns(records, lm, voice_frames + 1, 4)[(voice_frames + 1) % 4]
     delayed = np.array(lm.delays) >= 1
     stale = inputs[:, voice_frames - 3]
     ring[:, (voice_frames + 1) % 4] = np.where(delayed, ahead, stale)

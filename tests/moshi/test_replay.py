@@ -198,3 +198,47 @@ def test_a_history_of_broken_records_is_refused(make_model):
     model = make_model(1)
     with pytest.raises(ValueError, match="records"):
         model.restore_slot(0, {}, b"\x01\x02\x03")
+
+
+def test_a_restored_slots_decoder_is_warmed_and_its_first_step_keeps_it(make_model, monkeypatch):
+    """The decoder warmed on the history's last frames is still warm at the slot's first
+    step (only Mimi's encoder starts over there): the first audio differs from a cold
+    decoder's."""
+    import plugins.moshi.frame_model as frame_model
+
+    history, _ = run_alone(make_model, seed=5, frames=30)
+
+    def first_audio(warm_frames: int) -> np.ndarray:
+        monkeypatch.setattr(frame_model, "DECODER_WARM_FRAMES", warm_frames)
+        model = make_model(1)
+        codes = Codes(model, {0: script(6, 5)})
+        model.restore_slot(0, {}, history)
+        while model.replay_pending(0):
+            model.replay_work(0)
+        output = step(model, codes, [0])[0]
+        assert output.audio.size
+        return output.audio
+
+    assert not np.allclose(first_audio(4), first_audio(0))
+
+
+def test_a_step_that_fails_after_the_lm_advanced_still_gives_the_records(make_model):
+    """Mimi's decode raising after the LM stepped: the error carries the frame's records
+    of the active slots (the stage appends them), none for the inactive ones."""
+    from shared.contracts import FrameStepError
+
+    model = make_model(2)
+    model.open_slot(0, {})
+    codes = Codes(model, {0: script(7, 10)})
+    for _ in range(5):
+        step(model, codes, [0])
+
+    def broken(tokens):
+        raise RuntimeError("out of memory")
+
+    model.mimi.decode = broken
+    with pytest.raises(FrameStepError) as failed:
+        step(model, codes, [0])
+    assert int(model.lm_gen._streaming_state.offsets[0]) == 6
+    record, other = failed.value.records
+    assert len(record) == model.state_record_bytes and other is None

@@ -63,6 +63,37 @@ async def test_only_the_new_frames_are_written_each_time(redis_client):
         await publisher.stop()
 
 
+async def test_a_history_that_lost_bytes_in_redis_is_written_again_from_where_it_ends(
+    redis_client,
+):
+    """The key lost its bytes (a Redis failover without persistence, an operator's DEL):
+    the next append finds a gap, writes nothing past it, and says where the history ends;
+    the publisher writes the rest again from there, and Redis holds it all again."""
+    keys = KeySchema()
+    store = SessionStore(redis_client, keys)
+    sid = "duplex-native-lost"
+    await store.open(sid, "w-a", "frame_echo", "", "{}")
+    host = Host()
+    history = host.histories[sid] = ModelHistory(4)
+    publisher = publisher_on(store, host)
+    own(publisher, sid, 1)
+    publisher.start()
+    try:
+        for record in frames(1, 10):
+            history.append(record)
+        publisher.queue_model_writes()
+        await publisher.flush()
+        await redis_client.delete(keys.model_history(sid))
+        for record in frames(11, 5):
+            history.append(record)
+        publisher.queue_model_writes()
+        await publisher.flush()  # the gap's round, then the round that writes it all again
+        assert await redis_client.get(keys.model_history(sid)) == bytes(history.data)
+        assert history.written == 60
+    finally:
+        await publisher.stop()
+
+
 async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(redis_client):
     keys = KeySchema()
     store = SessionStore(redis_client, keys)
@@ -72,8 +103,8 @@ async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(r
     for _ in range(2):  # the reply of the first was lost: the same call again
         await append(store, sid, ModelAppend(0, data, 4), owner=1)
     assert await redis_client.get(keys.model_history(sid)) == data
-    # past the end: the key lost frames
-    await append(store, sid, ModelAppend(400, b"late", 4), owner=1)
+    # past the end: the key lost frames; the reply's last value is where it ends
+    assert await append(store, sid, ModelAppend(400, b"late", 4), owner=1) == [len(data)]
     assert await redis_client.get(keys.model_history(sid)) == data
     assert (await store.meta(sid))["model_gap"] == "400"
 

@@ -53,6 +53,7 @@ from shared.protocol.duplex import (
     DeleteItem,
     DuplexCommand,
     DuplexConversationItemDeleted,
+    DuplexErrorEvent,
     DuplexEvent,
     Heartbeat,
     InputAudioBufferCleared,
@@ -93,6 +94,19 @@ async def apply_result(ctx: SessionContext, item: Any) -> bool:
     commands: a stage output, an input result, a command queued in input order. Returns
     False for anything else (a command: the runner dispatches it)."""
     if isinstance(item, StageOutput):
+        native = ctx.responses.native
+        if native is not None and native.lost(item):
+            # the model's slot could not be rebuilt from its history: nothing left to
+            # serve. The session's error (its response's failure chain, if one was going
+            # on), then it closes
+            code, message = item.error_code or "worker_lost", item.message or "stream lost"
+            if ctx.session.active is not None:
+                ctx.responses.fail(ctx.session.active, code, message)
+            else:
+                ctx.emit(DuplexErrorEvent.for_code(code, message))
+            if ctx.on_close is not None:
+                ctx.on_close(ctx.session.session_id, code)
+            return True
         await ctx.responses.on_stage_output(item)
     elif isinstance(item, AppendReady):
         await ctx.input.on_append_ready(item)

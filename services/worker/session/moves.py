@@ -39,7 +39,12 @@ from services.worker.session.command_marks import CommandMarks, Mark
 from services.worker.session.lease import LeaseState
 from services.worker.session.response import INCOMPLETE
 from services.worker.session.table import Phase, SessionRecord, SessionTable
-from shared.contracts import DuplexRuntimeConfigError, DuplexSessionError, ModelHistory
+from shared.contracts import (
+    DuplexRuntimeConfigError,
+    DuplexSessionError,
+    ModelHistory,
+    StageCleanupError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +160,9 @@ class SessionMoves(PublishHost):
         on), then goes.
 
         A model-native session moves as it is: its slot stops first (every frame the model
-        stepped is then in its history, and that frame's output in the runner's mailbox,
-        which the settle applies), its response in flight is not cancelled (the checkpoint
+        stepped is then in its history and its output in the runner's mailbox, which the
+        settle applies; a step in flight at that moment is dropped with its record, and
+        the slot's state with it), its response in flight is not cancelled (the checkpoint
         carries it, and the model's next frames on the new worker go on with it), and its
         checkpoint carries no input audio (the model heard it: its history holds it)."""
         runner = self.table.runner(session_id)
@@ -164,7 +170,12 @@ class SessionMoves(PublishHost):
         assert record is not None  # a runner is only found through its record
         native = runner.responses.native
         if native is not None:
-            await self.builder.port.cleanup(session_id)
+            try:
+                await self.builder.port.cleanup(session_id)
+            except StageCleanupError:
+                # the slot is out of the batch all the same (never stepped again, so its
+                # history is whole); freeing it is retried by the session's cleanup below
+                log.warning("session %s: its slot's close failed; moving it", session_id)
         try:
             async with asyncio.timeout(SETTLE_TIMEOUT_S):
                 await runner.settle_input()

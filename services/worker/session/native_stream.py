@@ -63,6 +63,9 @@ TURN_WINDOW_MS = 30_000
 TRIM_SLACK_MS = 10_000
 #: the error code of a stream that could not start
 STREAM_FAILED = "runtime_data_plane_stream_failed"
+#: the tick stage's error code of a slot that could not be rebuilt from its history
+#: (services/worker/stages/tick_batched.py): the session ends with it
+RESTORE_FAILED = "worker_lost"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,17 @@ class NativeStream:
         ledger.first_mark = None
         if ledger.samples * 1000 > (TURN_WINDOW_MS + TRIM_SLACK_MS) * ledger.sample_rate_hz:
             ledger.trim_before(ledger.stream_ms - TURN_WINDOW_MS)
+
+    def lost(self, output: StageOutput) -> bool:
+        """Whether a stage output says the stream is gone for good: the slot's restore
+        failed (`RESTORE_FAILED`), for this session."""
+        fence = output.fence
+        return (
+            output.kind == "error"
+            and output.error_code == RESTORE_FAILED
+            and fence is not None
+            and fence.session_id == self.session.session_id
+        )
 
     def opens(self, output: StageOutput) -> bool:
         """Whether a stage output with no active response opens one: the model's speech,

@@ -58,6 +58,7 @@ from shared.contracts import (
     FrameClockedPlugin,
     FrameModel,
     FrameOutput,
+    FrameStepError,
     InputFedStagePort,
     ModelHistory,
     OutputSink,
@@ -76,6 +77,8 @@ T = TypeVar("T")
 MAX_BUFFERED_FRAMES = 25
 #: the error code of a model step that raised
 STEP_FAILED = "runtime_data_plane_stream_failed"
+#: the error code that ends a session whose slot could not be rebuilt from its history
+RESTORE_FAILED = "worker_lost"
 #: input a restored slot keeps of what arrived while it replayed (160 ms at 80 ms)
 RESTORED_INPUT_FRAMES = 2
 #: ticks a replay waits for spare time before its next chunk runs regardless (2 s)
@@ -119,6 +122,11 @@ class TickBatchedStagePort(InputFedStagePort):
     ) -> None:
         if listen_after_frames < 1 or max_response_frames < 1 or max_buffered_frames < 1:
             raise ValueError("listen_after_frames, max_response_frames and buffers must be >= 1")
+        if model.state_record_bytes and type(model).interrupt_slot is FrameModel.interrupt_slot:
+            raise TypeError(
+                f"{type(model).__name__} exports its state but does not implement "
+                "interrupt_slot: a reset on every barge-in would leave its history behind"
+            )
         self.model = model
         self.listen_after_frames = listen_after_frames
         self.max_response_frames = max_response_frames
@@ -197,8 +205,8 @@ class TickBatchedStagePort(InputFedStagePort):
         if plan.fence.epoch >= (slot.fence.epoch if slot.fence else 0):
             slot.fence, slot.request_id = plan.fence, plan.request_id
         options = dict(plan.payload or {})
-        if slot.opened:  # a second stream request of one session starts it over
-            await self._on_model(self.model.reset_slot, slot.index)
+        if slot.opened:  # a second stream request of one session: it goes on, interrupted
+            await self._on_model(self.model.interrupt_slot, slot.index)
             slot.listen()
             return
         # submitted now and shielded: a caller cancelled meanwhile (its session closed) leaves
@@ -436,14 +444,20 @@ class TickBatchedStagePort(InputFedStagePort):
         )
 
     def _replay_failed(self, slot: SlotState, message: str) -> None:
-        """A replay that raised: the session gets its error (the stream cannot go on)."""
+        """A replay that raised: the slot can never step, so the session ends (its stream
+        reads this `RESTORE_FAILED` error with no response as the end: native_stream.py);
+        the slot is freed by its cleanup."""
         slot.replaying = False
-        slot.opened = False  # never stepped: its close frees it
+        slot.opened = False  # never stepped again
         sink = self._sinks.get(slot.session_id)
         if sink is not None and slot.request_id and slot.fence:
             sink(
                 StageOutput(
-                    slot.request_id, slot.fence, "error", error_code=STEP_FAILED, message=message
+                    slot.request_id,
+                    slot.fence,
+                    "error",
+                    error_code=RESTORE_FAILED,
+                    message=message,
                 )
             )
 
@@ -473,25 +487,26 @@ class TickBatchedStagePort(InputFedStagePort):
                 lag = slot.buffered / model.input_sample_rate_hz
                 self._metrics.input_lag.labels(self.model_name).observe(lag)
         started = self.clock.now()
+        records: list[bytes | None] = [None] * model.slots
         try:
             outputs = await self._on_model(model.step, frames, active)
+            records = [o.record if o is not None else None for o in outputs]
         except Exception as exc:
             log.exception("%s: model step failed", self.model_name)
             outputs = [None] * model.slots
+            if isinstance(exc, FrameStepError):
+                records = exc.records  # the model advanced all the same: its frames count
             self._fail(stepped, f"model step failed: {exc}")
         ended = self.clock.now()
         self._count(ended - started, silence)
         for slot, generation in stepped:
+            record = records[slot.index]
+            if record and slot.history is not None and self._slots.get(slot.session_id) is slot:
+                # the model stepped it: its memory holds this frame, aborted or not
+                slot.history.append(record)
             output = outputs[slot.index]
             if output is None:
                 continue
-            if (
-                output.record
-                and slot.history is not None
-                and self._slots.get(slot.session_id) is slot
-            ):
-                # the model stepped it: its memory holds this frame, aborted or not
-                slot.history.append(output.record)
             # aborted or closed while the step ran: nothing it made for this slot is sent
             if generation == slot.generation:
                 self._fan_out(slot, output)

@@ -44,13 +44,14 @@
 -- ARGV[11] the byte offset of ARGV[12] in the model history ("": nothing to append)
 -- ARGV[12] the model history's bytes from that offset (its frames' records since the last
 --   write). Written with SETRANGE, so a call retried after a reply that never came writes
---   the same bytes again; an offset past the end (the key was lost) writes nothing and
---   sets model_gap: a restore then replays the history as far as it is whole.
+--   the same bytes again; an offset past the end (the key lost bytes) writes nothing and
+--   sets model_gap, and the length returned tells the writer where to write from again.
 -- ARGV[13] the model's record bytes per frame (kept as model_record_bytes, for operators)
 -- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated),
 --   response id ("" when none; no line break)
--- returns one seq per event (0 = not journaled); {-1} when the session is gone;
+-- returns one seq per event (0 = not journaled), then, when the call appended to the model
+--         history, the history's length after it; {-1} when the session is gone;
 --         {-2} when the caller is not the session's owner (nothing written)
 local meta, journal, checkpoint, model = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local channel, max_bytes, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -222,10 +223,13 @@ if ARGV[8] ~= '' and state ~= 'closed' then
   redis.call('SET', checkpoint, ARGV[8])
   updates['checkpoints'] = (tonumber(m[8]) or 0) + 1
 end
+local model_length = nil
 if ARGV[11] ~= '' and state ~= 'closed' then
   local offset = tonumber(ARGV[11])
-  if redis.call('STRLEN', model) >= offset then
-    updates['model_bytes'] = redis.call('SETRANGE', model, offset, ARGV[12])
+  model_length = redis.call('STRLEN', model)
+  if model_length >= offset then
+    model_length = redis.call('SETRANGE', model, offset, ARGV[12])
+    updates['model_bytes'] = model_length
     updates['model_record_bytes'] = ARGV[13]
   else
     updates['model_gap'] = offset
@@ -238,5 +242,8 @@ for field, value in pairs(updates) do
 end
 if #fields > 0 then
   redis.call('HSET', meta, unpack(fields))
+end
+if model_length then
+  seqs[#seqs + 1] = model_length  -- the writer resumes from here after a gap
 end
 return seqs

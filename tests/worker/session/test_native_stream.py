@@ -267,6 +267,43 @@ async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_agai
         await other.manager.shutdown()
 
 
+async def test_a_restore_whose_replay_fails_ends_the_session_and_frees_its_slot(rig):
+    """The model cannot rebuild the slot from the history (a replay that raises): the
+    client hears `worker_lost`, then `session.closed`, and the slot is free again; no
+    session is left live with a slot that never steps."""
+    session = await rig.open()
+    await rig.say(session, tone(2))
+    await rig.tick(2)
+    checkpoint = rig.manager.moves.snapshot(session.session_id)
+    history = rig.manager.moves.model_history(session.session_id)
+    assert history is not None and history.frames
+    other = Rig()
+
+    def broken(slot: int) -> int:
+        raise RuntimeError("out of memory")
+
+    other.model.replay_work = broken
+    try:
+        await other.manager.moves.restore(
+            session.session_id,
+            checkpoint,
+            owner_generation=2,
+            reason="worker_lost",
+            model_history=bytes(history.data),
+        )
+        queue = other.router.queue(session.session_id)
+        await other.tick()  # the replay's first chunk runs after this tick's step, and fails
+        seen = []
+        while "session.closed" not in [e.wire_type for e in seen]:
+            seen.append(await asyncio.wait_for(queue.get(), 5))
+        errors = [e for e in seen if e.wire_type == "error"]
+        assert [e.code for e in errors] == ["worker_lost"]
+        assert seen[-1].reason == "worker_lost"
+        assert other.port.free_slots == other.model.slots
+    finally:
+        await other.manager.shutdown()
+
+
 def _fails_to_open(error: Exception):
     def on_open(slot, options):
         raise error

@@ -18,6 +18,8 @@ from services.worker.stages.tick_clock import TickGrid
 from shared.contracts import (
     DuplexFence,
     DuplexSessionError,
+    FrameModel,
+    FrameStepError,
     ModelHistory,
     StageOutput,
     StagePlan,
@@ -371,3 +373,30 @@ async def test_a_prompt_replayed_at_an_open_is_not_counted_as_a_restore(rig):
     text = generate_latest(rig.registry)
     assert b'duplex_native_restored_frames_total{model="frame_echo"}' not in text
     assert b'duplex_native_restore_seconds_count{model="frame_echo"}' not in text
+
+
+async def test_a_step_that_failed_after_the_model_advanced_still_records_its_frames(rig):
+    """`FrameStepError` carries the records of a step whose model state advanced before it
+    failed: they go to the histories (else a restore would rebuild another state), and the
+    responses in progress fail as for any failed step."""
+    history = ModelHistory(4)
+    await open_with_history(rig, "a", history)
+    await rig.tick()
+
+    def fails_after_advancing() -> None:
+        raise FrameStepError("decode failed", [struct.pack("<I", 99), None, None, None])
+
+    rig.model.on_step = fails_after_advancing
+    await rig.tick()
+    assert history.data == steps_history(1).data + struct.pack("<I", 99)
+
+
+def test_a_model_that_exports_its_state_must_interrupt_without_resetting():
+    """A model whose records rebuild it but whose barge-in is the default reset would
+    leave its history behind at every barge-in: the stage refuses it at once."""
+
+    class Forgetful(EchoFrameModel):
+        interrupt_slot = FrameModel.interrupt_slot
+
+    with pytest.raises(TypeError, match="interrupt_slot"):
+        TickBatchedStagePort(Forgetful(2))
