@@ -242,3 +242,29 @@ def test_a_step_that_fails_after_the_lm_advanced_still_gives_the_records(make_mo
     assert int(model.lm_gen._streaming_state.offsets[0]) == 6
     record, other = failed.value.records
     assert len(record) == model.state_record_bytes and other is None
+
+
+def test_a_replay_that_fails_leaves_the_shared_batch_as_it_was(make_model):
+    """The side batch cannot be made (out of memory, say): the replay fails, and the
+    other slots step on, exactly as before."""
+    history, _ = run_alone(make_model, seed=8, frames=20)
+    _, alone = run_alone(make_model, seed=9, frames=6)
+    model = make_model(2)
+    model.open_slot(0, {})
+    codes = Codes(model, {0: script(9, 6)})
+    tokens = []
+    for _ in range(3):
+        step(model, codes, [0])
+        tokens.append(model.last_tokens[0].copy())
+    model.restore_slot(1, {}, history)
+
+    def no_memory(batch_size: int):
+        raise RuntimeError("out of memory")
+
+    model.lm.streaming = no_memory
+    with pytest.raises(RuntimeError, match="out of memory"):
+        model.replay_work(1)
+    for _ in range(3):
+        step(model, codes, [0])
+        tokens.append(model.last_tokens[0].copy())
+    assert all(np.array_equal(a, b) for a, b in zip(tokens, alone, strict=True))
