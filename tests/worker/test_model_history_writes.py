@@ -3,6 +3,7 @@ publish calls (event_publish.lua against a real redis-server): only the bytes si
 last write go, a retried call writes the same bytes again, a fenced-out worker writes
 nothing, and the history goes with the session's other keys at session.closed."""
 
+import contextlib
 import struct
 
 from shared.contracts import ModelHistory
@@ -29,10 +30,11 @@ def frames(first: int, count: int) -> list[bytes]:
     return [struct.pack("<I", n) for n in range(first, first + count)]
 
 
-async def test_only_the_new_frames_are_written_each_time(redis_client):
-    keys = KeySchema()
-    store = SessionStore(redis_client, keys)
-    sid = "duplex-native-history"
+@contextlib.asynccontextmanager
+async def writing(redis_client, sid: str):
+    """A session opened in Redis and owned (generation 1) by a running publisher whose
+    host gives it a 4-byte-record model history: (store, history, publisher)."""
+    store = SessionStore(redis_client, KeySchema())
     await store.open(sid, "w-a", "frame_echo", "", "{}")
     host = Host()
     history = host.histories[sid] = ModelHistory(4)
@@ -40,6 +42,15 @@ async def test_only_the_new_frames_are_written_each_time(redis_client):
     own(publisher, sid, 1)
     publisher.start()
     try:
+        yield store, history, publisher
+    finally:
+        await publisher.stop()
+
+
+async def test_only_the_new_frames_are_written_each_time(redis_client):
+    keys = KeySchema()
+    sid = "duplex-native-history"
+    async with writing(redis_client, sid) as (store, history, publisher):
         for record in frames(1, 12):
             history.append(record)
         publisher.queue_model_writes()  # what the once-a-second loop does
@@ -59,8 +70,6 @@ async def test_only_the_new_frames_are_written_each_time(redis_client):
         assert publisher.model_bytes == 100
         _, model = await store.restore_state(sid)
         assert model == bytes(history.data)
-    finally:
-        await publisher.stop()
 
 
 async def test_a_history_that_lost_bytes_in_redis_is_written_again_from_where_it_ends(
@@ -70,15 +79,8 @@ async def test_a_history_that_lost_bytes_in_redis_is_written_again_from_where_it
     the next append finds a gap, writes nothing past it, and says where the history ends;
     the publisher writes the rest again from there, and Redis holds it all again."""
     keys = KeySchema()
-    store = SessionStore(redis_client, keys)
     sid = "duplex-native-lost"
-    await store.open(sid, "w-a", "frame_echo", "", "{}")
-    host = Host()
-    history = host.histories[sid] = ModelHistory(4)
-    publisher = publisher_on(store, host)
-    own(publisher, sid, 1)
-    publisher.start()
-    try:
+    async with writing(redis_client, sid) as (_, history, publisher):
         for record in frames(1, 10):
             history.append(record)
         publisher.queue_model_writes()
@@ -90,8 +92,6 @@ async def test_a_history_that_lost_bytes_in_redis_is_written_again_from_where_it
         await publisher.flush()  # the gap's round, then the round that writes it all again
         assert await redis_client.get(keys.model_history(sid)) == bytes(history.data)
         assert history.written == 60
-    finally:
-        await publisher.stop()
 
 
 async def test_a_retried_append_writes_the_same_bytes_and_a_gap_writes_nothing(redis_client):

@@ -224,6 +224,16 @@ async def test_a_stream_never_committed_keeps_only_its_window_of_input(rig):
     assert ledger.samples * 1000 // RATE <= TURN_WINDOW_MS + 10_000
 
 
+async def restore_elsewhere(
+    other: Rig, session_id: str, checkpoint: bytes, history: bytes, reason: str = "worker_lost"
+) -> None:
+    """The other end of a move: `other`'s worker serves the session from its checkpoint
+    and model history (at owner generation 2)."""
+    await other.manager.moves.restore(
+        session_id, checkpoint, owner_generation=2, reason=reason, model_history=history
+    )
+
+
 async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_again(rig):
     """Restored from its checkpoint and model history: the slot replays the history (the
     echo model counts on from it), the response the lost worker was speaking ends
@@ -237,13 +247,7 @@ async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_agai
     assert history is not None and history.frames >= 3
     other = Rig()
     try:
-        await other.manager.moves.restore(
-            session.session_id,
-            checkpoint,
-            owner_generation=2,
-            reason="worker_lost",
-            model_history=bytes(history.data),
-        )
+        await restore_elsewhere(other, session.session_id, checkpoint, bytes(history.data))
         runner = other.manager.runner(session.session_id)
         await runner.settle_input()
         slot = other.port.slot_of(session.session_id)
@@ -267,6 +271,46 @@ async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_agai
         await other.manager.shutdown()
 
 
+async def test_a_drained_session_goes_on_with_the_response_it_was_speaking(rig):
+    """A drain's hand-off of a native session mid-response: no response.done on the old
+    worker's side, the final checkpoint carries no input audio, and on the new worker the
+    model's speech goes on as deltas of the same response, its history counting on."""
+    session = await rig.open()
+    await rig.say(session, tone(8))
+    await rig.tick(4)
+    spoken = (await session.until("response.output_audio.delta"))[-1]
+    final = await rig.manager.moves.hand_off(session.session_id)
+    history = rig.manager.moves.model_history(session.session_id)
+    assert history is not None
+    assert "response.done" not in types(session.pending())
+    checkpoint = orjson.loads(final)
+    assert checkpoint["input"] is None and checkpoint["active"]["id"] == spoken.response_id
+    other = Rig()
+    try:
+        await restore_elsewhere(
+            other, session.session_id, final, bytes(history.data), reason="drain"
+        )
+        runner = other.manager.runner(session.session_id)
+        await runner.settle_input()
+        await other.tick()  # the replay runs after this tick (its slot not stepped)
+        # the user goes on talking, so the echo goes on speaking: less than its
+        # listen_after_frames of quiet (its 2-frame delay starts over at a restore)
+        for command in appends(tone(4), RATE, chunk_ms=80):
+            await other.manager.submit(session.session_id, command)
+        await runner.settle_input()
+        await other.tick(4)
+        await runner.settle_input()
+        queue = other.router.queue(session.session_id)
+        events = [queue.get_nowait() for _ in range(queue.qsize())]
+        deltas = [e for e in events if e.wire_type == "response.output_audio.delta"]
+        assert deltas and {e.response_id for e in deltas} == {spoken.response_id}
+        assert "response.created" not in types(events) and "error" not in types(events)
+        slot = other.port.slot_of(session.session_id)
+        assert other.model.steps[slot] > history.frames
+    finally:
+        await other.manager.shutdown()
+
+
 async def test_a_restore_whose_replay_fails_ends_the_session_and_frees_its_slot(rig):
     """The model cannot rebuild the slot from the history (a replay that raises): the
     client hears `worker_lost`, then `session.closed`, and the slot is free again; no
@@ -284,13 +328,7 @@ async def test_a_restore_whose_replay_fails_ends_the_session_and_frees_its_slot(
 
     other.model.replay_work = broken
     try:
-        await other.manager.moves.restore(
-            session.session_id,
-            checkpoint,
-            owner_generation=2,
-            reason="worker_lost",
-            model_history=bytes(history.data),
-        )
+        await restore_elsewhere(other, session.session_id, checkpoint, bytes(history.data))
         queue = other.router.queue(session.session_id)
         await other.tick()  # the replay's first chunk runs after this tick's step, and fails
         seen = []
