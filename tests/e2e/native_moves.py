@@ -55,6 +55,87 @@ def restored_frames(port: int, model: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+class NativeFleet:
+    """Workers of a frame-clocked plugin (by name, each with its health port) behind one
+    API pod, and a client streaming into one native session (`open`)."""
+
+    def __init__(self, redis_url: str, names: list[str], plugin: str, **worker_env: str):
+        self.redis_url, self.plugin = redis_url, plugin
+        self.prefix = f"native-moves-{uuid.uuid4().hex[:6]}"
+        self.keys = KeySchema(self.prefix)
+        self.env = {"PYTHONPATH": CHECKOUT, **FAST, **worker_env}
+        self.ports = {name: free_port() for name in names}
+        self.workers = {name: self._worker(name) for name in names}
+        self.api = start_api(redis_url, self.prefix, "native-api", **FAST)
+        self.handle = connect(redis_url)
+        self.redis = self.handle.client
+        self.client = RecordingClient([self.api.base], heartbeat_s=None)
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def _worker(self, name: str):
+        port = str(self.ports[name])
+        return start_worker(
+            self.redis_url,
+            self.prefix,
+            name,
+            self.plugin,
+            DUPLEX_WORKER_HEALTH_PORT=port,
+            **self.env,
+        )
+
+    def restart(self, name: str) -> None:
+        """The worker started again under its id and health port (it was killed)."""
+        self.workers[name].process.wait()
+        self.workers[name] = self._worker(name)
+
+    async def open(self, model: str, record_bytes: int) -> str:
+        """Every worker registered, a session open and streamed into until its model
+        history in Redis holds 25 frames; its id."""
+        self.api.wait_ready()
+        await until(
+            lambda: self.redis.zcard(self.keys.workers()), lambda n: n >= len(self.workers), 120
+        )
+        await self.client.connect({"model": model})
+        self.tasks += [
+            asyncio.create_task(drain(self.client)),
+            asyncio.create_task(stream(self.client, self.stop)),
+        ]
+        sid = self.client.session_id
+        history = self.keys.model_history(sid)
+        await until(lambda: self.redis.strlen(history), lambda n: n >= record_bytes * 25)
+        return sid
+
+    async def owner(self, sid: str) -> bytes:
+        return await self.redis.hget(self.keys.session(sid), "worker")
+
+    async def restored(self, name: str, model: str) -> int:
+        """Frames the worker's restores replayed (waiting until it is at least 25)."""
+        port = self.ports[name]
+        return int(
+            await until(lambda: asyncio.to_thread(restored_frames, port, model), lambda n: n >= 25)
+        )
+
+    def check_no_error_and_contiguous(self) -> None:
+        """Nothing the client must act on (no input_lost, no worker_lost), no seq gap."""
+        client = self.client
+        assert [f for f in client.delivered if f.get("type") == "error"] == []
+        seqs = [f["server_event_seq"] for f in client.delivered if "server_event_seq" in f]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        assert client.ended is None
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.client.close(end_session=False)
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.api.stop()
+        for worker in self.workers.values():
+            worker.stop()
+        await self.handle.close()
+
+
 async def move_a_native_session(
     redis_url: str,
     how: signal.Signals,
@@ -66,47 +147,16 @@ async def move_a_native_session(
 ) -> tuple[bytes, int]:
     """Stream into a native session, kill or drain its worker, check it goes on (above);
     returns the model history as the new worker has written it, and the frames restored."""
-    prefix = f"native-moves-{uuid.uuid4().hex[:6]}"
-    keys = KeySchema(prefix)
-    ports = {name: free_port() for name in ("w-a", "w-b")}
-    workers = {
-        name: start_worker(
-            redis_url,
-            prefix,
-            name,
-            plugin,
-            DUPLEX_WORKER_HEALTH_PORT=str(port),
-            PYTHONPATH=CHECKOUT,
-            **FAST,
-            **worker_env,
-        )
-        for name, port in ports.items()
-    }
-    api = start_api(redis_url, prefix, "native-api", **FAST)
-    handle = connect(redis_url)
-    redis = handle.client
-    stop = asyncio.Event()
-    client = RecordingClient([api.base], heartbeat_s=None)
-    tasks: list[asyncio.Task[None]] = []
+    fleet = NativeFleet(redis_url, ["w-a", "w-b"], plugin, **worker_env)
     try:
-        api.wait_ready()
-        await until(lambda: redis.zcard(keys.workers()), lambda n: n >= 2, 120)
-        await client.connect({"model": model})
-        tasks += [asyncio.create_task(drain(client)), asyncio.create_task(stream(client, stop))]
-        sid = client.session_id
-        owner = (await redis.hget(keys.session(sid), "worker")).decode()
-        other = next(name for name in workers if name != owner)
-        # the model has heard a while, and its history is in Redis (about once a second)
-        history = keys.model_history(sid)
-        await until(lambda: redis.strlen(history), lambda n: n >= record_bytes * 25)
+        sid = await fleet.open(model, record_bytes)
+        client = fleet.client
+        owner = (await fleet.owner(sid)).decode()
+        other = next(name for name in fleet.workers if name != owner)
         spoke_before = sum(1 for f in client.delivered if f.get("type") == "response.created")
-        workers[owner].process.send_signal(how)
-        await until(
-            lambda: redis.hget(keys.session(sid), "worker"), lambda w: w == other.encode(), 40
-        )
-        frames = await until(
-            lambda: asyncio.to_thread(restored_frames, ports[other], model), lambda n: n >= 25, 30
-        )
+        fleet.workers[owner].process.send_signal(how)
+        await until(lambda: fleet.owner(sid), lambda w: w == other.encode(), 40)
+        frames = await fleet.restored(other, model)
         since = len(client.delivered)
         await until(
             lambda: asyncio.sleep(0, len(client.delivered)),
@@ -116,22 +166,13 @@ async def move_a_native_session(
             30,
         )
         # the restored slot goes on: the new worker appends to the history it replayed
-        written = await until(lambda: redis.get(history), lambda d: len(d) > frames * record_bytes)
+        history = fleet.keys.model_history(sid)
+        written = await until(
+            lambda: fleet.redis.get(history), lambda d: len(d) > frames * record_bytes
+        )
         assert len(written) % record_bytes == 0
-        errors = [f for f in client.delivered if f.get("type") == "error"]
-        assert errors == []  # no input_lost, no worker_lost: nothing the client must do
-        seqs = [f["server_event_seq"] for f in client.delivered if "server_event_seq" in f]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        fleet.check_no_error_and_contiguous()
         assert spoke_before >= 1
-        assert client.ended is None
-        return written, int(frames)
+        return written, frames
     finally:
-        stop.set()
-        await client.close(end_session=False)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        api.stop()
-        for worker in workers.values():
-            worker.stop()
-        await handle.close()
+        await fleet.close()
