@@ -201,7 +201,7 @@ class RedisEventPublisher(SessionEventSink):
             return
         for record in self.table.live():
             history = self.host.model_history(record.session_id)
-            if history is not None and history.unwritten() is not None and not record.fenced:
+            if history is not None and history.behind and not record.fenced:
                 record.outbox.model_due = True
                 self._ready[record] = None
                 self._idle.clear()

@@ -161,9 +161,14 @@ class ModelHistory:
             raise ValueError(f"a record of {len(record)} bytes, not {self.record_bytes}")
         self.data += record
 
+    @property
+    def behind(self) -> bool:
+        """Frames not in Redis yet."""
+        return self.written < len(self.data)
+
     def unwritten(self) -> tuple[int, bytes] | None:
         """(offset, bytes) not in Redis yet, or None."""
-        if self.written >= len(self.data):
+        if not self.behind:
             return None
         return self.written, bytes(self.data[self.written :])
 
