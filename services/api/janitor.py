@@ -44,7 +44,7 @@ from shared.ids import EXPIRED_CLOSE_REASON
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
-from shared.redis.live_message import openai_surface
+from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
 from shared.settings import CLOSED_SESSION_TTL_S
@@ -247,7 +247,7 @@ class Janitor:
             session_id,
             items,
             owner_generation=int(owner) if owner else None,
-            stamp_seq=not openai_surface(meta),
+            stamp_seq=stamps_seq(meta),
             **self._publish_args(),
         )
         if seqs == [-2]:

@@ -36,7 +36,7 @@ from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed
 from shared.redis.boundary import ControlNotice, RestoreRequest
 from shared.redis.keys import INBOX_GROUP
-from shared.redis.live_message import openai_surface
+from shared.redis.live_message import stamps_seq
 from shared.redis.store import PublishItem, SessionStore
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,8 @@ class Ownership:
             ttl_ms=publisher.ttl_ms,
             closed_ttl_ms=publisher.closed_ttl_ms,
             owner_generation=request.owner_generation,
-            # an openai-surface session's JSON goes without server_event_seq (GA has none)
-            stamp_seq=not openai_surface(await self.store.meta(sid)),
+            # only a duplex-surface session's JSON carries server_event_seq
+            stamp_seq=stamps_seq(await self.store.meta(sid)),
         )
         if seqs in ([-1], [-2]):
             return

@@ -323,7 +323,7 @@ class RedisEventPublisher(SessionEventSink):
             checkpoints={
                 r.record.session_id: r.checkpoint for r in rounds if r.checkpoint is not None
             },
-            unstamped={r.record.session_id for r in rounds if r.record.openai_surface},
+            unstamped={r.record.session_id for r in rounds if r.record.unstamped},
             model_appends={r.record.session_id: r.model for r in rounds if r.model is not None},
         )
         closed = []

@@ -130,6 +130,12 @@ class FrameModel(abc.ABC):
         frames left, 0 once the slot is as it was when its last record was made."""
         raise NotImplementedError(f"{type(self).__name__} has nothing to replay")
 
+    def prompt_frames_left(self, slot: int) -> int:
+        """Frames of the slot's prompt (a persona, a voice prompt) still to step before its
+        conversation starts; 0: it hears the session from the next step. The stage tells
+        the session once it is 0 (`StageOutput` "ready": Moshi's handshake)."""
+        return 0
+
     @abc.abstractmethod
     def close_slot(self, slot: int) -> None:
         """The session of `slot` ended: the slot is free for another."""

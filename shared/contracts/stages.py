@@ -72,8 +72,9 @@ class StageOutput:
     audio response a transcript piece with no sound of its own), "listen" (the model
     decided not to speak),
     "function_call" (`function_call`: the response calls a tool; the request still ends
-    with "done"), "done" (the request's turn is complete) or "error" (`error_code`,
-    `message`).
+    with "done"), "done" (the request's turn is complete), "error" (`error_code`,
+    `message`) or "ready" (a frame-clocked stage's slot has stepped its prompt: the model
+    hears the session from now on; not part of any response).
     """
 
     request_id: str

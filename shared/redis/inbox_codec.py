@@ -245,7 +245,7 @@ class _Codec:
     """The decoders, and each command class's wrapper; built once (`_codec`)."""
 
     def __init__(self) -> None:
-        from shared.protocol.duplex import DUPLEX_COMMANDS
+        from shared.protocol.duplex import DUPLEX_COMMANDS, SURFACE_COMMANDS
         from shared.protocol.duplex.commands import INBOX_FIELDS
 
         self.append_fields = INBOX_FIELDS
@@ -258,7 +258,7 @@ class _Codec:
                 frozen=True,
                 module=__name__,
             )
-            for wire_type, cls in DUPLEX_COMMANDS.items()
+            for wire_type, cls in {**DUPLEX_COMMANDS, **SURFACE_COMMANDS}.items()
         }
         self.append_body = self.bodies[APPEND_TYPE]
         bodies = Union[tuple(self.bodies.values())]  # noqa: UP007 (a union built at run time)

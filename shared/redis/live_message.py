@@ -213,15 +213,18 @@ def journal_entry_records(entry_id: bytes | str, fields: Mapping[bytes, bytes]) 
     ]
 
 
-def openai_surface(meta: Mapping[str, str]) -> bool:
-    """Was the session opened on the openai surface (the config in its hash says so)? Its
-    events are published without `server_event_seq`: what its worker, the janitor and a
-    refused restore publish for it alike. The codec is imported here, not with the module:
-    the readers of Redis (`duplex sessions`) use the store and must not load it."""
-    from shared.protocol.duplex import SURFACE_KEY, SURFACE_OPENAI
+def stamps_seq(meta: Mapping[str, str]) -> bool:
+    """Was the session opened on the duplex surface (the config in its hash says so)? Only
+    its events' JSON carries `server_event_seq`; the other surfaces' (OpenAI GA, Moshi's
+    and GPT-Live's protocols) go without: what its worker, the janitor and a refused
+    restore publish for it alike. The codec is imported here, not with the module: the
+    readers of Redis (`duplex sessions`) use the store and must not load it."""
+    from shared.protocol.duplex import SURFACE_DUPLEX, SURFACE_KEY
 
     try:
         config = orjson.loads(meta.get("config") or "{}")
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(config, dict) and config.get(SURFACE_KEY) == SURFACE_OPENAI
+        return True
+    if not isinstance(config, dict):
+        return True
+    return (config.get(SURFACE_KEY) or SURFACE_DUPLEX) == SURFACE_DUPLEX

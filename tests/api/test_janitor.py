@@ -20,7 +20,7 @@ from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.redis.boundary import CloseRequest
 from shared.redis.connection import RedisHandle
-from shared.redis.live_message import openai_surface
+from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
 from tests.api.parts import JOURNAL, KEYS, active_session, inbox
@@ -88,9 +88,13 @@ async def test_a_dead_workers_sessions_end_with_worker_lost(janitor):
 
 
 def test_the_surface_is_read_from_the_config_in_the_hash():
-    assert openai_surface({"config": '{"model":"echo","duplex_surface":"openai"}'})
-    assert not openai_surface({"config": '{"model":"echo"}'})
-    assert not openai_surface({"config": "not json"}) and not openai_surface({})
+    assert not stamps_seq({"config": '{"model":"echo","duplex_surface":"openai"}'})
+    for surface in ("moshi", "live"):
+        config = orjson.dumps({"model": "echo", "duplex_surface": surface}).decode()
+        assert not stamps_seq({"config": config})
+    assert stamps_seq({"config": '{"model":"echo"}'})
+    assert stamps_seq({"config": '{"model":"echo","duplex_surface":"duplex"}'})
+    assert stamps_seq({"config": "not json"}) and stamps_seq({})
 
 
 @pytest.mark.parametrize(

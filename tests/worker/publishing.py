@@ -41,5 +41,5 @@ def own(
 ) -> SessionRecord:
     """The session held here at `generation`, as a restore leaves it (no runner)."""
     record = publisher.table.reserve(session_id)
-    record.serve(None, owner_generation=generation, openai_surface=openai, restored=True)
+    record.serve(None, owner_generation=generation, unstamped=openai, restored=True)
     return record

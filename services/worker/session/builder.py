@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from services.worker.session import surface
+from services.worker.session import native_surfaces, surface
 from services.worker.session.command_marks import CommandMarks
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.input_pipeline import InputPipeline
@@ -106,13 +106,16 @@ class SessionBuilder:
 
     def _emitter(self, session: EngineSession) -> Callable[[DuplexEvent], None]:
         """The runner's way out. An openai-surface session's events are projected to
-        OpenAI GA's here (`surface.py`), so the journal holds what its client gets; the
-        surface is read per event from the config, which an update replaces (and keeps)."""
+        OpenAI GA's here (`surface.py`), a Moshi or GPT-Live one's to what its API pod sends
+        (`native_surfaces.py`), so the journal holds what its client gets; the surface is
+        read per event from the config, which an update replaces (and keeps)."""
         sink, session_id = self.sink, session.session_id
 
         def emit(event: DuplexEvent) -> None:
-            if session.config.openai_surface:
-                projected = surface.project(event, session)
+            config = session.config
+            if config.openai_surface or config.native_surface:
+                project = surface.project if config.openai_surface else native_surfaces.project
+                projected = project(event, session)
                 if projected is None:
                     return
                 event = projected

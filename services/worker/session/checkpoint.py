@@ -2,12 +2,15 @@
 compact JSON (readable with redis-cli: `GET duplex:session:{SID}:checkpoint`).
 
 Keys: `v` (1), `session_id`, `config` (the session config in realtime form, its whole
-`extra_body` included; `duplex_surface: "openai"` for a plain /v1/realtime session),
+`extra_body` included; `duplex_surface` for a session of another surface than the duplex
+one: "openai", "moshi" or "live"),
 `runtime_config`, `items` (the conversation), `epoch`, `turn_id`, `turn_state`,
 `input_generation`, `unanswered_items`, `audio_started`, `overlap_reported`,
-`last_response_id`, `responses` (the retained responses: id, item id, stage request id,
-fence, playback ledger, transcript, audio/text marks, modalities, output format, status,
-the client's metadata, whether its message item was announced, its max_output_tokens),
+`surface_state` (what Moshi's and GPT-Live's surfaces keep: `started`, `muted`,
+`usage_reported_ms`; native_surfaces.py), `last_response_id`, `responses` (the retained
+responses: id, item id, stage request id, fence, playback ledger, transcript, audio/text
+marks, modalities, output format, status, the client's metadata, whether its message item
+was announced, its max_output_tokens),
 `active` (the in-flight response, or null), `pending_turns`
 (committed turns not answered yet, audio base64 float32 at the model's input rate),
 `input_stream_samples` (the session's input clock, so server-VAD timestamps go on where
@@ -54,6 +57,7 @@ from services.worker.session.conversation import Conversation
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger, PlaybackLedger
+from services.worker.session.native_surfaces import NativeSurfaceState
 from services.worker.session.response import ActiveResponse
 from shared.contracts import (
     CommittedTurn,
@@ -108,6 +112,7 @@ def checkpoint_document(
         "unanswered_items": session.unanswered_items,
         "audio_started": session.audio_started,
         "overlap_reported": session.overlap_reported,
+        "surface_state": session.surface_state.to_dict(),
         "last_response_id": session.last_response.response_id if session.last_response else None,
         "responses": [_response(r) for r in session.responses.values()],
         "active": _response(session.active) if session.active is not None else None,
@@ -264,6 +269,7 @@ def _session(
     session.unanswered_items = int(doc["unanswered_items"])
     session.audio_started = bool(doc.get("audio_started", False))
     session.overlap_reported = doc.get("overlap_reported")
+    session.surface_state = NativeSurfaceState.from_dict(doc.get("surface_state"))
     responses = collections.OrderedDict()
     for entry in doc["responses"]:
         response = _active(session_id, entry, output_rate_hz)

@@ -11,6 +11,7 @@ from typing import Any
 from services.worker.session.conversation import Conversation
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
+from services.worker.session.native_surfaces import NativeSurfaceState
 from services.worker.session.response import ActiveResponse
 from shared.contracts import CommittedTurn, DuplexCapabilities, DuplexFence, DuplexSessionConfig
 
@@ -51,6 +52,8 @@ class EngineSession:
     #: user items created by the client since the last response (a text-only turn)
     unanswered_items: int = 0
     overlap_reported: str | None = None  # response id whose overlap was reported
+    #: what Moshi's and GPT-Live's surfaces keep of the session (native_surfaces.py)
+    surface_state: NativeSurfaceState = dataclasses.field(default_factory=NativeSurfaceState)
 
     @property
     def fence(self) -> DuplexFence:

@@ -24,6 +24,7 @@ from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.native_stream import refuse_response_create
+from services.worker.session.native_surfaces import muted_event, ready_event
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.tool_calls import check_item, check_response_tools, tool_output_turn
 from shared.contracts import (
@@ -57,6 +58,7 @@ from shared.protocol.duplex import (
     DuplexEvent,
     Heartbeat,
     InputAudioBufferCleared,
+    MuteInput,
     OutputAudioBufferCleared,
     SessionHeartbeatAck,
     SessionUpdated,
@@ -86,7 +88,8 @@ class SessionContext:
 Handler = Callable[..., Awaitable[None]]
 
 #: commands that act on the input stream: they wait for the appends and commits sent before them
-IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput)
+#: (a mute silences the appends sent after it, never one sent before)
+IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput, MuteInput)
 
 
 async def apply_result(ctx: SessionContext, item: Any) -> bool:
@@ -95,6 +98,11 @@ async def apply_result(ctx: SessionContext, item: Any) -> bool:
     False for anything else (a command: the runner dispatches it)."""
     if isinstance(item, StageOutput):
         native = ctx.responses.native
+        if item.kind == "ready":
+            # the slot stepped its prompt: Moshi's handshake, GPT-Live's session.started
+            if native is not None and native.owns(item) and ctx.session.config.native_surface:
+                ctx.emit(ready_event())
+            return True
         if native is not None and native.lost(item):
             # the model's slot could not be rebuilt from its history: nothing left to
             # serve. The session's error (its response's failure chain, if one was going
@@ -360,6 +368,14 @@ async def _signal(ctx: SessionContext, command: SignalTurn, ticket: CommandTicke
     )
 
 
+async def _mute(ctx: SessionContext, command: MuteInput, ticket: CommandTicket) -> None:
+    """GPT-Live's mute: the appends applied from now on reach the model as silence
+    (`InputController.on_append_ready`); the flag moves with the session (its checkpoint)."""
+    ctx.session.surface_state.muted = command.muted
+    if ctx.session.config.native_surface:
+        ctx.emit(muted_event(command.muted, command.event_id))
+
+
 HANDLERS: dict[type[DuplexCommand], Handler] = {
     AppendAudio: _append,
     AppendText: _append_text,
@@ -378,4 +394,5 @@ HANDLERS: dict[type[DuplexCommand], Handler] = {
     CreateItem: _create_item,
     DeleteItem: _delete_item,
     SignalTurn: _signal,
+    MuteInput: _mute,
 }

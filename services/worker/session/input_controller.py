@@ -25,6 +25,8 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+import numpy as np
+
 from services.worker.session.command_marks import NO_MARK, CommandTicket
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.idle_timeout import IdleDue, IdleTimer
@@ -38,6 +40,7 @@ from services.worker.session.input_queue import (
     InputQueue,
     Ready,
 )
+from services.worker.session.native_surfaces import usage_due, usage_event
 from services.worker.session.response_controller import ResponseController
 from services.worker.session.semantic_turn import TurnHint, classify
 from services.worker.session.transcription import (
@@ -155,9 +158,14 @@ class InputController:
         start_ms = session.input.stream_ms
         if session.input.first_mark is None and ready.mark != NO_MARK and result.samples.size:
             session.input.first_mark = ready.mark
-        session.input.append(result.samples)
+        samples = result.samples
+        if session.surface_state.muted:  # GPT-Live's mute: the model hears silence, and so
+            samples = np.zeros_like(samples)  # does everything after (nothing keeps the audio)
+        session.input.append(samples)
         if self.responses.native is not None:
-            self.responses.native.feed(result.samples)
+            self.responses.native.feed(samples)
+        if usage_due(session):
+            self.emit(usage_event(session.input.stream_ms))
         if not self.pipeline.has_vad and result.speech and session.input.speech_started_ms is None:
             self.speech_started(start_ms)
         if result.speech and session.active is not None and not self.pipeline.has_vad:

@@ -24,6 +24,7 @@ from services.worker.session.input_pipeline import InputPipeline
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.moves import SessionMoves
+from services.worker.session.native_stream import is_native_stream
 from services.worker.session.runner import Dispatched, SessionRunner
 from services.worker.session.table import Phase, SessionTable
 from services.worker.session.vad import VadBackend
@@ -152,6 +153,13 @@ class SessionManager(SessionHost):
         builder = self.builder
         try:
             config = builder.read_config(session)
+            if config.native_surface and not is_native_stream(self.plugin):
+                raise DuplexSessionError(
+                    "invalid_session_config",
+                    f"the {config.surface} surface serves native full-duplex (frame-clocked) "
+                    f"models; {self.plugin.plugin_id} is not one",
+                    param="model",
+                )
             try:
                 self.plugin.validate_client_extra_body(config.extra_body)
                 runtime_config = await self.plugin.prepare_runtime_config(config)
@@ -172,7 +180,7 @@ class SessionManager(SessionHost):
             self.table.abort(record)  # refused: the reservation goes, nothing else
             raise
         # 1: the owner generation of a first placement
-        record.serve(runner, owner_generation=1, openai_surface=config.openai_surface)
+        record.serve(runner, owner_generation=1, unstamped=not config.stamps_seq)
         created = DuplexSessionCreated(
             session=engine_session.session_object(),
             attachment_generation=attachment_generation,

@@ -268,7 +268,7 @@ class SessionMoves(PublishHost):
         record.serve(
             runner,
             owner_generation=owner_generation,
-            openai_surface=session.config.openai_surface,
+            unstamped=not session.config.stamps_seq,
             restored=True,
         )
         record.order.restored(applied)

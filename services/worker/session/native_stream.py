@@ -131,6 +131,11 @@ class NativeStream:
         if ledger.samples * 1000 > (TURN_WINDOW_MS + TRIM_SLACK_MS) * ledger.sample_rate_hz:
             ledger.trim_before(ledger.stream_ms - TURN_WINDOW_MS)
 
+    def owns(self, output: StageOutput) -> bool:
+        """Whether a stage output is of this session's stream (any epoch)."""
+        fence = output.fence
+        return fence is not None and fence.session_id == self.session.session_id
+
     def lost(self, output: StageOutput) -> bool:
         """Whether a stage output says the stream is gone for good: the slot's restore
         failed (`RESTORE_FAILED`), for this session."""

@@ -102,8 +102,9 @@ class SessionRecord:
     #: the owner generation this worker holds the session at (0: not owned here); every
     #: publish of the session is fenced on it
     owner_generation: int = 0
-    #: opened on plain /v1/realtime: its JSON goes without server_event_seq (GA has none)
-    openai_surface: bool = False
+    #: its JSON goes without server_event_seq: a surface other than the duplex one (GA,
+    #: Moshi's and GPT-Live's protocols have no such field)
+    unstamped: bool = False
     #: the session's stage slot was cleaned up (or never taken)
     stage_clean: bool = False
     #: another worker owns the session: nothing is published for it any more
@@ -121,7 +122,7 @@ class SessionRecord:
         runner: SessionRunner | None,
         *,
         owner_generation: int,
-        openai_surface: bool,
+        unstamped: bool,
         restored: bool = False,
     ) -> None:
         """RESERVED -> LIVE: the runner serves the session, held here at `owner_generation`.
@@ -129,7 +130,7 @@ class SessionRecord:
         first (its session.created was published by the worker that opened it)."""
         self.runner = runner
         self.owner_generation = owner_generation
-        self.openai_surface = openai_surface
+        self.unstamped = unstamped
         self.fenced = False
         if restored:
             self.outbox.journaled = True

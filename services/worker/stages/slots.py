@@ -42,6 +42,8 @@ class SlotState:
     #: the slot was opened from a session's history (a restore), not fresh
     restoring: bool = False
     replay_started: float = 0.0
+    #: the session is told once the slot has stepped its prompt (`StageOutput` "ready")
+    announce_ready: bool = False
     #: ticks since the replay last made progress (a chunk longer than any spare time
     #: still runs once this many ticks have passed without one)
     replay_waited: int = 0

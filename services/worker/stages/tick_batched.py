@@ -225,7 +225,7 @@ class TickBatchedStagePort(InputFedStagePort):
         await asyncio.shield(slot.opening)
         if await self._on_model(self.model.replay_pending, slot.index):
             slot.replaying, slot.replay_started = True, self.clock.now()
-        slot.opened = True
+        slot.opened = slot.announce_ready = True
         self._start()
         self._wake.set()
 
@@ -504,6 +504,8 @@ class TickBatchedStagePort(InputFedStagePort):
             if record and slot.history is not None and self._slots.get(slot.session_id) is slot:
                 # the model stepped it: its memory holds this frame, aborted or not
                 slot.history.append(record)
+            if slot.announce_ready and not self.model.prompt_frames_left(slot.index):
+                self._ready(slot)
             output = outputs[slot.index]
             if output is None:
                 continue
@@ -511,6 +513,13 @@ class TickBatchedStagePort(InputFedStagePort):
             if generation == slot.generation:
                 self._fan_out(slot, output)
         return ended
+
+    def _ready(self, slot: SlotState) -> None:
+        """The slot has stepped its prompt: its session hears the next frame's input."""
+        slot.announce_ready = False
+        sink = self._sinks.get(slot.session_id)
+        if sink is not None and slot.request_id is not None and slot.fence is not None:
+            sink(StageOutput(slot.request_id, slot.fence, "ready"))
 
     def _count(self, duration: float, silence: int) -> None:
         self.counters.count(duration, silence)

@@ -374,6 +374,25 @@ CLIENT_COMMAND_TIERS: dict[str, int] = {
     **{cls.TYPE: 3 for cls in TIER3_COMMAND_CLASSES},
 }
 
+# ---------------------------------------------------------------- other surfaces' commands
+
+
+@dataclasses.dataclass(kw_only=True)
+class MuteInput(RealtimeCommand):
+    """GPT-Live's `session.input_audio.mute` / `unmute` (services/api/live_sessions.py):
+    while `muted`, the session's model hears silence in place of the client's audio, and
+    goes on speaking. Kept with the session on its worker (it moves with it); answered with
+    `session.input_audio.muted` / `unmuted`. Not a duplex-surface command: only the API pod
+    of that surface builds it."""
+
+    TYPE = "session.input_audio.mute"
+    muted: bool = True
+
+
+#: wire type -> class for the commands only another surface's API pod sends (never parsed
+#: from a duplex or openai client's frame); they cross the inbox like the others
+SURFACE_COMMANDS: dict[str, type[RealtimeCommand]] = build_registry(MuteInput)
+
 # ---------------------------------------------------------------- envelope-only
 
 
@@ -525,6 +544,7 @@ __all__ = [
     "ENVELOPE_EVENT_TYPES",
     "MAX_EVENT_BYTES",
     "REALTIME_INPUT_HINT_KEYS",
+    "SURFACE_COMMANDS",
     "TURN_SIGNAL_REMAPS",
     "AckPlayback",
     "AppendAudio",
@@ -546,6 +566,7 @@ __all__ = [
     "EnvelopeEvent",
     "Heartbeat",
     "InputAudioBufferAppend",
+    "MuteInput",
     "SessionEventAck",
     "SessionResume",
     "SignalTurn",

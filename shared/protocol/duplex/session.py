@@ -4,11 +4,14 @@
 server VAD setting; `ResponseCreateOptions` is one `response.create`. All are
 frozen: an update produces a new config, so a runner can compare old and new.
 
-Two surfaces (docs/wire-api.md, Connecting): a session opened on plain `/v1/realtime`
+Four surfaces (docs/wire-api.md, Connecting): a session opened on plain `/v1/realtime`
 is an "openai" one, with the OpenAI Realtime GA defaults (pcm16 at 24 kHz in and out,
 `server_vad`); one opened on `?duplex=1` or `/v1/duplex` is a "duplex" one, with the
-contract's. The API pod says which by adding `duplex_surface` to the opening session
-object; it is read only at open (and from a checkpoint), never from an update.
+contract's. Two more serve native (frame-clocked) models to the clients their users
+already run: "moshi" (`/api/chat`, Moshi's binary protocol) and "live" (`/v1/live/sessions`,
+OpenAI's GPT-Live protocol), both pcm16 at 24 kHz in and out and without turn detection (the
+model takes the turns). The API pod says which by adding `duplex_surface` to the opening
+session object; it is read only at open (and from a checkpoint), never from an update.
 """
 
 from __future__ import annotations
@@ -79,7 +82,14 @@ GA_MAX_OUTPUT_TOKENS = 4096
 
 SURFACE_DUPLEX = "duplex"
 SURFACE_OPENAI = "openai"
-SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI)
+#: Moshi's binary WebSocket protocol (`/api/chat`; services/api/moshi_chat.py)
+SURFACE_MOSHI = "moshi"
+#: OpenAI's GPT-Live protocol (`/v1/live/sessions`; services/api/live_sessions.py)
+SURFACE_LIVE = "live"
+SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI, SURFACE_MOSHI, SURFACE_LIVE)
+#: the surfaces of native (frame-clocked) models only: the worker projects a session's events
+#: to what the API pod turns into that protocol (services/worker/session/native_surfaces.py)
+NATIVE_SURFACES = (SURFACE_MOSHI, SURFACE_LIVE)
 #: the key the API pod adds to the opening session object (a client's own is stripped)
 SURFACE_KEY = "duplex_surface"
 
@@ -187,6 +197,15 @@ class DuplexSessionConfig:
         out, server_vad turn detection, so barge-in on speech)."""
         if surface == SURFACE_DUPLEX:
             return cls()
+        if surface in NATIVE_SURFACES:
+            # the protocols' own audio: 24 kHz pcm16 both ways (Moshi's Opus is decoded and
+            # encoded at the API pod), and the model takes the turns
+            return cls(
+                surface=surface,
+                input_audio_format=AudioFormat(PCM16, 24_000),
+                output_audio_format=AudioFormat(PCM16, 24_000),
+                response_format="pcm",
+            )
         if surface != SURFACE_OPENAI:
             raise _config_error(f"unknown surface {surface!r}", SURFACE_KEY)
         return cls(
@@ -337,6 +356,18 @@ class DuplexSessionConfig:
         return self.surface == SURFACE_OPENAI
 
     @property
+    def native_surface(self) -> bool:
+        """Opened on `/api/chat` or `/v1/live/sessions`: the worker projects its events to
+        those protocols' (services/worker/session/native_surfaces.py)."""
+        return self.surface in NATIVE_SURFACES
+
+    @property
+    def stamps_seq(self) -> bool:
+        """Its events' JSON carries `server_event_seq`: the duplex surface's only (the
+        others' protocols have no such field; the seq travels in the live header)."""
+        return self.surface == SURFACE_DUPLEX
+
+    @property
     def audio_output(self) -> bool:
         return "audio" in self.modalities
 
@@ -368,7 +399,7 @@ class DuplexSessionConfig:
         client_extra = {k: v for k, v in self.extra_body.items() if not k.startswith("realtime_")}
         # the surface rides along only when it is not the default: a duplex session's
         # object is unchanged, and a checkpoint of an openai one restores as one
-        surface = {SURFACE_KEY: self.surface} if self.openai_surface else {}
+        surface = {SURFACE_KEY: self.surface} if self.surface != SURFACE_DUPLEX else {}
         return {
             **surface,
             "object": "realtime.session",
@@ -509,6 +540,7 @@ __all__ = [
     "COMMIT_ALL_ON_DONE",
     "GA_MAX_OUTPUT_TOKENS",
     "LISTEN_ONLY",
+    "NATIVE_SURFACES",
     "NATIVE_UNSUPPORTED_RESPONSE_OPTIONS",
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
@@ -519,6 +551,8 @@ __all__ = [
     "SURFACES",
     "SURFACE_DUPLEX",
     "SURFACE_KEY",
+    "SURFACE_LIVE",
+    "SURFACE_MOSHI",
     "SURFACE_OPENAI",
     "TURN_DETECTION_TYPES",
     "DuplexSessionConfig",

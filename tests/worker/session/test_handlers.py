@@ -27,6 +27,7 @@ from shared.protocol.duplex import (
     CreateResponse,
     DeleteItem,
     Heartbeat,
+    MuteInput,
     SessionEventAck,
     SignalTurn,
     TruncateItem,
@@ -60,8 +61,9 @@ def test_one_handler_per_session_command():
         CreateItem,
         DeleteItem,
         SignalTurn,
+        MuteInput,  # GPT-Live's surface only (SURFACE_COMMANDS)
     }
-    assert set(IN_INPUT_ORDER) == {CreateResponse, AppendText, ClearInput}
+    assert set(IN_INPUT_ORDER) == {CreateResponse, AppendText, ClearInput, MuteInput}
 
 
 def test_the_table_never_imports_or_names_the_runner():

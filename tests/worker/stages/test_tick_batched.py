@@ -5,6 +5,7 @@ given and freed, turn taking, abort of one slot, and its metrics."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 
 import numpy as np
@@ -39,13 +40,16 @@ class Rig:
             **{"listen_after_frames": 3, **port_options},
         )
         self.outputs: dict[str, list[StageOutput]] = {}
+        #: the "ready" outputs each session got (kept apart: no response's)
+        self.ready: dict[str, int] = {}
         self.step_times: list[float] = []
         self.model.on_step = lambda: self.step_times.append(self.clock.now())
 
     async def open(self, session_id: str, epoch: int = 0) -> str:
         fence = DuplexFence(session_id, epoch, 0)
         self.outputs[session_id] = []
-        self.port.bind(session_id, self.outputs[session_id].append)
+        self.ready[session_id] = 0
+        self.port.bind(session_id, functools.partial(self._sink, session_id))
         request_id = await self.port.ensure(fence, "stage0")
         await self.port.submit_initial(StagePlan(request_id, fence, "stage0", {"voice": "v"}))
         return request_id
@@ -56,6 +60,12 @@ class Rig:
             target = self.port.ticks + 1
             await self.clock.advance_to(await self.clock.next_sleeper())
             await asyncio.wait_for(self.port.wait_ticks(target), 5)
+
+    def _sink(self, session_id: str, output: StageOutput) -> None:
+        if output.kind == "ready":
+            self.ready[session_id] += 1
+        else:
+            self.outputs[session_id].append(output)
 
     def kinds(self, session_id: str) -> list[str]:
         return [output.kind for output in self.outputs[session_id]]

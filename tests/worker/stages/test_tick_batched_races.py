@@ -14,7 +14,7 @@ from harness.frame_models import RATE, EchoFrameModel, ManualClock, tone
 from harness.sessions import appends, types
 from services.worker.session.checkpoint import read_checkpoint
 from services.worker.stages.tick_batched import TickBatchedStagePort
-from shared.contracts import DuplexFence, StagePlan
+from shared.contracts import DuplexFence, StageOutput, StagePlan
 from shared.protocol.duplex import CancelResponse
 from tests.worker.session.test_native_stream import QUIET, Rig
 
@@ -88,6 +88,8 @@ async def test_an_abort_during_a_step_drops_what_the_step_made():
     await port.wait_ticks(1)
     await port.shutdown()
     assert outputs["a"] == []
+    # the slot's "ready" is the session's, no response's: an abort does not take it back
+    assert outputs["ready"] == ["a"]
 
 
 async def test_a_failing_step_fails_the_response_and_the_tick_goes_on():
@@ -167,7 +169,12 @@ def stage(slots: int = 2):
 
 async def open_stream(port: TickBatchedStagePort, outputs: dict, session_id: str) -> str:
     outputs[session_id] = []
-    port.bind(session_id, outputs[session_id].append)
+    ready = outputs.setdefault("ready", [])  # the sessions told their slot is ready
+
+    def sink(output: StageOutput) -> None:
+        (ready.append(session_id) if output.kind == "ready" else outputs[session_id].append(output))
+
+    port.bind(session_id, sink)
     fence = DuplexFence(session_id, 0, 0)
     request_id = await port.ensure(fence, "stage0")
     await port.submit_initial(StagePlan(request_id, fence, "stage0", {}))
