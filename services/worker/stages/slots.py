@@ -2,7 +2,8 @@
 
 What the stage keeps of a session between ticks: its model slot and whether it is open,
 its request id and fence, its input buffer (bounded: input far ahead of the clock is cut,
-oldest first) and its turn taking (listening, or speaking a response that
+oldest first; a jitter buffer when the client's chunks are longer than a frame) and its
+turn taking (listening, or speaking a response that
 `listen_after_frames` quiet frames or `max_response_frames` end).
 """
 
@@ -14,6 +15,10 @@ import dataclasses
 import numpy as np
 
 from shared.contracts import DuplexFence, ModelHistory
+
+
+#: the jitter buffer is never deeper than this (240 ms at Moshi's 80 ms frames)
+MAX_JITTER_FRAMES = 3
 
 
 @dataclasses.dataclass
@@ -49,6 +54,11 @@ class SlotState:
     replay_waited: int = 0
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
+    #: the longest append fed so far (samples): the jitter buffer's depth follows it
+    largest_chunk: int = 0
+    #: frames are taken as they come; False at the start and after a frame found too
+    #: little input, until the buffer is back at `resume_at`
+    flowing: bool = False
     #: speaking a response (its frames go to the session); False: listening
     responding: bool = False
     quiet_frames: int = 0
@@ -64,12 +74,33 @@ class SlotState:
             return 0
         self.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
         self.buffered += samples.size
+        self.largest_chunk = max(self.largest_chunk, samples.size)
         return self._cut_to(self.max_buffered_samples)
+
+    @property
+    def resume_at(self) -> int:
+        """The input a slot holds before it takes frames again (at the start, and after a
+        frame found too little): one frame while the client sends chunks of a frame or
+        less; else a chunk and a quarter frame (at most `MAX_JITTER_FRAMES`). Chunks longer than a frame arrive out of
+        step with the ticks (GPT-Live's 100 ms against Moshi's 80): taken as they come, a
+        tick before the next chunk finds too little, and the model hears a frame of silence
+        in the middle of the user's speech. Held this deep, no tick runs dry while chunks
+        keep their pace (jitter of a quarter frame included); the cost is the extra depth,
+        paid once, and never a gap once the audio flows (tests/worker/stages/test_jitter.py)."""
+        frame, chunk = self.frame_samples, self.largest_chunk
+        if chunk <= frame:
+            return frame
+        # a burst (a client far ahead, a file sent at once) does not make the buffer deep
+        return min(chunk + frame // 4, MAX_JITTER_FRAMES * frame, self.max_buffered_samples)
 
     def take_frame(self, into: np.ndarray) -> bool:
         """Fill `into` with the next frame of input; False (and `into` left zero, the input
-        kept for the next tick) when a whole frame has not arrived."""
-        if self.buffered < self.frame_samples:
+        kept for the next tick) when a whole frame has not arrived, or while the jitter
+        buffer fills (`resume_at`)."""
+        if not self.flowing and self.buffered >= self.resume_at:
+            self.flowing = True
+        if not self.flowing or self.buffered < self.frame_samples:
+            self.flowing = False
             self.silence_frames += 1
             return False
         audio = np.concatenate(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
