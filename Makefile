@@ -145,11 +145,12 @@ bench: venv redis-server
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
 
-# The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents,
-# the OpenAI Agents SDK and Pipecat. Their pins (tests/frameworks/requirements/) resolve
-# together, so they share one venv (about 800 MB, 1-2 minutes to install), held to the exact
-# set in constraints.txt. Each test runs a framework's client program with this venv's python
-# against a `duplex serve` the main venv starts. A plain `pytest` never collects them
+# The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents
+# (with its OpenAI plugin, and its NVIDIA plugin's PersonaPlex client), the OpenAI Agents SDK and
+# Pipecat. Their pins (tests/frameworks/requirements/) resolve together, so they share one venv
+# (about 800 MB, 1-2 minutes to install), held to the exact set in constraints.txt. Each test
+# runs a framework's client program with this venv's python against a `duplex serve` the main
+# venv starts (.venv-moshi's for the moshi plugin). A plain `pytest` never collects them
 # (pyproject's norecursedirs): they run when named, here.
 FRAMEWORKS_VENV  := .venv-frameworks
 FRAMEWORKS_REQS  := tests/frameworks/requirements
@@ -166,8 +167,11 @@ $(FRAMEWORKS_STAMP): $(wildcard $(FRAMEWORKS_REQS)/*.txt)
 	$(FRAMEWORKS_VENV)/bin/python -m pip check
 	touch $(FRAMEWORKS_STAMP)
 
-test-frameworks: venv $(FRAMEWORKS_STAMP)
+# The native surfaces' clients (test_native_clients.py) need .venv-moshi too: LiveKit's
+# PersonaPlex plugin talks to `duplex serve --plugin moshi` run from there, on a tiny checkpoint.
+test-frameworks: venv $(FRAMEWORKS_STAMP) $(MOSHI_STAMP)
 	FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python \
+	  FRAMEWORKS_MOSHI_PYTHON=$(CURDIR)/$(MOSHI_VENV)/bin/python \
 	  $(BIN)/python -m pytest tests/frameworks $(PYTEST_ARGS)
 
 # The seed's reference client as a client of `duplex serve` (tests/seed_client): vLLM-Omni's

@@ -12,11 +12,13 @@ directory, as `make test-frameworks` does.
 from __future__ import annotations
 
 import os
+import subprocess
 import wave
 from pathlib import Path
 
 import pytest
 
+from harness import processes
 from harness.client_programs import ClientRun, run_client_program
 from harness.processes import start_serve
 from harness.speech import spoken
@@ -127,6 +129,159 @@ def run_client(assistant_serve, speech_files):
             timeout_s=CLIENT_TIMEOUT_S,
             cwd=CLIENTS,
             # no framework may reach a real provider: a key that is not one, no proxies
+            env={"OPENAI_API_KEY": "unused", "NO_PROXY": "*"},
+        )
+
+    return run
+
+
+# ------------------------------------------------------------------ native (frame-clocked) models
+# The native surfaces (test_native_clients.py): the Moshi binary protocol of /api/chat and
+# OpenAI's GPT-Live protocol of /v1/live/sessions, each served for a frame-clocked plugin.
+
+#: the venv of the Moshi plugin (`make .venv-moshi/.installed`); FRAMEWORKS_MOSHI_PYTHON overrides
+DEFAULT_MOSHI_PYTHON = ROOT / ".venv-moshi" / "bin" / "python"
+#: the one API key of the native servers: the clients connect with it
+NATIVE_API_KEY = "frameworks-native-key"
+#: the echo frame model (harness/frame_models.py), by its plugin path and its served name
+ECHO_FRAME_PLUGIN = "harness.frame_models:EchoFramePlugin"
+ECHO_FRAME_MODEL = "frame_echo"
+#: greedy decoding on the CPU, one thread (as tests/moshi)
+MOSHI_OPTIONS = ("device=cpu", "temperature=0", "temperature_text=0", "threads=1")
+
+#: run with .venv-moshi's python: the tiny random checkpoint of harness/tiny_moshi.py with
+#: PersonaPlex's token constants made for it (as tests/moshi/test_personaplex.py does), and a
+#: voice prompt directory holding NATF2.pt, the voice LiveKit's PersonaPlex plugin asks for by
+#: default: a `.pt` in NVIDIA's fork's layout (LM input embeddings and a token cache) that fits
+#: the tiny LM; the plugin's own check of it runs here, so that a bad one fails the set-up
+TINY_PERSONAPLEX = """
+import asyncio, json, sys
+from pathlib import Path
+import torch
+from harness.tiny_moshi import make_tiny_moshi
+from plugins.moshi import MoshiPlugin
+from shared.contracts import DuplexSessionConfig
+
+root = Path(sys.argv[1])
+checkpoint = make_tiny_moshi(
+    root / "checkpoint", personaplex={"silence_tokens": [5, 6], "sine_tokens": [7, 8]}
+)
+config = json.loads((checkpoint / "config.json").read_text())
+voices = root / "voices"
+voices.mkdir()
+frames, codebooks = 4, len(config["delays"])
+generator = torch.Generator().manual_seed(7)
+embeddings = 0.1 * torch.randn(frames, 1, 1, config["dim"], generator=generator)
+cache = torch.zeros(1, codebooks, 4, dtype=torch.long)
+cache[0, 0] = config["existing_text_padding_id"]
+torch.save({"embeddings": embeddings, "cache": cache}, voices / "NATF2.pt")
+plugin = MoshiPlugin.from_options(
+    {"model_dir": str(checkpoint), "preset": "personaplex", "voice_prompt_dir": str(voices)}
+)
+asyncio.run(plugin.prepare_runtime_config(DuplexSessionConfig(voice="NATF2.pt")))
+"""
+
+
+def moshi_python() -> str:
+    """The interpreter of .venv-moshi, or a skip saying how to get one."""
+    python = os.environ.get("FRAMEWORKS_MOSHI_PYTHON") or str(DEFAULT_MOSHI_PYTHON)
+    if not Path(python).exists():
+        pytest.skip(
+            f"no Moshi venv at {python}: the PersonaPlex server runs the moshi plugin there; "
+            "run `make .venv-moshi/.installed` (or `make test-frameworks`, which builds it)"
+        )
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_personaplex(tmp_path_factory) -> dict[str, Path]:
+    """The tiny PersonaPlex checkpoint and its voice prompt directory (made by .venv-moshi)."""
+    python = moshi_python()
+    root = tmp_path_factory.mktemp("tiny-personaplex")
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    made = subprocess.run(
+        [python, "-c", TINY_PERSONAPLEX, str(root)],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if made.returncode != 0:
+        pytest.fail(f"the tiny PersonaPlex checkpoint was not made:\n{made.stderr[-4000:]}")
+    return {"checkpoint": root / "checkpoint", "voices": root / "voices"}
+
+
+@pytest.fixture(scope="session")
+def personaplex_serve(tiny_personaplex):
+    """`duplex serve --plugin moshi`, the PersonaPlex preset on the tiny checkpoint, from
+    .venv-moshi (torch and moshi live there), with ONE session slot and an API key."""
+    duplex = Path(moshi_python()).with_name("duplex")
+    options: list[str] = []
+    for option in (
+        "preset=personaplex",
+        f"voice_prompt_dir={tiny_personaplex['voices']}",
+        *MOSHI_OPTIONS,
+    ):
+        options += ["--plugin-option", option]
+    args = (
+        "--plugin",
+        "moshi",
+        "--model-dir",
+        str(tiny_personaplex["checkpoint"]),
+        *options,
+        "--max-sessions",
+        "1",
+    )
+    # harness.processes runs the `duplex` beside this interpreter: here, .venv-moshi's
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(processes, "DUPLEX", str(duplex))
+        process = start_serve(
+            "serve-personaplex", args, DUPLEX_API_KEYS=NATIVE_API_KEY, HF_HUB_OFFLINE="1"
+        )
+    try:
+        process.wait_ready(timeout=180)
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def echo_frame_serve():
+    """`duplex serve` with the echo frame model (main venv), with an API key."""
+    process = start_serve(
+        "serve-echo-frame", ("--plugin", ECHO_FRAME_PLUGIN), DUPLEX_API_KEYS=NATIVE_API_KEY
+    )
+    try:
+        process.wait_ready(timeout=120)
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def run_native_client():
+    """`run_native_client(client, server, *args)`: run tests/frameworks/clients/<client>.py
+    with the frameworks venv's python against `server`, with the native servers' API key."""
+
+    def run(client: str, server, *args: str) -> ClientRun:
+        python = framework_python("frameworks")
+        command = [
+            python,
+            str(CLIENTS / f"{client}.py"),
+            "--url",
+            server.base,
+            "--api-key",
+            NATIVE_API_KEY,
+            *args,
+        ]
+        return run_client_program(
+            command,
+            server=server,
+            marker='{"framework"',
+            label=client,
+            timeout_s=CLIENT_TIMEOUT_S,
+            cwd=CLIENTS,
             env={"OPENAI_API_KEY": "unused", "NO_PROXY": "*"},
         )
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from shared.contracts import DuplexFence, ModelHistory
 
-
 #: the jitter buffer is never deeper than this (240 ms at Moshi's 80 ms frames)
 MAX_JITTER_FRAMES = 3
 
@@ -81,12 +80,14 @@ class SlotState:
     def resume_at(self) -> int:
         """The input a slot holds before it takes frames again (at the start, and after a
         frame found too little): one frame while the client sends chunks of a frame or
-        less; else a chunk and a quarter frame (at most `MAX_JITTER_FRAMES`). Chunks longer than a frame arrive out of
-        step with the ticks (GPT-Live's 100 ms against Moshi's 80): taken as they come, a
-        tick before the next chunk finds too little, and the model hears a frame of silence
-        in the middle of the user's speech. Held this deep, no tick runs dry while chunks
-        keep their pace (jitter of a quarter frame included); the cost is the extra depth,
-        paid once, and never a gap once the audio flows (tests/worker/stages/test_jitter.py)."""
+        less; else a chunk and a quarter frame (at most `MAX_JITTER_FRAMES`).
+
+        Chunks longer than a frame arrive out of step with the ticks (GPT-Live's 100 ms
+        against Moshi's 80): taken as they come, a tick before the next chunk finds too
+        little, and the model hears a frame of silence in the middle of the user's speech.
+        Held this deep, no tick runs dry while chunks keep their pace (jitter of a quarter
+        frame included); the cost is the extra depth, paid once, and never a gap once the
+        audio flows (tests/worker/stages/test_jitter.py)."""
         frame, chunk = self.frame_samples, self.largest_chunk
         if chunk <= frame:
             return frame
