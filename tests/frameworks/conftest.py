@@ -250,7 +250,10 @@ def personaplex_serve(tiny_personaplex):
 def echo_frame_serve():
     """`duplex serve` with the echo frame model (main venv), with an API key."""
     process = start_serve(
-        "serve-echo-frame", ("--plugin", ECHO_FRAME_PLUGIN), DUPLEX_API_KEYS=NATIVE_API_KEY
+        "serve-echo-frame",
+        ("--plugin", ECHO_FRAME_PLUGIN),
+        DUPLEX_API_KEYS=NATIVE_API_KEY,
+        PYTHONPATH=str(ROOT),  # the test model is in harness/, which is not installed
     )
     try:
         process.wait_ready(timeout=120)

@@ -1,0 +1,98 @@
+"""Third-party clients of the native (frame-clocked) surfaces, unchanged, with nothing but
+their base URLs (and an API key) pointed at `duplex serve` (see conftest.py for how they run):
+
+- LiveKit's PersonaPlex plugin (`livekit-plugins-nvidia[personaplex]`: its RealtimeModel) on
+  the Moshi binary protocol of `/api/chat` (key in the path: the plugin sends no headers),
+  against the moshi plugin's PersonaPlex preset on a tiny random checkpoint, one session slot:
+  a wrong key is refused, audio and text come back, an interruption ends the generation and the
+  next one starts, and after `aclose()` a second session gets in (the slot was freed);
+- LiveKit's GPTLiveModel (`livekit-plugins-openai`) and Pipecat's OpenAILiveLLMService on
+  OpenAI's GPT-Live protocol of `/v1/live/sessions`, against the echo frame model: the session
+  starts, a tone comes back as audio with its transcript, (LiveKit) a session.update and mute /
+  unmute are acked and a tone said while muted never comes back, and the close is answered by
+  session.closed; no error logged, no warning, every server event valid by Pipecat's models.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.frameworks.conftest import ECHO_FRAME_MODEL
+
+#: log levels that fail a run
+ERROR_LEVELS = {"ERROR", "CRITICAL"}
+
+
+def records_at(run, levels: set[str], start: int = 0) -> list[dict[str, str]]:
+    return [r for r in run["warnings"][start:] if r["level"] in levels]
+
+
+def test_personaplex_plugin_talks_interrupts_and_frees_its_slot(
+    run_native_client, personaplex_serve
+):
+    run = run_native_client("personaplex_client", personaplex_serve)
+    steps = run["steps"]
+
+    # a wrong key: refused on the upgrade (HTTP 4xx), which the plugin does not retry
+    refused = steps.get("refused", {}).get("errors", [])
+    assert refused and re.search(r"\b4\d\d\b", refused[0]["error"]), run.explain()
+    assert not refused[0]["recoverable"], run.explain()
+    assert run["failed_step"] is None, run.explain()
+
+    first = steps["first"]
+    assert first["handshake"], f"no 0x00 handshake: the plugin sent no audio {run.explain()}"
+    assert first["audio_samples"] > 0 and first["text"].strip(), run.explain()
+
+    interrupt = steps["interrupt"]
+    assert interrupt["interrupted"]["ended"], run.explain()
+    assert interrupt["next"]["id"] != interrupt["interrupted"]["id"], run.explain()
+    assert interrupt["next"]["audio_samples"] > 0, run.explain()
+
+    # one slot: the second session got in once the first had closed
+    assert steps["second"]["audio_samples"] > 0, run.explain()
+
+    assert not run["errors"], f"error events after the refusal: {run.explain()}"
+    after_refusal = run["warnings"][steps["log_records_before_sessions"] :]
+    assert not after_refusal, f"the plugin logged: {after_refusal}{run.explain()}"
+
+
+def assert_clean_live_run(run) -> None:
+    assert run["failed_step"] is None, run.explain()
+    assert not records_at(run, ERROR_LEVELS), f"errors logged: {run.explain()}"
+    assert not run["errors"], f"error events: {run.explain()}"
+    assert not run["live_problems"], f"server events Pipecat cannot read: {run.explain()}"
+    assert not run["warnings"], f"warnings: {run.explain()}"
+
+
+def test_livekit_gpt_live_model(run_native_client, echo_frame_serve):
+    run = run_native_client("gpt_live_client", echo_frame_serve, "--model", ECHO_FRAME_MODEL)
+    assert_clean_live_run(run)
+    steps = run["steps"]
+    assert steps["started"]["session_id"], run.explain()
+    assert steps["update"]["acked"], run.explain()
+    assert steps["speak"]["heard"] > 0, run.explain()
+    assert steps["speak"]["transcript"].strip(), run.explain()
+    assert steps["mute"]["acked"] and steps["unmute"]["acked"], run.explain()
+    assert steps["mute"]["heard_while_muted"] == 0, run.explain()
+    assert steps["unmute"]["heard"] > 0, run.explain()
+    assert run["heard"].get("other", 0) == 0, f"audio that no tone explains: {run.explain()}"
+    assert run["transcript"][0]["start_ms"] is not None, run.explain()
+    assert run["transcript"][0]["end_ms"] is not None, run.explain()
+    close = steps["close"]
+    assert close["session_closed"], run.explain()
+    assert close["reason"] == "close_requested", run.explain()
+    assert run["server_events"].get("session.closed") == 1, run.explain()
+
+
+def test_pipecat_live_service(run_native_client, echo_frame_serve):
+    run = run_native_client("pipecat_live_client", echo_frame_serve, "--model", ECHO_FRAME_MODEL)
+    assert_clean_live_run(run)
+    steps = run["steps"]
+    assert steps["started"]["session_id"], run.explain()
+    assert steps["speak"]["heard"] > 0, run.explain()
+    assert steps["speak"]["transcript"].strip(), run.explain()
+    assert run["heard"].get("other", 0) == 0, f"audio that no tone explains: {run.explain()}"
+    close = steps["close"]
+    assert close["client_close_sent"] == 1, run.explain()
+    assert close["session_closed"], run.explain()
+    assert close["reason"] == "close_requested", run.explain()
