@@ -195,6 +195,10 @@ class WorkerSettings(RedisSettings):
             values["llm_model"] = llm_model
         if asr := _env("ASSISTANT_ASR", env=env):
             values["assistant_asr"] = asr
+        if (wait := _env("ADMISSION_WAIT_S", env=env)) is not None:
+            values["admission_wait_s"] = float(wait)
+        if (ready := _env("MODEL_READY_TIMEOUT_S", env=env)) is not None:
+            values["model_ready_timeout_s"] = float(ready)
         if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
             values["drain_timeout_s"] = float(drain)
         if model_dir := _env("MODEL_DIR", env=env):
@@ -241,6 +245,14 @@ class ApiSettings(RedisSettings):
     open_timeout_s: float = 10.0
     chat_timeout_s: float = 30.0
     drain_timeout_s: float = 20.0
+    #: `/api/chat` (Moshi's protocol): how long an upgrade waits for a free slot before its
+    #: 429, as the reference servers' conversation lock makes a client wait (a client that
+    #: closed its session and reconnects gets the slot back). DUPLEX_ADMISSION_WAIT_S
+    admission_wait_s: float = 10.0
+    #: Moshi's and GPT-Live's sockets: how long the model may take to open the slot and step
+    #: its prompt (a PersonaPlex persona and voice: seconds) before the socket is given up.
+    #: DUPLEX_MODEL_READY_TIMEOUT_S
+    model_ready_timeout_s: float = 120.0
     #: placement: a worker takes a new session while its load is under ceil((1 + eps) * average)
     placement_epsilon: float = 0.25
     # HTTP limits of a pod that faces the internet (docs/deploy.md, "Limits")

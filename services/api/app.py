@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -17,13 +18,34 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from services.api.chat import openai_error
+from services.api.live_sessions import LiveSessionsEndpoint
+from services.api.moshi_chat import MoshiChatEndpoint
 from services.api.pod import ApiPod
-from services.api.realtime import REALTIME_PATHS, RealtimeEndpoint, bearer, realtime_route
+from services.api.realtime import REALTIME_PATHS, RealtimeEndpoint, bearer, websocket_path
 from services.api.security import SecurityHeaders
 from shared.redis.connection import RedisHandle, connect
 from shared.settings import ApiSettings
 
 log = logging.getLogger(__name__)
+
+#: Moshi's protocol (services/api/moshi_chat.py), also under a key prefix for clients that
+#: can only set a base URL: `/key/<API_KEY>/api/chat`
+MOSHI_CHAT_PATH = "/api/chat"
+KEY_PREFIX = "/key/"
+#: OpenAI's GPT-Live protocol (services/api/live_sessions.py)
+LIVE_SESSIONS_PATH = "/v1/live/sessions"
+
+
+def moshi_chat_path(path: str) -> str | None:
+    """For Moshi's route: the key in its path ("" when it has none); None for another."""
+    if path == MOSHI_CHAT_PATH:
+        return ""
+    if path.startswith(KEY_PREFIX) and path.endswith(MOSHI_CHAT_PATH):
+        key = path[len(KEY_PREFIX) : -len(MOSHI_CHAT_PATH)]
+        if key and "/" not in key:
+            return urllib.parse.unquote(key)
+    return None
+
 
 CONSOLE_DIR = Path(__file__).with_name("console")
 
@@ -40,12 +62,22 @@ class DuplexApp(FastAPI):
     registered, so the app lists them (and serves them should this door be bypassed)."""
 
     realtime_endpoint: RealtimeEndpoint | None = None
+    moshi_endpoint: MoshiChatEndpoint | None = None
+    live_endpoint: LiveSessionsEndpoint | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.realtime_endpoint
-        if endpoint is not None and (force_duplex := realtime_route(scope)) is not None:
-            await endpoint(WebSocket(scope, receive, send), force_duplex=force_duplex)
-            return
+        path = websocket_path(scope)
+        if path is not None and self.realtime_endpoint is not None:
+            if (force_duplex := REALTIME_PATHS.get(path)) is not None:
+                websocket = WebSocket(scope, receive, send)
+                await self.realtime_endpoint(websocket, force_duplex=force_duplex)
+                return
+            if self.moshi_endpoint is not None and (key := moshi_chat_path(path)) is not None:
+                await self.moshi_endpoint(WebSocket(scope, receive, send), key or None)
+                return
+            if self.live_endpoint is not None and path == LIVE_SESSIONS_PATH:
+                await self.live_endpoint(WebSocket(scope, receive, send))
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -81,6 +113,8 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> Duple
     )
     app.state.pod = pod
     app.realtime_endpoint = realtime
+    app.moshi_endpoint = pod.moshi_chat
+    app.live_endpoint = pod.live_sessions
     app.add_middleware(SecurityHeaders)
 
     def http_key(request: Request) -> str | None:

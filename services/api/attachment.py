@@ -109,7 +109,9 @@ class Attachment:
         self.generation = 0
         self.resumable = False
         self.commands = CommandSender(workers, feed)  # the seqs; appends not awaited
-        self.openai = False  # plain /v1/realtime: OpenAI GA's surface (no resume, no keys of ours)
+        #: the duplex surface: a resumable session, and its open's reply says which worker
+        #: took it. The others (OpenAI GA's, Moshi's, GPT-Live's) have neither
+        self.duplex = True
 
     def _move(self, to: AttachmentState) -> None:
         if to not in TRANSITIONS[self.state]:
@@ -148,7 +150,7 @@ class Attachment:
         # die right after, the dead-pod sweep finds it (it checks the hash's `pod` field)
         await self._client.sadd(self._keys.api_sessions(self._pod_id), session_id)
         for worker in candidates:
-            resumable = not self.openai and bool(worker.capabilities.get("supports_session_resume"))
+            resumable = self.duplex and bool(worker.capabilities.get("supports_session_resume"))
             payload = {**session, "model": worker.model}
             await self._store.open(
                 session_id,
@@ -169,7 +171,7 @@ class Attachment:
                 self._liveness.attach(session_id, 1)
                 if resumable:
                     reply.update(resume_token=token, attachment_generation=1)
-                if not self.openai:
+                if self.duplex:
                     reply["duplex_worker_id"] = worker.worker_id  # for consoles and debugging
                 return reply
             await self._client.delete(self._keys.session(session_id), self._keys.events(session_id))

@@ -122,7 +122,7 @@ class RealtimeConnection:
     def use_surface(self, surface: str) -> None:
         """Serve the socket as `surface` (realtime.py: before `run`)."""
         self.surface = surface
-        self.attachment.openai = surface == SURFACE_OPENAI
+        self.attachment.duplex = surface == SURFACE_DUPLEX
 
     @property
     def openai(self) -> bool:

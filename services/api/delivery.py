@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from typing import Any
 
@@ -351,3 +352,13 @@ def _parsed(data: bytes) -> dict[str, Any]:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.warning("closing an overflowed session failed: %r", exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionParts:
+    """What any surface's socket holds its session with (`ApiPod.session_parts`): its
+    attachment (the hold), its delivery (the events out) and the session's view."""
+
+    attachment: Attachment
+    delivery: Delivery
+    view: SessionView

@@ -22,12 +22,14 @@ from starlette.websockets import WebSocket
 from services.api.attachment import Attachment
 from services.api.chat import ChatCompletions
 from services.api.connection import RealtimeConnection
-from services.api.delivery import Delivery, SessionView
+from services.api.delivery import Delivery, SessionParts, SessionView
 from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
 from services.api.live import LiveFeed, LiveHub
+from services.api.live_sessions import LiveSessionsEndpoint
 from services.api.liveness import PodLiveness
 from services.api.metrics import ApiMetrics
+from services.api.moshi_chat import MoshiChatEndpoint
 from services.api.output_queue import OutputQueue
 from services.api.realtime import RealtimeEndpoint
 from services.api.security import KeyChecker
@@ -92,6 +94,22 @@ class ApiPod:
         self.realtime = RealtimeEndpoint(
             self.authorized, settings.allowed_origins, self.metrics, self.connection
         )
+        self.moshi_chat = MoshiChatEndpoint(
+            self.authorized,
+            settings.allowed_origins,
+            self.metrics,
+            self.session_parts,
+            admission_wait_s=settings.admission_wait_s,
+            handshake_timeout_s=settings.model_ready_timeout_s,
+        )
+        self.live_sessions = LiveSessionsEndpoint(
+            self.authorized,
+            settings.allowed_origins,
+            self.metrics,
+            self.session_parts,
+            config_timeout_s=settings.config_timeout_s,
+            max_input_bytes=self.runtime.max_pending_input_bytes_per_session,
+        )
         # chat requests go through WorkerClient too, so they count against the inbox budget
         self.chat = ChatCompletions(
             self.client,
@@ -115,6 +133,23 @@ class ApiPod:
         api_key: str | None = None,
     ) -> RealtimeConnection:
         """The connection of one accepted socket, with its attachment and delivery."""
+        parts = self.session_parts(api_key)
+        return RealtimeConnection(
+            websocket,
+            parts.attachment,
+            parts.delivery,
+            parts.view,
+            self.metrics,
+            model=model,
+            autostart=autostart,
+            resume_only=resume_only,
+            config_timeout_s=self.settings.config_timeout_s,
+            max_input_bytes=self.runtime.max_pending_input_bytes_per_session,
+        )
+
+    def session_parts(self, api_key: str | None) -> SessionParts:
+        """What any surface's socket holds its session with: its attachment (the hold), its
+        delivery (the events out, through a bounded queue) and the session's view."""
         settings, runtime = self.settings, self.runtime
         feed = LiveFeed()
         attachment = Attachment(
@@ -140,18 +175,7 @@ class ApiPod:
         )
         view = SessionView()
         delivery = Delivery(attachment, feed, queue, self.store, self.metrics, view)
-        return RealtimeConnection(
-            websocket,
-            attachment,
-            delivery,
-            view,
-            self.metrics,
-            model=model,
-            autostart=autostart,
-            resume_only=resume_only,
-            config_timeout_s=settings.config_timeout_s,
-            max_input_bytes=runtime.max_pending_input_bytes_per_session,
-        )
+        return SessionParts(attachment, delivery, view)
 
     # ------------------------------------------------------------ lifecycle
 

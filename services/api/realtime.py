@@ -22,13 +22,14 @@ from collections.abc import Callable
 
 import orjson
 from starlette.datastructures import Headers, QueryParams
+from starlette.responses import Response
 from starlette.types import Scope
 from starlette.websockets import WebSocket
 
 from services.api.connection import RealtimeConnection
 from services.api.metrics import ApiMetrics
 from services.api.security import KeyChecker, origin_allowed
-from shared.protocol.duplex import SURFACE_DUPLEX, SURFACE_OPENAI
+from shared.protocol.duplex import SURFACE_DUPLEX, SURFACE_OPENAI, error_type_for
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,27 @@ def bearer(header: str | None) -> str | None:
     if header and header.lower().startswith("bearer "):
         return header[7:].strip()
     return None
+
+
+async def deny(
+    websocket: WebSocket, status: int, code: str, message: str, param: str | None = None
+) -> None:
+    """Refuse a WebSocket before its upgrade with an HTTP status and OpenAI's error body (the
+    protocols whose clients stop for good on a 4xx, and reconnect at once on a close:
+    Moshi's). Falls back to a 1008 close where the server has no denial responses."""
+    error: dict[str, str] = {"type": error_type_for(code), "code": code, "message": message}
+    if param is not None:
+        error["param"] = param
+    response = Response(
+        orjson.dumps({"error": error}),
+        status_code=status,
+        media_type="application/json",
+        headers={"Retry-After": "1"} if status == 429 else None,
+    )
+    try:
+        await websocket.send_denial_response(response)
+    except RuntimeError:  # no websocket.http.response extension: a close is all there is
+        await websocket.close(code=1008, reason=message[:120])
 
 
 def flag(value: str | None, default: bool) -> bool | None:
@@ -143,12 +165,19 @@ class RealtimeEndpoint:
         return connection
 
 
-def realtime_route(scope: Scope) -> bool | None:
-    """For a WebSocket on one of `REALTIME_PATHS`: whether that route serves the duplex
-    surface whatever the query says. None for any other scope."""
+def websocket_path(scope: Scope) -> str | None:
+    """A WebSocket's path below the root path (matched as the router does); None for any
+    other scope."""
     if scope["type"] != "websocket":
         return None
     path, root = scope["path"], scope.get("root_path", "")
-    if root and path.startswith(root):  # matched as the router does: below the root path
+    if root and path.startswith(root):
         path = path[len(root) :]
-    return REALTIME_PATHS.get(path)
+    return path
+
+
+def realtime_route(scope: Scope) -> bool | None:
+    """For a WebSocket on one of `REALTIME_PATHS`: whether that route serves the duplex
+    surface whatever the query says. None for any other scope."""
+    path = websocket_path(scope)
+    return REALTIME_PATHS.get(path) if path is not None else None

@@ -123,6 +123,14 @@ class SessionBuilder:
 
         return emit
 
+    def emit_closure(self, session: EngineSession, event: DuplexEvent) -> None:
+        """A closure emitted from outside the runner (a close, an expiry): as is, but on
+        Moshi's and GPT-Live's surfaces as their projection has it (GPT-Live's carries the
+        session's usage). The openai surface's pod closes its socket on it unsent."""
+        if session.config.native_surface:
+            event = native_surfaces.project(event, session) or event
+        self.sink.emit(session.session_id, event)
+
     # ------------------------------------------------------------ giving back
 
     async def cleanup(self, record: SessionRecord) -> bool:

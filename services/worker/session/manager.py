@@ -270,8 +270,8 @@ class SessionManager(SessionHost):
         finally:
             # emitted after the cleanup attempt, even when it failed (the slot stays held)
             session.state = "closed"
-            self.builder.sink.emit(
-                session_id,
+            self.builder.emit_closure(
+                session,
                 SessionClosed(
                     session_id=session_id,
                     reason=reason,
@@ -300,7 +300,8 @@ class SessionManager(SessionHost):
         """A lease expired: `session.expired`, then close."""
         if session_id not in self.table.live_ids():
             return
-        self.builder.sink.emit(session_id, SessionExpired(session_id=session_id, reason=reason))
+        session = self.table.runner(session_id).session
+        self.builder.emit_closure(session, SessionExpired(session_id=session_id, reason=reason))
         await self.close(session_id, EXPIRED_CLOSE_REASON)
 
     # ------------------------------------------------------------ reaper

@@ -44,6 +44,8 @@ from shared.protocol.duplex import (
     DuplexErrorEvent,
     DuplexEvent,
     DuplexRawEvent,
+    live_closed,
+    live_usage,
 )
 
 if TYPE_CHECKING:
@@ -61,16 +63,6 @@ USAGE_INTERVAL_MS = 5_000
 
 #: a transcript piece spans one model frame (80 ms in the Moshi family: Mimi's 12.5 Hz)
 TRANSCRIPT_SPAN_MS = 80
-#: our close reasons -> GPT-Live's `session.closed` reasons (close_requested, expired,
-#: content, remote_hangup, connection_lost); any other is `connection_lost`
-LIVE_CLOSE_REASONS = {
-    "client_close": "close_requested",
-    "timeout": "expired",
-    "idle_ttl_expired": "expired",
-    "disconnect_grace_expired": "expired",
-    "request_cleanup": "expired",
-}
-
 #: what the moshi surface's pod reads (anything else is dropped at the worker)
 _MOSHI_PASSES = frozenset(
     {
@@ -187,7 +179,7 @@ def _live_signal(raw: str, body: JSON, session: EngineSession) -> DuplexEvent | 
     if raw == USAGE:
         ms = int(body.get("ms", 0))
         session.surface_state.usage_reported_ms = ms
-        return SurfaceEvent(type_name="session.usage.updated", body={"usage": _usage(ms)})
+        return SurfaceEvent(type_name="session.usage.updated", body={"usage": live_usage(ms)})
     return None
 
 
@@ -217,10 +209,7 @@ def _live(event: DuplexEvent, wire_type: str, session: EngineSession) -> DuplexE
         reason = event.reason  # type: ignore[attr-defined]
         return SurfaceEvent(
             type_name="session.closed",
-            body={
-                "reason": LIVE_CLOSE_REASONS.get(reason, "connection_lost"),
-                "usage": _usage(session.input.stream_ms),
-            },
+            body=live_closed(reason, session.input.stream_ms),
         )
     if wire_type == "session.resync_required":
         return event  # the pod ends the socket on it (its journal is gone)
@@ -234,7 +223,3 @@ def _live_error(event: DuplexErrorEvent) -> JSON:
     if event.related_event_id is not None:
         body["client_event_id"] = event.related_event_id
     return body
-
-
-def _usage(ms: int) -> JSON:
-    return {"seconds": round(ms / 1000, 3)}

@@ -26,6 +26,8 @@ from shared.protocol.duplex.errors import (
 )
 from shared.protocol.duplex.events import *  # noqa: F403
 from shared.protocol.duplex.events import __all__ as _event_names
+from shared.protocol.duplex.live import *  # noqa: F403
+from shared.protocol.duplex.live import __all__ as _live_names
 from shared.protocol.duplex.session import *  # noqa: F403
 from shared.protocol.duplex.session import __all__ as _session_names
 from shared.protocol.realtime.errors import (
@@ -52,6 +54,7 @@ __all__ = [
     *_audio_names,
     *_command_names,
     *_event_names,
+    *_live_names,
     *_session_names,
     "ERROR_CODES",
     "ERROR_TYPES",
