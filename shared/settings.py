@@ -195,10 +195,6 @@ class WorkerSettings(RedisSettings):
             values["llm_model"] = llm_model
         if asr := _env("ASSISTANT_ASR", env=env):
             values["assistant_asr"] = asr
-        if (wait := _env("ADMISSION_WAIT_S", env=env)) is not None:
-            values["admission_wait_s"] = float(wait)
-        if (ready := _env("MODEL_READY_TIMEOUT_S", env=env)) is not None:
-            values["model_ready_timeout_s"] = float(ready)
         if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
             values["drain_timeout_s"] = float(drain)
         if model_dir := _env("MODEL_DIR", env=env):
@@ -291,6 +287,10 @@ class ApiSettings(RedisSettings):
             values["config_timeout_s"] = float(config_timeout)
         if (drain := _env("DRAIN_TIMEOUT_S", env=env)) is not None:
             values["drain_timeout_s"] = float(drain)
+        if (wait := _env("ADMISSION_WAIT_S", env=env)) is not None:
+            values["admission_wait_s"] = float(wait)
+        if (ready := _env("MODEL_READY_TIMEOUT_S", env=env)) is not None:
+            values["model_ready_timeout_s"] = float(ready)
         if (epsilon := _env("PLACEMENT_EPSILON", env=env)) is not None:
             values["placement_epsilon"] = float(epsilon)
         if (body := _env("CHAT_MAX_BODY_BYTES", env=env)) is not None:
