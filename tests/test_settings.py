@@ -114,3 +114,12 @@ def test_model_dir_and_plugin_options_reach_the_plugin():
 def test_a_malformed_plugin_option_is_refused_by_name(bad):
     with pytest.raises(ValueError, match=r"DUPLEX_PLUGIN_OPTIONS: .* is not KEY=VALUE"):
         WorkerSettings.from_env({"DUPLEX_PLUGIN_OPTIONS": bad})
+
+
+def test_the_native_surfaces_waits_are_the_api_pods():
+    env = {"DUPLEX_ADMISSION_WAIT_S": "2.5", "DUPLEX_MODEL_READY_TIMEOUT_S": "30"}
+    settings = ApiSettings.from_env(env)
+    assert (settings.admission_wait_s, settings.model_ready_timeout_s) == (2.5, 30.0)
+    defaults = ApiSettings.from_env({})
+    assert (defaults.admission_wait_s, defaults.model_ready_timeout_s) == (10.0, 120.0)
+    WorkerSettings.from_env(env)  # not the worker's: ignored there, never an error
