@@ -51,6 +51,9 @@ from shared.redis.store import ResumeResync, SessionStore, SessionStoreError, to
 
 log = logging.getLogger(__name__)
 
+#: the capability a native (frame-clocked) model's workers register (FrameClockedPlugin)
+NATIVE_CAPABILITY = "supports_model_native_turn_policy"
+
 
 class AttachFailed(Exception):
     """Nothing is held. `event` tells the client why, or `reply` is the worker's refusal."""
@@ -112,6 +115,9 @@ class Attachment:
         #: the duplex surface: a resumable session, and its open's reply says which worker
         #: took it. The others (OpenAI GA's, Moshi's, GPT-Live's) have neither
         self.duplex = True
+        #: only a native (frame-clocked) model's workers may take the session: Moshi's and
+        #: GPT-Live's surfaces, whose sessions only those models serve
+        self.native_only = False
 
     def _move(self, to: AttachmentState) -> None:
         if to not in TRANSITIONS[self.state]:
@@ -140,6 +146,10 @@ class Attachment:
         model = requested or default_model
         session_id = new_session_id()
         candidates = await self._directory.candidates(model, session_id)
+        if self.native_only:
+            candidates = [w for w in candidates if w.capabilities.get(NATIVE_CAPABILITY)]
+            if not candidates:
+                raise AttachFailed(await self._no_native_worker(model))
         if not candidates:
             raise AttachFailed(await self._no_worker(model))
         self._move(S.PLACING)
@@ -189,6 +199,27 @@ class Attachment:
         await self._abandon()
         raise AttachFailed(
             error("resource_exhausted", "every worker of this model is full", retryable=True)
+        )
+
+    async def _no_native_worker(self, model: str | None) -> DuplexErrorEvent:
+        """Why no native model's worker can take a session of Moshi's or GPT-Live's
+        surface: they are all full, or the model is not one."""
+        workers = [
+            w for w in await self._directory.live_workers() if model is None or w.model == model
+        ]
+        if any(w.capabilities.get(NATIVE_CAPABILITY) for w in workers):
+            return error(
+                "resource_exhausted",
+                "duplex_session_capacity_exhausted: every worker of this model is full",
+                retryable=True,
+            )
+        if not workers:
+            return await self._no_worker(model)
+        served = f"model {model!r} is" if model else "no model served here is"
+        return error(
+            "invalid_session_config",
+            f"{served} a native full-duplex (frame-clocked) one: this protocol serves those only",
+            param="model",
         )
 
     async def _no_worker(self, model: str | None) -> DuplexErrorEvent:

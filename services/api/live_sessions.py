@@ -203,6 +203,7 @@ class LiveConnection:
         self.ws = websocket
         self.attachment = parts.attachment
         self.attachment.duplex = False  # no resume: the socket is the session
+        self.attachment.native_only = True
         self.delivery = parts.delivery
         self.metrics = metrics
         self.max_input_bytes = max_input_bytes

@@ -138,6 +138,7 @@ class MoshiChatEndpoint:
         while True:
             parts = self.parts(key)
             parts.attachment.duplex = False  # no resume: the socket is the session
+            parts.attachment.native_only = True
             try:
                 reply = await parts.attachment.open(dict(session), None)
             except AttachFailed as failed:

@@ -14,8 +14,8 @@ from typing import Any
 from shared.client.receiving import receive_until
 from shared.contracts import SessionEventSink, SessionHost
 from shared.protocol.duplex import (
+    SURFACE_DUPLEX,
     SURFACE_KEY,
-    SURFACE_OPENAI,
     CloseSession,
     CommandContext,
     DuplexCommand,
@@ -109,14 +109,14 @@ class InlineDuplexClient:
 
     async def open(self, session: Mapping[str, Any] | None = None, **kwargs: Any) -> InlineSession:
         """Open a session and consume its opening events: `session.created`, and on the
-        duplex surface the `session.updated` that follows it."""
+        duplex surface the `session.updated` that follows it (the others have none)."""
         session = session or {}
         result = await self.host.open(session, **kwargs)
         inline = InlineSession(self.host, self.router, result.session_id, result.session)
         created = await inline.recv()
         if created.wire_type != "session.created":
             raise RuntimeError(f"expected session.created first, got {created.wire_type}")
-        if session.get(SURFACE_KEY) != SURFACE_OPENAI:
+        if (session.get(SURFACE_KEY) or SURFACE_DUPLEX) == SURFACE_DUPLEX:
             updated = await inline.recv()
             if updated.wire_type != "session.updated":
                 raise RuntimeError(f"expected session.updated next, got {updated.wire_type}")

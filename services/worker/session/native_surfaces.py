@@ -7,7 +7,8 @@ surface (surface.py). `project` is called on every event its runner emits
 turns into the protocol (services/api/moshi_chat.py, services/api/live_sessions.py):
 
 - **moshi**: the model's audio and words (`response.output_audio.delta`, the transcript
-  and text deltas), errors, the closures, `session.created` (the pod's open needs it) and
+  and text deltas), `response.done` (the pod sends a response's last partial frame),
+  errors, the closures, `session.created` (the pod's open needs it) and
   `session.started` (the model's prompt is stepped: the pod sends the `0x00` handshake).
   Everything else is dropped: the pod would send nothing for it, and it would cost a
   Redis write per event.
@@ -70,6 +71,7 @@ _MOSHI_PASSES = frozenset(
         "response.output_audio.delta",
         "response.output_audio_transcript.delta",
         "response.output_text.delta",
+        "response.done",  # the pod sends the response's last partial frame, padded
         "error",
         "session.closed",
         "session.expired",
@@ -162,6 +164,8 @@ def project(event: DuplexEvent, session: EngineSession) -> DuplexEvent | None:
         session.surface_state.started = True
         body = {"session": {"id": session.session_id}}
         return SurfaceEvent(type_name="session.started", body=body)
+    if wire_type in _TRANSCRIPT_TYPES and not event.delta:  # type: ignore[attr-defined]
+        return None  # a frame without words (the response's audio goes on)
     if session.config.surface != SURFACE_LIVE:
         return event if wire_type in _MOSHI_PASSES else None
     if raw is not None:

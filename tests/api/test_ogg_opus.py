@@ -1,0 +1,65 @@
+"""The API pod's Ogg Opus (Moshi's protocol): what a client's stream decodes to, what the
+model's audio encodes to (whole 80 ms frames, a response's tail padded), and a stream that
+is not Ogg Opus refused with a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sphn
+
+from services.api.ogg_opus import (
+    FRAME_SAMPLES,
+    MAX_MESSAGE_BYTES,
+    SAMPLE_RATE,
+    OggOpusError,
+    OpusDecoder,
+    OpusEncoder,
+)
+
+
+def tone(frames: int, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(frames * FRAME_SAMPLES) / SAMPLE_RATE
+    return (0.4 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    return (samples * 32767).astype("<i2").tobytes()
+
+
+def rms(pcm: bytes) -> float:
+    return float(np.sqrt(np.mean((np.frombuffer(pcm, "<i2") / 32768.0) ** 2)))
+
+
+def test_a_clients_stream_decodes_to_pcm16_frame_by_frame():
+    writer = sphn.OpusStreamWriter(SAMPLE_RATE)  # what LiveKit's plugin and Moshi's client use
+    audio = tone(10)
+    decoder = OpusDecoder()
+    decoded = [
+        decoder.decode(writer.append_pcm(audio[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES]))
+        for i in range(10)
+    ]
+    assert [len(d) for d in decoded] == [FRAME_SAMPLES * 2] * 10
+    # lossy, but the same loudness (a 440 Hz tone at 0.4: RMS 0.28)
+    assert abs(rms(b"".join(decoded[2:])) - 0.4 / np.sqrt(2)) < 0.05
+
+
+def test_the_models_audio_encodes_to_whole_frames_and_a_tail_is_padded():
+    encoder, reader = OpusEncoder(), sphn.OpusStreamReader(SAMPLE_RATE)
+    audio = pcm16(tone(3))
+    pages = encoder.encode(audio[: FRAME_SAMPLES * 3])  # a frame and a half
+    pages += encoder.encode(audio[FRAME_SAMPLES * 3 :])  # the rest: 3 frames in all
+    assert len(pages) == 3
+    assert sum(reader.append_bytes(p).size for p in pages) == 3 * FRAME_SAMPLES
+    assert encoder.encode(audio[:200]) == []  # under a frame: waits
+    tail = encoder.flush()  # the end of a response: padded with silence, sent
+    assert len(tail) == 1 and reader.append_bytes(tail[0]).size == FRAME_SAMPLES
+    assert encoder.flush() == []
+
+
+def test_bytes_that_are_not_ogg_opus_are_refused():
+    decoder = OpusDecoder()
+    with pytest.raises(OggOpusError, match="not an Ogg Opus stream"):
+        decoder.decode(b"RIFF" + bytes(60))  # a WAV header is not an Ogg page
+    with pytest.raises(OggOpusError, match="at most"):
+        OpusDecoder().decode(b"OggS" + bytes(MAX_MESSAGE_BYTES))
