@@ -410,3 +410,24 @@ def test_a_model_that_exports_its_state_must_interrupt_without_resetting():
 
     with pytest.raises(TypeError, match="interrupt_slot"):
         TickBatchedStagePort(Forgetful(2))
+
+
+async def test_a_slot_is_ready_once_it_has_stepped_its_prompt(rig):
+    """The session is told once (Moshi's handshake, GPT-Live's session.started waits for it):
+    not while the model still steps the slot's prompt (a persona, a voice prompt), nor while
+    it replays (a `.pt` voice's prefix, a restore's history)."""
+    prompt = 3
+    rig.model.prompt_frames_left = lambda slot: max(0, prompt - rig.model.steps[slot])
+    await rig.open("a")
+    await rig.tick(2)
+    assert rig.ready["a"] == 0  # 2 of the prompt's 3 frames stepped
+    await rig.tick()
+    assert rig.ready["a"] == 1
+    await rig.tick(3)
+    assert rig.ready["a"] == 1  # once
+    rig.model.on_open = lambda slot, options: rig.model._replay_left.__setitem__(slot, 16)
+    await rig.open("b")
+    await rig.tick()  # the replay runs after this tick's step; b is not stepped yet
+    assert rig.ready["b"] == 0
+    await rig.tick(prompt + 1)
+    assert rig.ready["b"] == 1
