@@ -27,6 +27,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def surface_of(meta: dict[str, str]) -> str:
+    """The protocol a session was opened on, from the opening config in its hash: duplex,
+    openai (plain /v1/realtime), moshi (/api/chat) or live (/v1/live/sessions)."""
+    try:
+        config = orjson.loads(meta.get("config") or "{}")
+    except orjson.JSONDecodeError:
+        return "?"
+    surface = config.get("duplex_surface") if isinstance(config, dict) else None
+    return surface if isinstance(surface, str) and surface else "duplex"
+
+
 def _age(ms: str | None) -> str:
     if not ms:
         return "-"
@@ -87,12 +98,14 @@ class Admin:
         rows = await self.sessions()
         if as_json:
             for row in rows:
+                row["surface"] = surface_of(row)
                 row.pop("config", None)
                 row.pop("session", None)
                 self._print(orjson.dumps(row).decode())
             return
         self._print(
-            f"{'SESSION':41} {'STATE':9} {'WORKER':24} {'MODEL':8} {'AGE':>6} {'ATT':>4} {'SEQ':>6}"
+            f"{'SESSION':41} {'STATE':9} {'WORKER':24} {'MODEL':8} {'SURFACE':7} {'AGE':>6} "
+            f"{'ATT':>4} {'SEQ':>6}"
         )
         for row in rows:
             state, worker, model = (
@@ -102,8 +115,8 @@ class Admin:
             )
             self._print(
                 f"{row['session_id']:41} {state:9} {worker[:24]:24} {model[:8]:8} "
-                f"{_age(row.get('created_at')):>6} {row.get('attachment_generation', '?'):>4} "
-                f"{row.get('next_seq', '?'):>6}"
+                f"{surface_of(row):7} {_age(row.get('created_at')):>6} "
+                f"{row.get('attachment_generation', '?'):>4} {row.get('next_seq', '?'):>6}"
             )
         self._print(f"{len(rows)} sessions")
 
@@ -115,6 +128,7 @@ class Admin:
         for field in sorted(meta):
             if field not in ("config", "session"):
                 self._print(f"{field:24} {meta[field]}")
+        self._print(f"{'surface':24} {surface_of(meta)}")
         if meta.get("model_bytes"):
             # a model-native session's model history: what a restore replays
             size, record = int(meta["model_bytes"]), int(meta.get("model_record_bytes") or 0)

@@ -197,3 +197,29 @@ async def test_show_names_a_native_sessions_model_history(tail):
     assert await tail.admin.show(SID) == 0
     lines = tail.out.getvalue().splitlines()
     assert f"-- model history {KEYS.model_history(SID)}: 170 bytes, 5 frames" in lines
+
+
+async def test_ls_and_show_say_which_protocol_a_session_was_opened_on(redis_client):
+    store = SessionStore(redis_client, KEYS)
+    for sid, surface in (("duplex-s1", None), ("duplex-s2", "moshi"), ("duplex-s3", "live")):
+        config = {"model": "m"} | ({"duplex_surface": surface} if surface else {})
+        await store.open(sid, "w", "m", "", orjson.dumps(config).decode())
+    out = io.StringIO()
+    admin = Admin(RedisHandle(redis_client, "test"), KEYS, out, io.StringIO())
+    await admin.ls(as_json=True)
+    rows = {row["session_id"]: row for row in map(orjson.loads, out.getvalue().splitlines())}
+    assert {sid: rows[sid]["surface"] for sid in ("duplex-s1", "duplex-s2", "duplex-s3")} == {
+        "duplex-s1": "duplex",
+        "duplex-s2": "moshi",
+        "duplex-s3": "live",
+    }
+    table = io.StringIO()
+    admin.out = table
+    await admin.ls(as_json=False)
+    header, *lines = table.getvalue().splitlines()
+    assert "SURFACE" in header
+    assert any(line.startswith("duplex-s2") and " moshi " in line for line in lines)
+    shown = io.StringIO()
+    admin.out = shown
+    assert await admin.show("duplex-s3") == 0
+    assert "surface                  live" in shown.getvalue().splitlines()
