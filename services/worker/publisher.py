@@ -74,6 +74,12 @@ DURABLE = frozenset(
         "input_audio_buffer.committed",
         "response.created",
         "response.done",
+        # GPT-Live's and Moshi's surfaces (native_surfaces.py): the surface state they
+        # change (started, the mute flag, the usage reported) moves with the session
+        "session.started",
+        "session.input_audio.muted",
+        "session.input_audio.unmuted",
+        "session.usage.updated",
     }
 )
 FENCED, GONE = [-2], [-1]

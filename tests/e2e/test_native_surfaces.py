@@ -317,7 +317,16 @@ async def two_native_workers(redis_server):
         await handle.close()
 
 
-async def test_a_gpt_live_session_keeps_its_mute_and_usage_across_a_drain(two_native_workers):
+@pytest.mark.parametrize(
+    ("how", "after_s"),
+    [(signal.SIGTERM, 7.0), (signal.SIGKILL, 10.0)],
+    ids=["drain", "failover"],
+)
+async def test_a_gpt_live_session_keeps_its_mute_and_usage_when_its_worker_goes(
+    two_native_workers, how, after_s
+):
+    """SIGTERM: a drain moves the session at once, with a final checkpoint. SIGKILL: another
+    worker restores it from its last checkpoint (written when the mute was acknowledged)."""
     api, keys, redis, workers = two_native_workers
     await until(lambda: redis.zcard(keys.workers()), lambda n: n >= 2, 60)
     async with connect(live_url(api)) as ws:
@@ -330,13 +339,13 @@ async def test_a_gpt_live_session_keeps_its_mute_and_usage_across_a_drain(two_na
         before = (await client.next("session.usage.updated"))["usage"]["seconds"]
         owner = (await redis.hget(keys.session(sid), "worker")).decode()
         drained = next(w for w in workers if w.name == owner)
-        drained.process.send_signal(signal.SIGTERM)  # a drain: the session moves at once
+        drained.process.send_signal(how)
         await until(
             lambda: redis.hget(keys.session(sid), "worker"), lambda w: w and w.decode() != owner
         )
-        # 7 s more on the other worker: still muted there, and the usage goes on from where
-        # it was (the audio of the move itself may be lost: a native session hears silence)
-        await client.speak(tone(88))
+        # more on the other worker: still muted there, and the usage goes on from where it
+        # was (the audio of the move itself may be lost: a native session hears silence)
+        await client.speak(tone(int(after_s * 12.5)))
         after = (await client.next("session.usage.updated"))["usage"]["seconds"]
         await client.send({"type": "session.close"})
         closed = await client.next("session.closed")
