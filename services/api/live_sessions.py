@@ -105,9 +105,11 @@ class LiveSessionsEndpoint:
         parts: PartsFactory,
         *,
         config_timeout_s: float,
+        ready_timeout_s: float,
         max_input_bytes: int,
     ) -> None:
         self.authorized = authorized
+        self.ready_timeout_s = ready_timeout_s
         self.allowed_origins = allowed_origins
         self.metrics = metrics
         self.parts = parts
@@ -134,7 +136,7 @@ class LiveSessionsEndpoint:
             connection = LiveConnection(
                 websocket, self.parts(key), self.metrics, self.max_input_bytes
             )
-            await connection.run(self.config_timeout_s)
+            await connection.run(self.config_timeout_s, self.ready_timeout_s)
         finally:
             self.metrics.active_sessions.dec()
 
@@ -209,8 +211,9 @@ class LiveConnection:
         self.max_input_bytes = max_input_bytes
         self.encoding, self.rate = PCM16, DEFAULT_RATE
         self.closing = False  # session.close sent: the writer closes after session.closed
+        self.started = asyncio.Event()  # session.started went out
 
-    async def run(self, config_timeout_s: float) -> None:
+    async def run(self, config_timeout_s: float, ready_timeout_s: float) -> None:
         writer = asyncio.create_task(self._writer(), name="live-writer")
         pump: asyncio.Task[None] | None = None
         try:
@@ -218,7 +221,8 @@ class LiveConnection:
                 pump = asyncio.create_task(
                     self.delivery.pump(), name=f"live-live:{self.attachment.session_id}"
                 )
-                await self._reader(writer)
+                if await self._ready(writer, ready_timeout_s):
+                    await self._reader(writer)
         except WebSocketDisconnect:
             pass
         except Exception:
@@ -285,6 +289,25 @@ class LiveConnection:
         self.delivery.created(reply)  # not sent: session.started comes when the model is ready
         self.metrics.sessions_opened.inc()
         return True
+
+    async def _ready(self, writer: asyncio.Task[None], timeout_s: float) -> bool:
+        """Until session.started went out (True), the session ended first, or the model
+        took longer than `timeout_s` to step its prompt (told, False). The client sends
+        nothing meanwhile (GPT-Live's clients wait for session.started)."""
+        started = asyncio.create_task(self.started.wait())
+        try:
+            done, _ = await asyncio.wait(
+                (started, writer), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            started.cancel()
+        if started in done:
+            return True
+        if writer not in done:
+            sid = self.attachment.session_id
+            log.warning("session %s: the model did not get ready in time", sid)
+            self._say(live_error("timeout", "the model did not get ready in time; try again"))
+        return False
 
     # ------------------------------------------------------------ client -> session
 
@@ -427,7 +450,10 @@ class LiveConnection:
             if wire_type == "session.created":
                 self.attachment.created_delivered()  # ours: GPT-Live has session.started
                 continue
-            if wire_type == "error":
+            if wire_type == "session.started":
+                await self.ws.send_text(item.data.decode())
+                self.started.set()
+            elif wire_type == "error":
                 await self.ws.send_text(_live_error_json(item.data))
             elif wire_type in ENDINGS:
                 await self.ws.send_text(_live_closed_json(item.data, wire_type))

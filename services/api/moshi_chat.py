@@ -18,20 +18,26 @@ batch samples from one generator) and `model` (ours: which served model, when se
 
 The key: the plugin sends no header, and its URL is `{base_url}/api/chat?...`, so a
 deployment with API keys takes the key as a path prefix of the base URL
-(`ws://host/key/<API_KEY>` makes `/key/<API_KEY>/api/chat`), or as `?api_key=` (Moshi's
-web client), or in an `Authorization: Bearer` header.
+(`ws://host/key/<API_KEY>` makes `/key/<API_KEY>/api/chat`; Moshi's web client takes it
+the same way, in its `worker_addr`), or as `?api_key=`, or in an `Authorization: Bearer`
+header.
 
 Refusals come before the upgrade, as HTTP statuses with OpenAI's error body: 401 (key),
 403 (origin), 400 (a bad query, an unknown voice, a model that is not native), 429 (every
-slot held for `admission_wait_s`), 503/504 (no worker, no answer). The client then stops:
-a close instead would make it reconnect at once, forever. A full server is waited on
-first, as the reference servers' one conversation lock does: a client that just closed
-its session gets its slot back on the next.
+native worker full, or none live, for `admission_wait_s`), 504 (no answer from the
+worker). The client then stops: a close instead would make it reconnect at once, forever.
+A full server is waited on first, as the reference servers' one conversation lock does: a
+client that just closed its session gets its slot back on the next.
+
+The model's audio is sent while it speaks (a response), not as a continuous stream of
+silence: LiveKit's plugin then sees one generation per turn of the model. While the model
+listens, a padding text message (`0x02 0x00`) goes out every `KEEPALIVE_S` without another.
 
 After the upgrade the session is the socket's: a dropped socket ends it (this protocol has
 no resume; no disconnect grace is held). The session ends the socket with a close: 1000
 when it ended normally (the client reconnects at once, a new conversation), 1011 after an
-error (the client backs off), 1007 for audio that is not Ogg Opus, 1003 for a text frame.
+error (the client backs off; also when the session ends before the handshake: its slot
+could not start), 1007 for audio that is not Ogg Opus, 1003 for a text frame.
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ from shared.protocol.duplex import SURFACE_KEY, SURFACE_MOSHI, AppendAudio, erro
 log = logging.getLogger(__name__)
 
 HANDSHAKE = b"\x00"
+#: sent after `KEEPALIVE_S` without another message: a text message of one padding byte,
+#: which the reference servers send too (LiveKit's plugin drops it; Moshi's web client hangs
+#: up after 10 s without a message, and a listening model sends none)
+KEEPALIVE = b"\x02\x00"
+KEEPALIVE_S = 5.0
 AUDIO = 0x01
 TEXT = 0x02
 #: the model's words, as the worker's projection passes them (native_surfaces.py)
@@ -220,17 +231,14 @@ class MoshiConnection:
             log.exception("moshi connection of %s failed", self.attachment.session_id)
             close = (SERVER_ERROR, "internal_error")
         finally:
+            # the socket is gone, or the session ended (the writer closed the socket after
+            # its closure), or the close is ours: nothing is left to send either way
             pump.cancel()
+            writer.cancel()
             await self.attachment.release()  # the session ends with its socket
             if close is not None:
-                writer.cancel()
                 with contextlib.suppress(Exception):
                     await self.ws.close(*close)
-            elif not writer.done():
-                with contextlib.suppress(TimeoutError, Exception):
-                    async with asyncio.timeout(5.0):
-                        await writer  # it closes the socket after the session's closure
-                writer.cancel()
 
     async def _await_handshake(self, writer: asyncio.Task[None]) -> tuple[int, str] | None:
         handshake = asyncio.create_task(self.handshaken.wait())
@@ -285,7 +293,13 @@ class MoshiConnection:
 
     async def _writer(self) -> None:
         while True:
-            item = await self.delivery.get()
+            try:
+                async with asyncio.timeout(KEEPALIVE_S):
+                    item = await self.delivery.get()
+            except TimeoutError:
+                if self.handshaken.is_set():  # the model listens: nothing else to send
+                    await self.ws.send_bytes(KEEPALIVE)
+                continue
             wire_type = item.wire_type
             if wire_type == "session.created":
                 self.attachment.created_delivered()
@@ -293,27 +307,29 @@ class MoshiConnection:
                 if not self.handshaken.is_set():
                     await self.ws.send_bytes(HANDSHAKE)
                     self.handshaken.set()
-            elif not self.handshaken.is_set():
-                if wire_type in ENDINGS:
-                    return
-                continue  # nothing is sent before the handshake
-            elif wire_type == AUDIO_DELTA:
-                pcm = base64.b64decode(orjson.loads(item.data)["delta"])
-                for page in self.encoder.encode(pcm):
-                    await self.ws.send_bytes(bytes((AUDIO,)) + page)
-            elif wire_type in WORDS:
-                text = orjson.loads(item.data).get("delta") or ""
-                if text:
-                    await self.ws.send_bytes(bytes((TEXT,)) + text.encode())
-            elif wire_type == "response.done":
-                for page in self.encoder.flush():  # the response's tail, padded
-                    await self.ws.send_bytes(bytes((AUDIO,)) + page)
             elif wire_type == "error":
                 self.last_error = _error_code(item.data)
                 log.info("session %s: error %s", self.attachment.session_id, self.last_error)
             elif wire_type in ENDINGS:
                 await self._end(item.data)
                 return
+            elif not self.handshaken.is_set():
+                continue  # the model's output is never sent before the handshake
+            elif wire_type == AUDIO_DELTA:
+                pcm = base64.b64decode(orjson.loads(item.data)["delta"])
+                await self._audio(self.encoder.encode(pcm))
+            elif wire_type in WORDS:
+                text = orjson.loads(item.data).get("delta") or ""
+                if text:
+                    await self.ws.send_bytes(bytes((TEXT,)) + text.encode())
+            elif wire_type == "response.done":
+                await self._audio(self.encoder.flush())  # the response's tail, padded
+
+    async def _audio(self, pages: list[bytes]) -> None:
+        for page in pages:
+            await self.ws.send_bytes(bytes((AUDIO,)) + page)
+        if pages:
+            self.last_error = None  # the model goes on: that error did not end anything
 
     async def _end(self, data: bytes) -> None:
         """The session ended: the socket closes, normally unless an error came first."""

@@ -108,6 +108,7 @@ class ApiPod:
             self.metrics,
             self.session_parts,
             config_timeout_s=settings.config_timeout_s,
+            ready_timeout_s=settings.model_ready_timeout_s,
             max_input_bytes=self.runtime.max_pending_input_bytes_per_session,
         )
         # chat requests go through WorkerClient too, so they count against the inbox budget

@@ -1,0 +1,168 @@
+"""The sockets of Moshi's protocol and GPT-Live on their own: what each sends for the
+session's events, with a socket and a session that the test plays (the end-to-end tests,
+tests/e2e/test_native_surfaces.py, run them against real processes).
+
+Moshi: a session that ends before the handshake closes the socket with 1011 and its error
+code (never a silent drop); a listening model's socket gets a padding text message every
+few seconds (Moshi's web client hangs up after 10 s of nothing); an error that did not end
+the session does not make its later normal end a 1011; a response's last partial frame is
+sent, padded. GPT-Live: a model that never gets ready is given up with an error."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import orjson
+import sphn
+
+from services.api import moshi_chat
+from services.api.delivery import SessionParts
+from services.api.live_sessions import LiveConnection
+from services.api.metrics import ApiMetrics
+from services.api.moshi_chat import MoshiConnection
+from services.api.output_queue import OutItem, OutputQueue
+
+WAIT_S = 5
+
+
+class Socket:
+    """The client side the connection talks to: what it was sent, how it was closed."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes | str] = []
+        self.closed: tuple[int, str] | None = None
+        self.incoming: asyncio.Queue[dict] = asyncio.Queue()
+        self.changed = asyncio.Event()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(data)
+        self.changed.set()
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(data)
+        self.changed.set()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed = (code, reason)
+        self.changed.set()
+        await self.incoming.put({"type": "websocket.disconnect", "code": code})
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+    async def until(self, ok) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while not ok():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+class Session:
+    """The attachment and delivery: the test queues the session's events."""
+
+    def __init__(self) -> None:
+        self.queue = OutputQueue(1 << 20, 1000, 0, 0)
+        self.session_id = "duplex-test"
+        self.live = True
+        self.released = False
+        self.commands: list = []
+        self.duplex = True
+        self.native_only = False
+
+    # the attachment's side
+    def created_delivered(self) -> None:
+        pass
+
+    async def release(self) -> None:
+        self.released = True
+
+    async def command(self, command) -> None:
+        self.commands.append(command)
+
+    # the delivery's side
+    async def get(self) -> OutItem:
+        return await self.queue.get()
+
+    async def pump(self) -> None:
+        await asyncio.Event().wait()
+
+    async def drained(self) -> None:
+        await self.queue.drained()
+
+    def emit(self, wire_type: str, **body) -> None:
+        self.queue.put(OutItem(orjson.dumps({"type": wire_type, **body}), wire_type))
+
+
+def moshi(session: Session, socket: Socket) -> MoshiConnection:
+    parts = SessionParts(session, session, None)  # type: ignore[arg-type]
+    return MoshiConnection(socket, parts, handshake_timeout_s=WAIT_S)  # type: ignore[arg-type]
+
+
+async def test_a_session_that_ends_before_the_handshake_closes_with_its_error():
+    session, socket = Session(), Socket()
+    run = asyncio.create_task(moshi(session, socket).run())
+    session.emit("error", error={"code": "runtime_data_plane_stream_failed", "message": "no"})
+    session.emit("session.closed", reason="runtime_data_plane_stream_failed")
+    async with asyncio.timeout(WAIT_S):
+        await run
+    assert socket.sent == []  # no handshake: the client never heard the model
+    assert socket.closed == (1011, "runtime_data_plane_stream_failed")
+    assert session.released
+
+
+async def test_a_listening_model_keeps_the_socket_alive(monkeypatch):
+    monkeypatch.setattr(moshi_chat, "KEEPALIVE_S", 0.05)
+    session, socket = Session(), Socket()
+    run = asyncio.create_task(moshi(session, socket).run())
+    session.emit("session.started", session={"id": session.session_id})
+    await socket.until(lambda: socket.sent.count(b"\x02\x00") >= 2)
+    assert socket.sent[0] == b"\x00"
+    await socket.incoming.put({"type": "websocket.disconnect", "code": 1000})
+    async with asyncio.timeout(WAIT_S):
+        await run
+
+
+def audio_delta(samples: np.ndarray) -> dict:
+    pcm = (samples * 32767).astype("<i2").tobytes()
+    return {"delta": base64.b64encode(pcm).decode()}
+
+
+async def test_an_error_the_session_outlived_leaves_its_end_normal_and_a_tail_is_sent():
+    session, socket = Session(), Socket()
+    run = asyncio.create_task(moshi(session, socket).run())
+    session.emit("session.started", session={"id": session.session_id})
+    session.emit("error", error={"code": "input_backpressure", "message": "slow down"})
+    frame_and_a_half = np.full(1920 * 3 // 2, 0.3, np.float32)
+    session.emit("response.output_audio.delta", **audio_delta(frame_and_a_half))
+    session.emit("response.output_audio_transcript.delta", delta="hi")
+    session.emit("response.done", response={"status": "completed"})
+    session.emit("session.closed", reason="timeout")
+    async with asyncio.timeout(WAIT_S):
+        await run
+    assert socket.closed == (1000, "timeout")
+    kinds = [m[0] for m in socket.sent if isinstance(m, bytes)]
+    assert kinds == [0x00, 0x01, 0x02, 0x01]  # handshake, a frame, words, the padded tail
+    reader = sphn.OpusStreamReader(24000)
+    heard = [reader.append_bytes(m[1:]).size for m in socket.sent if m[0] == 0x01]
+    assert heard == [1920, 1920]
+    assert socket.sent[2] == b"\x02hi"
+
+
+async def test_a_gpt_live_model_that_never_gets_ready_is_given_up(monkeypatch):
+    session, socket = Session(), Socket()
+    parts = SessionParts(session, session, None)  # type: ignore[arg-type]
+    connection = LiveConnection(socket, parts, ApiMetrics(), 1 << 20)  # type: ignore[arg-type]
+
+    async def opened(timeout_s: float) -> bool:
+        return True  # session.start was taken: now the model's session.started is awaited
+
+    monkeypatch.setattr(connection, "_start", opened)
+    async with asyncio.timeout(WAIT_S):
+        await connection.run(config_timeout_s=1, ready_timeout_s=0.1)
+    (error,) = [orjson.loads(m) for m in socket.sent]
+    assert error["type"] == "error" and error["error"]["code"] == "timeout"
+    assert socket.closed is not None and socket.closed[0] == 1000
+    assert session.released
+
