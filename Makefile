@@ -133,7 +133,7 @@ test-moshi: $(MOSHI_STAMP) redis-server
 
 # Every benchmark program in turn (about 10 minutes); each rewrites its section of
 # docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.
-BENCHES := redis_path lifecycle latency capacity memory faults checkpoints chaos fuzz models cli_start inbox_codec
+BENCHES := redis_path lifecycle latency capacity memory faults checkpoints chaos fuzz models cli_start inbox_codec surface_cpu
 
 bench: venv redis-server
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
