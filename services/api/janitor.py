@@ -283,22 +283,18 @@ class Janitor:
     async def start(self) -> None:
         quiet_arq()
         pool, queue_name = await self._arq_pool()
+        # A cron job's id is its name and its second (`arq:job:<name>:<ms>`), whatever the
+        # queue: the names carry the key prefix, so that two deployments sharing one Redis
+        # (or a test's two clusters) do not take each other's ticks, each running only the
+        # sweeps whose id it enqueued first
         jobs = [
             cron(
-                self.expire_leases, name="expire_leases", second=EVERY_SECOND, run_at_startup=False
-            ),
-            cron(
-                self.sweep_dead_apis,
-                name="sweep_dead_apis",
+                job,
+                name=f"{self.keys.prefix}:{job.__name__}",
                 second=EVERY_SECOND,
                 run_at_startup=False,
-            ),
-            cron(
-                self.sweep_dead_workers,
-                name="sweep_dead_workers",
-                second=EVERY_SECOND,
-                run_at_startup=False,
-            ),
+            )
+            for job in (self.expire_leases, self.sweep_dead_apis, self.sweep_dead_workers)
         ]
         self._worker = arq.worker.Worker(
             functions=[],

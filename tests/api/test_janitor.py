@@ -20,6 +20,7 @@ from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.redis.boundary import CloseRequest
 from shared.redis.connection import RedisHandle
+from shared.redis.keys import KeySchema
 from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
@@ -112,13 +113,60 @@ async def test_a_lost_sessions_error_follows_its_surface(janitor, config, seq_in
     assert [("server_event_seq" in orjson.loads(r.data)) for r in records] == [seq_in_json] * 2
 
 
-def sweeps_done(caplog) -> list[logging.LogRecord]:
-    """arq's record of each finished dead-worker sweep ("0.00s ← sweep_dead_workers ● []")."""
+def sweeps_done(caplog, prefix: str = KEYS.prefix) -> list[logging.LogRecord]:
+    """arq's record of each finished dead-worker sweep of the janitor of `prefix`
+    ("0.00s ← duplex:sweep_dead_workers ● []")."""
     return [
         r
         for r in caplog.records
-        if r.name == "arq.worker" and "← sweep_dead_workers " in r.getMessage()
+        if r.name == "arq.worker" and f"← {prefix}:sweep_dead_workers " in r.getMessage()
     ]
+
+
+async def test_two_deployments_on_one_redis_each_run_their_own_sweeps(janitor):
+    """A cron job's id is its name and its second, whatever its queue: with the same names,
+    two janitors of different key prefixes on one Redis took each other's ticks, and one
+    of them swept nothing (a dead worker of its deployment stayed unnoticed)."""
+    other_keys = KeySchema("other")
+    client = janitor.client
+    store = SessionStore(client, other_keys)
+    other = Janitor(
+        janitor.redis,
+        other_keys,
+        store,
+        WorkerClient(InboxWriter(client, other_keys, store.scripts)),
+        SessionRuntimeConfig(),
+        heartbeat_ttl_s=5.0,
+        disconnect_grace_s=30.0,
+        directory=WorkerDirectory(client, other_keys, heartbeat_ttl_s=5.0),
+        live=LiveHub(client, other_keys.api("api-o")),
+    )
+    sweeps = {janitor: 0, other: 0}
+    job_ids: dict[Janitor, set[str]] = {janitor: set(), other: set()}
+    for each in sweeps:
+        real = each.sweep_dead_workers
+
+        async def counted(ctx=None, real=real, each=each) -> list[str]:
+            sweeps[each] += 1
+            job_ids[each].add(ctx["job_id"])
+            return await real(ctx)
+
+        counted.__name__ = "sweep_dead_workers"
+        each.sweep_dead_workers = counted  # type: ignore[method-assign]
+    await janitor.start()
+    await other.start()
+    try:
+        async with asyncio.timeout(60):
+            while max(sweeps.values()) < 6:
+                await asyncio.sleep(0.05)
+    finally:
+        await other.stop()
+        await janitor.stop()
+    # each deployment's ticks are its own: no job id is both's (the same id is one job,
+    # which only one of them runs)
+    assert all(i.startswith(f"{KEYS.prefix}:") for i in job_ids[janitor]), job_ids
+    assert all(i.startswith("other:") for i in job_ids[other]), job_ids
+    assert min(sweeps.values()) >= 5, sweeps
 
 
 async def test_ticks_log_at_debug_and_nothing_at_info(janitor, caplog):

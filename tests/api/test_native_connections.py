@@ -165,4 +165,3 @@ async def test_a_gpt_live_model_that_never_gets_ready_is_given_up(monkeypatch):
     assert error["type"] == "error" and error["error"]["code"] == "timeout"
     assert socket.closed is not None and socket.closed[0] == 1000
     assert session.released
-

@@ -57,8 +57,8 @@ from services.worker.session.conversation import Conversation
 from services.worker.session.engine_session import EngineSession
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger, PlaybackLedger
-from services.worker.session.native_surfaces import NativeSurfaceState
 from services.worker.session.response import ActiveResponse
+from services.worker.session.surface_state import NativeSurfaceState
 from shared.contracts import (
     CommittedTurn,
     DuplexCapabilities,

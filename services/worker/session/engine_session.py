@@ -11,8 +11,8 @@ from typing import Any
 from services.worker.session.conversation import Conversation
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
-from services.worker.session.native_surfaces import NativeSurfaceState
 from services.worker.session.response import ActiveResponse
+from services.worker.session.surface_state import NativeSurfaceState
 from shared.contracts import CommittedTurn, DuplexCapabilities, DuplexFence, DuplexSessionConfig
 
 #: Responses kept for late playback acks and truncation (older ones are forgotten).

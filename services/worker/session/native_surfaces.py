@@ -20,7 +20,7 @@ turns into the protocol (services/api/moshi_chat.py, services/api/live_sessions.
   message, param, client_event_id}}`. `session.created` passes (the pod's open reads it
   and sends nothing for it).
 
-What GPT-Live keeps for a session is kept here, with the session (`NativeSurfaceState`,
+What GPT-Live keeps for a session is kept with the session (`NativeSurfaceState`,
 in its checkpoint: it moves with it on a drain or a failover): whether `session.started`
 was sent (a restored model's second "ready" sends nothing), the mute flag, and the usage
 last reported. The session's timeline is its input stream: usage seconds are the input
@@ -36,7 +36,6 @@ for a native-surface session, never seen on the others): `model.ready`, `input.m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shared.protocol.duplex import (
@@ -81,30 +80,6 @@ _MOSHI_PASSES = frozenset(
 _TRANSCRIPT_TYPES = frozenset(
     {"response.output_audio_transcript.delta", "response.output_text.delta"}
 )
-
-
-@dataclasses.dataclass
-class NativeSurfaceState:
-    """What these surfaces keep of a session beyond the session itself (in its checkpoint)."""
-
-    #: `session.started` was sent (the model's first "ready")
-    started: bool = False
-    #: GPT-Live's mute: the model hears silence in place of the client's audio
-    muted: bool = False
-    #: the input stream position whose usage was last reported
-    usage_reported_ms: int = 0
-
-    def to_dict(self) -> JSON:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> NativeSurfaceState:
-        data = data or {}
-        return cls(
-            started=bool(data.get("started", False)),
-            muted=bool(data.get("muted", False)),
-            usage_reported_ms=int(data.get("usage_reported_ms", 0)),
-        )
 
 
 @dataclasses.dataclass(kw_only=True)

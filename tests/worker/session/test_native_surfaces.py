@@ -15,11 +15,8 @@ from harness.sessions import types
 from plugins.echo import EchoPlugin
 from services.worker.session.checkpoint import export_checkpoint, read_checkpoint
 from services.worker.session.manager import SessionManager
-from services.worker.session.native_surfaces import (
-    TRANSCRIPT_SPAN_MS,
-    USAGE_INTERVAL_MS,
-    NativeSurfaceState,
-)
+from services.worker.session.native_surfaces import TRANSCRIPT_SPAN_MS, USAGE_INTERVAL_MS
+from services.worker.session.surface_state import NativeSurfaceState
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import MuteInput
