@@ -74,6 +74,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "cli_start",
         "inbox_codec",
         "native_restore",
+        "surface_cpu",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):

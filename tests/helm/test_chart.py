@@ -180,7 +180,9 @@ def test_http_limits_reach_the_api_pods_as_the_settings_they_name():
         settings.limit_concurrency,
         settings.loop_lag_warn_s,
         settings.append_linger_ms,
-    ) == (1048576, 10.0, 5.0, 1000, 0.1, 10.0)
+        settings.admission_wait_s,
+        settings.model_ready_timeout_s,
+    ) == (1048576, 10.0, 5.0, 1000, 0.1, 10.0, 10.0, 120.0)
     assert settings.allowed_origins == frozenset({"https://app.example.com"})
     assert WorkerSettings.from_env(config).loop_lag_warn_s == 0.1
     assert ApiSettings.from_env(
