@@ -47,7 +47,6 @@ from typing import Any
 
 import orjson
 from redis.exceptions import RedisError
-from starlette.datastructures import Headers, QueryParams
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.api.attachment import AttachFailed
@@ -56,8 +55,8 @@ from services.api.inbox_writer import InboxFull
 from services.api.metrics import ApiMetrics
 from services.api.moshi_chat import PartsFactory, refusal
 from services.api.output_queue import CLOSURE_TYPES, OutItem
-from services.api.realtime import bearer, deny
-from services.api.security import KeyChecker, origin_allowed
+from services.api.realtime import admit_native
+from services.api.security import KeyChecker
 from shared.protocol.duplex import (
     G711_ALAW,
     G711_ULAW,
@@ -117,24 +116,15 @@ class LiveSessionsEndpoint:
         self.max_input_bytes = max_input_bytes
 
     async def __call__(self, websocket: WebSocket) -> None:
-        headers = Headers(scope=websocket.scope)
-        query = QueryParams(websocket.scope["query_string"])
-        key = bearer(headers.get("authorization")) or query.get("api_key")
-        if not self.authorized(key):
-            await deny(websocket, 401, "invalid_api_key", "invalid or missing API key")
-            return
-        origin = headers.get("origin")
-        if not origin_allowed(
-            origin, headers.get("host"), self.allowed_origins, self.authorized.enabled
-        ):
-            await deny(websocket, 403, "forbidden", "origin not allowed")
+        admitted = await admit_native(websocket, self.authorized, self.allowed_origins)
+        if admitted is None:
             return
         websocket.scope["headers"] = []  # read: not kept for the socket's life
         await websocket.accept()
         self.metrics.active_sessions.inc()
         try:
             connection = LiveConnection(
-                websocket, self.parts(key), self.metrics, self.max_input_bytes
+                websocket, self.parts(admitted.key), self.metrics, self.max_input_bytes
             )
             await connection.run(self.config_timeout_s, self.ready_timeout_s)
         finally:

@@ -52,7 +52,7 @@ from typing import Any
 
 import orjson
 from redis.exceptions import RedisError
-from starlette.datastructures import Headers, QueryParams
+from starlette.datastructures import QueryParams
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.api.attachment import AttachFailed
@@ -61,8 +61,8 @@ from services.api.inbox_writer import InboxFull
 from services.api.metrics import ApiMetrics
 from services.api.ogg_opus import SAMPLE_RATE, OggOpusError, OpusDecoder, OpusEncoder
 from services.api.output_queue import AUDIO_DELTA, CLOSURE_TYPES
-from services.api.realtime import bearer, deny
-from services.api.security import KeyChecker, origin_allowed
+from services.api.realtime import admit_native, deny
+from services.api.security import KeyChecker
 from shared.backoff import Backoff
 from shared.protocol.duplex import SURFACE_KEY, SURFACE_MOSHI, AppendAudio, error_type_for
 
@@ -110,24 +110,15 @@ class MoshiChatEndpoint:
         self.handshake_timeout_s = handshake_timeout_s
 
     async def __call__(self, websocket: WebSocket, path_key: str | None) -> None:
-        headers = Headers(scope=websocket.scope)
-        query = QueryParams(websocket.scope["query_string"])
-        key = path_key or bearer(headers.get("authorization")) or query.get("api_key")
-        if not self.authorized(key):
-            await deny(websocket, 401, "invalid_api_key", "invalid or missing API key")
-            return
-        origin = headers.get("origin")
-        if not origin_allowed(
-            origin, headers.get("host"), self.allowed_origins, self.authorized.enabled
-        ):
-            await deny(websocket, 403, "forbidden", "origin not allowed")
+        admitted = await admit_native(websocket, self.authorized, self.allowed_origins, path_key)
+        if admitted is None:
             return
         try:
-            session = session_from_query(query)
+            session = session_from_query(admitted.query)
         except ValueError as exc:
             await deny(websocket, 400, "invalid_session_config", str(exc), param="seed")
             return
-        parts = await self._open(websocket, session, key)
+        parts = await self._open(websocket, session, admitted.key)
         if parts is None:
             return
         websocket.scope["headers"] = []  # read: not kept for the socket's life

@@ -17,6 +17,7 @@ machinery.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -70,6 +71,36 @@ async def deny(
         await websocket.send_denial_response(response)
     except RuntimeError:  # no websocket.http.response extension: a close is all there is
         await websocket.close(code=1008, reason=message[:120])
+
+
+@dataclasses.dataclass(frozen=True)
+class Admitted:
+    """A native surface's socket past its door: the client's key (None without one)."""
+
+    key: str | None
+    query: QueryParams
+
+
+async def admit_native(
+    websocket: WebSocket,
+    authorized: KeyChecker,
+    allowed_origins: frozenset[str],
+    path_key: str | None = None,
+) -> Admitted | None:
+    """The door of Moshi's and GPT-Live's routes: the key (from the path, a Bearer header or
+    `?api_key=`) and the browser Origin, refused with HTTP 401 / 403 before the upgrade
+    (`deny`); None once refused."""
+    headers = Headers(scope=websocket.scope)
+    query = QueryParams(websocket.scope["query_string"])
+    key = path_key or bearer(headers.get("authorization")) or query.get("api_key")
+    if not authorized(key):
+        await deny(websocket, 401, "invalid_api_key", "invalid or missing API key")
+        return None
+    origin = headers.get("origin")
+    if not origin_allowed(origin, headers.get("host"), allowed_origins, authorized.enabled):
+        await deny(websocket, 403, "forbidden", "origin not allowed")
+        return None
+    return Admitted(key, query)
 
 
 def flag(value: str | None, default: bool) -> bool | None:

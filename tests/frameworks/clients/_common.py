@@ -229,6 +229,7 @@ class Report:
 
     def __init__(self, framework: str, args: argparse.Namespace) -> None:
         self.framework = framework
+        self.args = args
         self.scenario = args.scenario
         self.model = args.model
         self.step_timeout = args.step_timeout
@@ -315,10 +316,15 @@ class StepFailed(Exception):
 
 def run(framework: str, main: Callable[[argparse.Namespace, Report], Awaitable[None]]) -> None:
     """Run `main(args, report)` and print the report as the last line of stdout."""
-    args = parse_args(framework)
+    run_report(Report(framework, parse_args(framework)), main)
+
+
+def run_report(report: Report, main: Callable[[argparse.Namespace, Any], Awaitable[None]]) -> None:
+    """Run `main(report.args, report)` (a scenario with arguments and a report of its own)
+    and print the report as the last line of stdout."""
+    args = report.args
 
     async def runner() -> dict[str, Any]:
-        report = Report(framework, args)
         try:
             await main(args, report)
         except StepFailed as failed:

@@ -28,14 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
-import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from _common import RATE, Microphone, Report, StepFailed, silence
+from _common import RATE, Microphone, Report, StepFailed, run_report, silence
 from pipecat.services.openai.live import events as live_events
 
 if TYPE_CHECKING:  # imported where used: pipecat_live_client.py shares this module's helpers
@@ -246,22 +244,7 @@ def run_scenario(
     main: Callable[[argparse.Namespace, LiveReport], Awaitable[None]],
 ) -> None:
     """Run `main(args, report)` and print the report as the last line of stdout."""
-
-    async def runner() -> dict[str, Any]:
-        report = LiveReport(framework, args)
-        try:
-            await main(args, report)
-        except StepFailed as failed:
-            report.failed_step = failed.step
-            report.exception = str(failed)
-        except BaseException as error:  # report whatever the framework raised
-            report.failed_step = report.failed_step or "exception"
-            report.exception = "".join(traceback.format_exception(error))[-4000:]
-        return report.result()
-
-    result = asyncio.run(runner())
-    sys.stdout.flush()
-    print(json.dumps(result), flush=True)
+    run_report(LiveReport(framework, args), main)
 
 
 if __name__ == "__main__":

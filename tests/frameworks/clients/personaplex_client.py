@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from _common import RATE, Microphone, Report, StepFailed
+from _common import RATE, Microphone, Report, StepFailed, run_report
 from livekit import rtc
 from livekit.agents import llm, utils
 from livekit.plugins.nvidia.experimental.realtime import RealtimeModel
@@ -250,23 +247,7 @@ async def second(model: RealtimeModel, report: Report) -> None:
 
 def run() -> None:
     """Run the scenario and print what it saw as the last line of stdout."""
-    args = parse_args()
-
-    async def runner() -> dict[str, Any]:
-        report = Report(FRAMEWORK, args)
-        try:
-            await main(args, report)
-        except StepFailed as failed:
-            report.failed_step = failed.step
-            report.exception = str(failed)
-        except BaseException as error:  # report whatever the framework raised
-            report.failed_step = report.failed_step or "exception"
-            report.exception = "".join(traceback.format_exception(error))[-4000:]
-        return report.result()
-
-    result = asyncio.run(runner())
-    sys.stdout.flush()
-    print(json.dumps(result), flush=True)
+    run_report(Report(FRAMEWORK, parse_args()), main)
 
 
 if __name__ == "__main__":
