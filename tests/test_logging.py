@@ -81,9 +81,10 @@ def test_a_bad_level_is_a_usage_error(monkeypatch, capsys):
     assert "'verbose' is not one of" in capsys.readouterr().err
 
 
-#: arq's line for one run of the dead-worker sweep: "  0.00s ← sweep_dead_workers ● []"
+#: arq's line for one run of the dead-worker sweep: "  0.00s ← duplex:sweep_dead_workers ● []"
+#: (the job is named with the key prefix: services/api/janitor.py)
 #: (at any level: a tick logged at INFO is counted, then fails the test below)
-SWEEP_DONE = re.compile(r" [A-Z]+ arq\.worker: .*← sweep_dead_workers ")
+SWEEP_DONE = re.compile(r" [A-Z]+ arq\.worker: .*← [\w-]+:sweep_dead_workers ")
 LEVEL = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
 
