@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -43,7 +42,7 @@ def moshi_chat_path(path: str) -> str | None:
     if path.startswith(KEY_PREFIX) and path.endswith(MOSHI_CHAT_PATH):
         key = path[len(KEY_PREFIX) : -len(MOSHI_CHAT_PATH)]
         if key and "/" not in key:
-            return urllib.parse.unquote(key)
+            return key  # the ASGI path is percent-decoded already
     return None
 
 

@@ -43,6 +43,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -53,7 +54,7 @@ from services.api.attachment import AttachFailed
 from services.api.delivery import SessionParts
 from services.api.inbox_writer import InboxFull
 from services.api.metrics import ApiMetrics
-from services.api.moshi_chat import PartsFactory, refusal
+from services.api.moshi_chat import PartsFactory, next_message, refusal
 from services.api.output_queue import CLOSURE_TYPES, OutItem
 from services.api.realtime import admit_native
 from services.api.security import KeyChecker
@@ -83,6 +84,9 @@ TEXT_APPENDS = frozenset(
 #: delegated work (a backend Responses model): none here
 DELEGATION_EVENTS = frozenset({"response.item.create", "response.create"})
 ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
+#: client messages kept while the model gets ready (the clients send none: a bound, not a
+#: buffer)
+MAX_EARLY_EVENTS = 64
 
 
 class StartRefused(Exception):
@@ -202,6 +206,8 @@ class LiveConnection:
         self.encoding, self.rate = PCM16, DEFAULT_RATE
         self.closing = False  # session.close sent: the writer closes after session.closed
         self.started = asyncio.Event()  # session.started went out
+        #: what the client sent before session.started, handled after it
+        self.early: list[dict[str, Any]] = []
 
     async def run(self, config_timeout_s: float, ready_timeout_s: float) -> None:
         writer = asyncio.create_task(self._writer(), name="live-writer")
@@ -233,20 +239,23 @@ class LiveConnection:
 
     async def _start(self, timeout_s: float) -> bool:
         """Until a session.start opens the session (True), or the client gives up or is
-        refused (False: it was told why)."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    event = await self._receive()
-                    if event is None:
-                        continue
-                    if event.get("type") != "session.start":
-                        self._refuse_before_start(event)
-                        continue
-                    return await self._open(event)
-        except TimeoutError:
-            self._say(live_error("config_timeout", "no session.start within the config timeout"))
-            return False
+        refused (False: it was told why). The timeout is the wait for session.start; the
+        open itself has the attachment's."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = await next_message(self.ws, timeout=max(0.0, deadline - time.monotonic()))
+            if message is None:
+                self._say(
+                    live_error("config_timeout", "no session.start within the config timeout")
+                )
+                return False
+            event = self._event(message)
+            if event is None:
+                continue
+            if event["type"] != "session.start":
+                self._refuse_before_start(event)
+                continue
+            return await self._open(event)
 
     def _refuse_before_start(self, event: dict[str, Any]) -> None:
         self._say(
@@ -281,29 +290,36 @@ class LiveConnection:
         return True
 
     async def _ready(self, writer: asyncio.Task[None], timeout_s: float) -> bool:
-        """Until session.started went out (True), the session ended first, or the model
-        took longer than `timeout_s` to step its prompt (told, False). The client sends
-        nothing meanwhile (GPT-Live's clients wait for session.started)."""
+        """Until session.started went out (True), the session ended or the client left
+        first, or the model took longer than `timeout_s` to step its prompt (told, False).
+        The socket is read meanwhile, so that a client that leaves frees its slot at once;
+        GPT-Live's clients send nothing before session.started, and what one sends anyway
+        is handled after it (`early`)."""
         started = asyncio.create_task(self.started.wait())
+        deadline = time.monotonic() + timeout_s
         try:
-            done, _ = await asyncio.wait(
-                (started, writer), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            while not started.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    sid = self.attachment.session_id
+                    log.warning("session %s: the model did not get ready in time", sid)
+                    self._say(live_error("timeout", "the model did not get ready in time"))
+                    return False
+                message = await next_message(self.ws, started, writer, timeout=remaining)
+                if message is not None and message["type"] == "websocket.disconnect":
+                    raise WebSocketDisconnect(message.get("code", 1000))
+                if message is not None and len(self.early) < MAX_EARLY_EVENTS:
+                    self.early.append(message)
+                if writer.done() and not started.done():
+                    return False  # the session ended before it started (its error was sent)
+            return True
         finally:
             started.cancel()
-        if started in done:
-            return True
-        if writer not in done:
-            sid = self.attachment.session_id
-            log.warning("session %s: the model did not get ready in time", sid)
-            self._say(live_error("timeout", "the model did not get ready in time; try again"))
-        return False
 
     # ------------------------------------------------------------ client -> session
 
-    async def _receive(self) -> dict[str, Any] | None:
-        """The next client event, or None after answering a frame that is not one."""
-        message = await self.ws.receive()
+    def _event(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """A client message as an event, or None after answering one that is not."""
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         text = message.get("text")
@@ -321,8 +337,12 @@ class LiveConnection:
         return event
 
     async def _reader(self, writer: asyncio.Task[None]) -> None:
-        while not writer.done():
-            event = await self._receive()
+        """Until the client leaves or the session ends (the writer closed the socket)."""
+        while True:
+            message = self.early.pop(0) if self.early else await next_message(self.ws, writer)
+            if message is None:
+                return
+            event = self._event(message)
             if event is not None and self.attachment.live:
                 await self._handle(event)
 

@@ -35,9 +35,11 @@ listens, a padding text message (`0x02 0x00`) goes out every `KEEPALIVE_S` witho
 
 After the upgrade the session is the socket's: a dropped socket ends it (this protocol has
 no resume; no disconnect grace is held). The session ends the socket with a close: 1000
-when it ended normally (the client reconnects at once, a new conversation), 1011 after an
-error (the client backs off; also when the session ends before the handshake: its slot
-could not start), 1007 for audio that is not Ogg Opus, 1003 for a text frame.
+when it ended normally (the client reconnects at once, a new conversation), 1011 when it
+ended on an error, its reason the code (the client backs off: a lost worker, an overflow, a
+slot that could not start before the handshake), 1007 for audio that is not Ogg Opus, 1003
+for a text frame. The socket is read while the handshake is awaited: a client that leaves
+frees its slot at once.
 """
 
 from __future__ import annotations
@@ -82,6 +84,22 @@ WORDS = frozenset({"response.output_audio_transcript.delta", "response.output_te
 ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
 #: the error class of an open's refusal -> the HTTP status of the upgrade's refusal
 REFUSAL_STATUS = {"invalid_request_error": 400, "rate_limit_error": 429, "server_error": 503}
+#: the closure reasons of a session that ended without an error: its socket closes 1000
+#: (the client reconnects at once); any other reason closes it 1011 (the client backs off)
+NORMAL_ENDS = frozenset(
+    {
+        "client_close",
+        "disconnect",
+        "timeout",
+        "shutdown",
+        "admin_close",
+        "idle_ttl_expired",
+        "disconnect_grace_expired",
+        "request_cleanup",
+        "session_created_undelivered",
+        "open_abandoned",
+    }
+)
 #: WebSocket close codes (RFC 6455)
 NORMAL, UNSUPPORTED_DATA, INVALID_DATA, SERVER_ERROR = 1000, 1003, 1007, 1011
 
@@ -122,7 +140,12 @@ class MoshiChatEndpoint:
         if parts is None:
             return
         websocket.scope["headers"] = []  # read: not kept for the socket's life
-        await websocket.accept()
+        try:
+            # the client may be gone by now (it waited for a slot): its session goes too
+            await websocket.accept()
+        except BaseException:
+            await parts.attachment.release()
+            raise
         self.metrics.sessions_opened.inc()
         self.metrics.active_sessions.inc()
         try:
@@ -145,17 +168,21 @@ class MoshiChatEndpoint:
                 reply = await parts.attachment.open(dict(session), None)
             except AttachFailed as failed:
                 code, message, param = refusal(failed)
-                delay = backoff.next_delay()
-                if code == "resource_exhausted" and time.monotonic() + delay < deadline:
-                    await asyncio.sleep(delay)  # a slot is freed when a session closes
-                    continue
-                status = 429 if code == "resource_exhausted" else status_for(code)
-                if code == "timeout":
-                    status = 504
-                await deny(websocket, status, code, message, param)
-                return None
-            parts.delivery.created(reply)
-            return parts
+            except BaseException:  # Redis failed, or the door was cancelled mid-open
+                await parts.attachment.release()
+                raise
+            else:
+                parts.delivery.created(reply)
+                return parts
+            delay = backoff.next_delay()
+            if code == "resource_exhausted" and time.monotonic() + delay < deadline:
+                await asyncio.sleep(delay)  # a slot is freed when a session closes
+                continue
+            status = 429 if code == "resource_exhausted" else status_for(code)
+            if code == "timeout":
+                status = 504
+            await deny(websocket, status, code, message, param)
+            return None
 
 
 def session_from_query(query: QueryParams) -> dict[str, Any]:
@@ -203,8 +230,8 @@ class MoshiConnection:
         self.decoder = OpusDecoder()
         self.encoder = OpusEncoder()
         self.handshaken = asyncio.Event()
-        #: the code of the last error the session sent: a close after it is not normal
-        self.last_error: str | None = None
+        #: a client message read while the handshake went out, for the reader
+        self.early: dict[str, Any] | None = None
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer(), name="moshi-writer")
@@ -232,30 +259,38 @@ class MoshiConnection:
                     await self.ws.close(*close)
 
     async def _await_handshake(self, writer: asyncio.Task[None]) -> tuple[int, str] | None:
+        """Until the handshake went out (None), the session ended first, the client left
+        (both: WebSocketDisconnect), or the model took too long (the close to send). The
+        socket is read meanwhile, so that a client that leaves frees its slot at once; what
+        it sends before the handshake is dropped, as the reference servers drop it."""
         handshake = asyncio.create_task(self.handshaken.wait())
+        deadline = time.monotonic() + self.handshake_timeout_s
         try:
-            done, _ = await asyncio.wait(
-                (handshake, writer),
-                timeout=self.handshake_timeout_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    sid = self.attachment.session_id
+                    log.warning("session %s: the model did not get ready in time", sid)
+                    return (SERVER_ERROR, "the model did not get ready in time")
+                message = await next_message(self.ws, handshake, writer, timeout=remaining)
+                if handshake.done():
+                    # a message read as the handshake went out may have been sent after it
+                    if message is not None:
+                        self.early = message
+                    return None
+                if writer.done() or (message and message["type"] == "websocket.disconnect"):
+                    raise WebSocketDisconnect(NORMAL)
         finally:
             handshake.cancel()
-        if handshake in done:
-            return None
-        if writer in done:
-            raise WebSocketDisconnect(NORMAL)  # the session ended (or the socket went) first
-        log.warning("session %s: the model did not get ready in time", self.attachment.session_id)
-        return (SERVER_ERROR, "the model did not get ready in time")
 
     # ------------------------------------------------------------ client -> model
 
     async def _reader(self, writer: asyncio.Task[None]) -> tuple[int, str] | None:
         """Until the socket or the session ends; the close to send, if it is ours."""
-        while not writer.done():
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return None
+        while True:
+            message, self.early = self.early or await next_message(self.ws, writer), None
+            if message is None or message["type"] == "websocket.disconnect":
+                return None  # the session ended (the writer closed the socket), or the client
             data = message.get("bytes")
             if data is None:
                 return (UNSUPPORTED_DATA, "send binary messages (Moshi's protocol)")
@@ -268,7 +303,6 @@ class MoshiConnection:
                 return (INVALID_DATA, str(exc)[:120])
             if pcm:
                 await self._append(pcm)
-        return None
 
     async def _append(self, pcm: bytes) -> None:
         append = AppendAudio(audio=pcm, format="pcm16", sample_rate_hz=SAMPLE_RATE)
@@ -299,8 +333,10 @@ class MoshiConnection:
                     await self.ws.send_bytes(HANDSHAKE)
                     self.handshaken.set()
             elif wire_type == "error":
-                self.last_error = _error_code(item.data)
-                log.info("session %s: error %s", self.attachment.session_id, self.last_error)
+                # the protocol has no error message: logged; an error that ends the session
+                # comes back as its closure's reason (`_end`)
+                code = _error_code(item.data)
+                log.info("session %s: error %s", self.attachment.session_id, code)
             elif wire_type in ENDINGS:
                 await self._end(item.data)
                 return
@@ -319,18 +355,29 @@ class MoshiConnection:
     async def _audio(self, pages: list[bytes]) -> None:
         for page in pages:
             await self.ws.send_bytes(bytes((AUDIO,)) + page)
-        if pages:
-            self.last_error = None  # the model goes on: that error did not end anything
 
     async def _end(self, data: bytes) -> None:
-        """The session ended: the socket closes, normally unless an error came first."""
-        if self.last_error is not None:
-            code, reason = SERVER_ERROR, self.last_error
-        else:
-            event = orjson.loads(data)
-            code, reason = NORMAL, str(event.get("reason") or event.get("type") or "")
+        """The session ended: the socket closes, normally unless it ended on an error (a
+        lost worker, an overflow, a slot that could not open: the client backs off)."""
+        event = orjson.loads(data)
+        reason = str(event.get("reason") or event.get("type") or "")
+        code = NORMAL if reason in NORMAL_ENDS else SERVER_ERROR
         with contextlib.suppress(Exception):
             await self.ws.close(code, reason[:120])
+
+
+async def next_message(
+    websocket: WebSocket, *ends: asyncio.Future[Any], timeout: float | None = None
+) -> dict[str, Any] | None:
+    """The socket's next message, or None when one of `ends` finished first (or `timeout`
+    passed): a reader that waits on the client alone would miss its session's end."""
+    receive = asyncio.ensure_future(websocket.receive())
+    try:
+        await asyncio.wait((receive, *ends), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not receive.done():
+            receive.cancel()  # nothing taken: the socket's queue gives it to the next read
+    return receive.result() if receive.done() and not receive.cancelled() else None
 
 
 def _error_code(data: bytes) -> str:

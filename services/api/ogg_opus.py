@@ -23,6 +23,11 @@ FRAME_SAMPLES = 1920
 #: one client message is at most this much Ogg (an 80 ms Opus frame is a few hundred bytes;
 #: the bound keeps a client from making the reader buffer megabytes)
 MAX_MESSAGE_BYTES = 64 * 1024
+#: Ogg fed without a sound: the headers and a few pages at most (a real stream decodes a
+#: frame every message)
+MAX_UNDECODED_BYTES = 256 * 1024
+#: the audio one message may decode to (a client's page holds an 80 ms frame, or a few)
+MAX_DECODED_SAMPLES = SAMPLE_RATE
 
 
 class OggOpusError(ValueError):
@@ -34,10 +39,17 @@ def _to_pcm16(samples: np.ndarray) -> bytes:
 
 
 class OpusDecoder:
-    """A client's Ogg Opus stream -> pcm16 bytes at 24 kHz."""
+    """A client's Ogg Opus stream -> pcm16 bytes at 24 kHz.
+
+    What one client can make it hold or make is bounded: a message is at most
+    `MAX_MESSAGE_BYTES`; the bytes fed without decoding any audio (sphn buffers a packet
+    continued from page to page until it ends) at most `MAX_UNDECODED_BYTES`; the audio
+    one message decodes to at most `MAX_DECODED_SAMPLES` (libopus conceals an empty packet
+    with its whole buffer, 5 s: a 28-byte message became 240 KB of pcm16)."""
 
     def __init__(self) -> None:
         self._reader = sphn.OpusStreamReader(SAMPLE_RATE)
+        self._undecoded = 0
 
     def decode(self, pages: bytes) -> bytes:
         """The audio these bytes complete (b"" for a header page or a partial page)."""
@@ -48,7 +60,20 @@ class OpusDecoder:
             samples = self._reader.append_bytes(pages)
         except ValueError as exc:  # sphn's word for a broken stream (a bad capture pattern)
             raise OggOpusError(f"not an Ogg Opus stream: {exc}") from None
-        return _to_pcm16(samples) if samples.size else b""
+        if not samples.size:
+            self._undecoded += len(pages)
+            if self._undecoded > MAX_UNDECODED_BYTES:
+                raise OggOpusError(
+                    f"{self._undecoded} bytes of Ogg without a sound (a packet that never ends)"
+                )
+            return b""
+        self._undecoded = 0
+        if samples.size > MAX_DECODED_SAMPLES:
+            raise OggOpusError(
+                f"a message that decodes to {samples.size / SAMPLE_RATE:.2f} s of audio "
+                f"(at most {MAX_DECODED_SAMPLES / SAMPLE_RATE:.0f} s: one frame is 80 ms)"
+            )
+        return _to_pcm16(samples)
 
 
 class OpusEncoder:

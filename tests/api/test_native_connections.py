@@ -15,14 +15,17 @@ import base64
 
 import numpy as np
 import orjson
+import pytest
 import sphn
 
 from services.api import moshi_chat
+from services.api.app import moshi_chat_path
 from services.api.delivery import SessionParts
 from services.api.live_sessions import LiveConnection
 from services.api.metrics import ApiMetrics
-from services.api.moshi_chat import MoshiConnection
+from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection
 from services.api.output_queue import OutItem, OutputQueue
+from services.api.security import KeyChecker
 
 WAIT_S = 5
 
@@ -165,3 +168,56 @@ async def test_a_gpt_live_model_that_never_gets_ready_is_given_up(monkeypatch):
     assert error["type"] == "error" and error["error"]["code"] == "timeout"
     assert socket.closed is not None and socket.closed[0] == 1000
     assert session.released
+
+
+class Opening(Session):
+    """An attachment whose open succeeds (or raises `fails`), for the door's tests."""
+
+    def __init__(self, fails: BaseException | None = None) -> None:
+        super().__init__()
+        self.fails = fails
+
+    async def open(self, session: dict, default_model) -> dict:
+        if self.fails is not None:
+            raise self.fails
+        return {"type": "session.created", "session": {"id": self.session_id}}
+
+    def created(self, reply: dict) -> None:
+        self.queue.put(OutItem(orjson.dumps(reply), "session.created"))
+
+
+class GoneBeforeTheUpgrade(Socket):
+    """A client that left while its upgrade waited for a slot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scope = {"type": "websocket", "path": "/api/chat", "headers": [], "query_string": b""}
+
+    async def accept(self, subprotocol=None) -> None:
+        raise OSError("the client is gone")
+
+
+@pytest.mark.parametrize("fails", [None, ConnectionError("Redis is gone")])
+async def test_a_session_opened_for_a_client_that_left_is_released(fails):
+    """The open succeeded (after a wait for a slot) but the client had left: the upgrade
+    fails, and the session must not keep the slot. Likewise an open that fails midway."""
+    session = Opening(fails)
+    endpoint = MoshiChatEndpoint(
+        KeyChecker(()),
+        frozenset(),
+        ApiMetrics(),
+        lambda key: SessionParts(session, session, None),  # type: ignore[arg-type]
+        admission_wait_s=1,
+        handshake_timeout_s=1,
+    )
+    with pytest.raises((OSError, ConnectionError)):
+        await endpoint(GoneBeforeTheUpgrade(), None)  # type: ignore[arg-type]
+    assert session.released
+
+
+def test_the_key_of_a_moshi_path_is_read_as_the_server_decoded_it():
+    assert moshi_chat_path("/api/chat") == ""
+    assert moshi_chat_path("/key/k-1%/api/chat") == "k-1%"  # not decoded a second time
+    assert moshi_chat_path("/key//api/chat") is None
+    assert moshi_chat_path("/key/a/b/api/chat") is None
+    assert moshi_chat_path("/v1/realtime") is None

@@ -4,6 +4,8 @@ is not Ogg Opus refused with a clear error."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import sphn
@@ -63,3 +65,54 @@ def test_bytes_that_are_not_ogg_opus_are_refused():
         decoder.decode(b"RIFF" + bytes(60))  # a WAV header is not an Ogg page
     with pytest.raises(OggOpusError, match="at most"):
         OpusDecoder().decode(b"OggS" + bytes(MAX_MESSAGE_BYTES))
+
+
+# ---------------------------------------------------------------- hostile streams
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for i in range(256):
+        r = i << 24
+        for _ in range(8):
+            r = ((r << 1) ^ 0x04C11DB7) & 0xFFFFFFFF if r & 0x80000000 else (r << 1) & 0xFFFFFFFF
+        table.append(r)
+    return table
+
+
+CRC = _crc_table()
+
+
+def ogg_page(seq: int, segments: list[int], data: bytes, header_type: int = 0) -> bytes:
+    """One Ogg page with a valid CRC (RFC 3533)."""
+    head = b"OggS" + bytes([0, header_type]) + struct.pack("<qII", 0, 1, seq) + bytes(4)
+    page = head + bytes([len(segments)]) + bytes(segments) + data
+    crc = 0
+    for byte in page:
+        crc = ((crc << 8) & 0xFFFFFFFF) ^ CRC[((crc >> 24) & 0xFF) ^ byte]
+    return page[:22] + struct.pack("<I", crc) + page[26:]
+
+
+def opened_decoder() -> OpusDecoder:
+    decoder = OpusDecoder()
+    head = b"OpusHead" + bytes([1, 1]) + struct.pack("<HIhB", 312, SAMPLE_RATE, 0, 0)
+    tags = b"OpusTags" + struct.pack("<II", 0, 0)
+    assert decoder.decode(ogg_page(0, [len(head)], head, header_type=2)) == b""
+    assert decoder.decode(ogg_page(1, [len(tags)], tags)) == b""
+    return decoder
+
+
+def test_a_packet_that_never_ends_is_refused_before_it_fills_the_memory():
+    decoder = opened_decoder()
+    continued = bytes(255 * 255)  # every lacing value 255: the packet goes on to the next page
+    with pytest.raises(OggOpusError, match="without a sound"):
+        for seq in range(2, 2 + 100):  # 6.5 MB if it were all kept
+            decoder.decode(ogg_page(seq, [255] * 255, continued, header_type=1 if seq > 2 else 0))
+    assert seq < 10  # refused within MAX_UNDECODED_BYTES
+
+
+def test_an_empty_packet_does_not_become_seconds_of_audio():
+    """libopus conceals a lost (empty) packet with its whole buffer: 5 s from 28 bytes."""
+    decoder = opened_decoder()
+    with pytest.raises(OggOpusError, match="decodes to"):
+        decoder.decode(ogg_page(2, [0], b""))

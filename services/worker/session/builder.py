@@ -128,7 +128,10 @@ class SessionBuilder:
         Moshi's and GPT-Live's surfaces as their projection has it (GPT-Live's carries the
         session's usage). The openai surface's pod closes its socket on it unsent."""
         if session.config.native_surface:
-            event = native_surfaces.project(event, session) or event
+            projected = native_surfaces.project(event, session)
+            if projected is None:
+                return  # GPT-Live's expiry: the close that follows says it
+            event = projected
         self.sink.emit(session.session_id, event)
 
     # ------------------------------------------------------------ giving back

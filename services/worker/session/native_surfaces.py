@@ -184,12 +184,16 @@ def _live(event: DuplexEvent, wire_type: str, session: EngineSession) -> DuplexE
         )
     if wire_type == "error" and isinstance(event, DuplexErrorEvent):
         return SurfaceEvent(type_name="error", body={"error": _live_error(event)})
-    if wire_type in ("session.closed", "session.expired"):
+    if wire_type == "session.closed":
         reason = event.reason  # type: ignore[attr-defined]
         return SurfaceEvent(
             type_name="session.closed",
             body=live_closed(reason, session.input.stream_ms),
         )
+    if wire_type == "session.expired":
+        # the close that follows says it (its reason, "timeout", is GPT-Live's "expired"):
+        # a `session.closed` here would end the session's journal and checkpoint early
+        return None
     if wire_type == "session.resync_required":
         return event  # the pod ends the socket on it (its journal is gone)
     return None

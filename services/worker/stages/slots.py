@@ -10,6 +10,7 @@ turn taking (listening, or speaking a response that
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 
 import numpy as np
@@ -18,6 +19,8 @@ from shared.contracts import DuplexFence, ModelHistory
 
 #: the jitter buffer is never deeper than this (240 ms at Moshi's 80 ms frames)
 MAX_JITTER_FRAMES = 3
+#: the appends whose longest sets the jitter buffer's depth (about a second of GPT-Live's)
+RECENT_CHUNKS = 8
 
 
 @dataclasses.dataclass
@@ -53,8 +56,11 @@ class SlotState:
     replay_waited: int = 0
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
-    #: the longest append fed so far (samples): the jitter buffer's depth follows it
-    largest_chunk: int = 0
+    #: the sizes of the latest appends (samples): the jitter buffer's depth follows the
+    #: longest (a burst deepens it for these appends only)
+    recent_chunks: collections.deque[int] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_CHUNKS)
+    )
     #: frames are taken as they come; False at the start and after a frame found too
     #: little input, until the buffer is back at `resume_at`
     flowing: bool = False
@@ -73,7 +79,7 @@ class SlotState:
             return 0
         self.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
         self.buffered += samples.size
-        self.largest_chunk = max(self.largest_chunk, samples.size)
+        self.recent_chunks.append(samples.size)
         return self._cut_to(self.max_buffered_samples)
 
     @property
@@ -88,7 +94,7 @@ class SlotState:
         Held this deep, no tick runs dry while chunks keep their pace (jitter of a quarter
         frame included); the cost is the extra depth, paid once, and never a gap once the
         audio flows (tests/worker/stages/test_jitter.py)."""
-        frame, chunk = self.frame_samples, self.largest_chunk
+        frame, chunk = self.frame_samples, max(self.recent_chunks, default=0)
         if chunk <= frame:
             return frame
         # a burst (a client far ahead, a file sent at once) does not make the buffer deep

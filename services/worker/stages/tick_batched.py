@@ -416,7 +416,9 @@ class TickBatchedStagePort(InputFedStagePort):
         `.pt` voice at an open, is not one)."""
         slot.replaying = False
         seconds = self.clock.now() - slot.replay_started
-        dropped = slot.keep_latest(RESTORED_INPUT_FRAMES)
+        # the newest input, and at least what the jitter buffer holds before it takes frames
+        keep = max(RESTORED_INPUT_FRAMES, -(-slot.resume_at // self.model.frame_samples))
+        dropped = slot.keep_latest(keep)
         if dropped:
             self.counters.dropped_input_frames += dropped / self.model.frame_samples
         if not slot.restoring:

@@ -156,3 +156,18 @@ async def test_a_model_that_is_not_native_refuses_these_surfaces(surface):
         assert "native" in refused.value.message
     finally:
         await manager.shutdown()
+
+
+async def test_an_expired_live_session_is_closed_once_as_expired(rig):
+    """The expiry's own event would be a second `session.closed` to GPT-Live, and the first:
+    the publisher would end the session's journal and checkpoint before its close."""
+    session = await rig.open(LIVE)
+    await started(rig, session)
+    await rig.say(session, QUIET, QUIET)
+    await rig.manager.expire(session.session_id, "idle_ttl_expired")
+    events = await session.until("session.closed")
+    assert types(events).count("session.closed") == 1
+    assert "session.expired" not in types(events)
+    closed = events[-1].to_dict()
+    assert closed["reason"] == "expired"
+    assert closed["usage"] == {"seconds": 2 * FRAME_SAMPLES / RATE}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.frame_models import FRAME_SAMPLES, RATE
-from services.worker.stages.slots import MAX_JITTER_FRAMES, SlotState
+from services.worker.stages.slots import MAX_JITTER_FRAMES, RECENT_CHUNKS, SlotState
 from tests.worker.stages.test_tick_batched import Rig
 
 CHUNK_MS = 100
@@ -99,6 +99,9 @@ def test_the_buffer_depth_follows_the_chunks_and_a_burst_is_capped():
     assert slot.resume_at == 2400 + FRAME_SAMPLES // 4
     slot.feed(np.ones(RATE * 2, np.float32))  # a 2 s burst
     assert slot.resume_at == MAX_JITTER_FRAMES * FRAME_SAMPLES
+    for _ in range(RECENT_CHUNKS):  # frame-sized appends again: the burst is forgotten
+        slot.feed(np.ones(FRAME_SAMPLES, np.float32))
+    assert slot.resume_at == FRAME_SAMPLES
     small = SlotState(0, "b", FRAME_SAMPLES, 2600)
     small.feed(np.ones(2400, np.float32))
     assert small.resume_at == 2600  # never deeper than the input bound
