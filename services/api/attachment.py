@@ -215,10 +215,17 @@ class Attachment:
             )
         if not workers:
             return await self._no_worker(model)
-        served = f"model {model!r} is" if model else "no model served here is"
+        if model is None:
+            # other models' workers are live, a native one is not (yet: starting, restarting)
+            return error(
+                "resource_exhausted",
+                "no worker of a native full-duplex (frame-clocked) model is live",
+                retryable=True,
+            )
         return error(
             "invalid_session_config",
-            f"{served} a native full-duplex (frame-clocked) one: this protocol serves those only",
+            f"model {model!r} is not a native full-duplex (frame-clocked) one: this protocol "
+            "serves those only",
             param="model",
         )
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import signal
+import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+import redis
 import sphn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -59,12 +61,19 @@ def native(redis_server):
         DUPLEX_ADMISSION_WAIT_S="1",
         **FAST,
     )
+    registry = redis.Redis.from_url(redis_server.url)
     try:
         api.wait_ready()
+        # both registered (polled): a session without a model goes to the native one's
+        deadline = time.monotonic() + 60
+        while registry.zcard(KeySchema(prefix).workers()) < 2:
+            assert time.monotonic() < deadline, "the workers did not register"
+            time.sleep(0.05)
         yield api, KeySchema(prefix), redis_server.url
     finally:
         for process in (api, worker, cascade):
             process.stop()
+        registry.close()
 
 
 def ws_base(api) -> str:
