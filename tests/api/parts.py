@@ -159,16 +159,21 @@ async def register_worker(
     model: str = "echo",
     resumable: bool = True,
     max_sessions: int = 4,
+    active: int = 0,
+    native: bool = False,
     beat_age_s: float = 0.0,
 ) -> None:
-    """A worker as placement sees it: its hash, and a heartbeat `beat_age_s` old."""
+    """A worker as placement sees it: its hash, and a heartbeat `beat_age_s` old. `native`:
+    a native (frame-clocked) model's, which Moshi's and GPT-Live's surfaces go to."""
     capabilities = {"supports_session_resume": resumable}
+    if native:
+        capabilities["supports_model_native_turn_policy"] = True
     await client.hset(
         KEYS.worker(worker_id),
         mapping={
             "model": model,
             "max_sessions": max_sessions,
-            "active": 0,
+            "active": active,
             "capabilities": orjson.dumps(capabilities),
         },
     )

@@ -233,6 +233,44 @@ async def test_an_open_no_worker_can_take_asks_none(parts, workers, session, cod
     assert parts.workers.opens == [] and attachment.state is S.NEW
 
 
+@pytest.mark.parametrize(
+    ("native", "session", "code", "message"),
+    [
+        # only a cascade is live: the native one is starting, or restarting (retryable)
+        (None, {}, "resource_exhausted", "no worker of a native full-duplex"),
+        (None, {"model": "echo"}, "invalid_session_config", "model 'echo' is not a native"),
+        ("full", {}, "resource_exhausted", "every worker of this model is full"),
+    ],
+)
+async def test_a_native_surfaces_open_goes_to_a_native_model_or_says_why_not(
+    parts, native, session, code, message
+):
+    """Moshi's and GPT-Live's surfaces (`native_only`): a cascade model's worker is never
+    asked, whatever the ring says; why none can take the session decides the client's
+    answer (a 400 stops LiveKit's PersonaPlex plugin for good, a 429 is waited on)."""
+    await register_worker(parts.client, "cascade")
+    if native:
+        await register_worker(parts.client, "moshi-1", model="moshi", native=True, active=4)
+    attachment = parts.attachment(LiveFeed())
+    attachment.native_only = True
+    with pytest.raises(AttachFailed) as failed:
+        await attachment.open(session, None)
+    error = failed.value.event.to_dict()["error"]
+    assert error["code"] == code and message in error["message"]
+    assert parts.workers.opens == []
+
+
+async def test_a_native_surfaces_open_passes_the_other_models_workers_over(parts):
+    for index in range(4):  # the ring would put some of the sessions on these
+        await register_worker(parts.client, f"cascade-{index}")
+    await register_worker(parts.client, "moshi-1", model="moshi", native=True)
+    for _ in range(4):
+        attachment = parts.attachment(LiveFeed())
+        attachment.native_only = True
+        await attachment.open({}, None)
+    assert parts.workers.opens == ["moshi-1"] * 4
+
+
 async def test_a_missed_session_created_is_read_from_the_hash_on_catch_up_or_timeout(parts):
     """No polling: the hash is read when the hub says it reconnected (CATCH_UP), or once
     when the open timeout runs out."""
