@@ -67,9 +67,10 @@ from shared.protocol.duplex import (
     AppendAudio,
     CloseSession,
     DuplexCommand,
+    DuplexErrorEvent,
     MuteInput,
-    error_type_for,
     live_closed,
+    live_error_body,
 )
 
 log = logging.getLogger(__name__)
@@ -182,12 +183,8 @@ def session_from_start(start: Any) -> tuple[dict[str, Any], str, int]:
 def live_error(
     code: str, message: str, *, client_event_id: str | None = None, param: str | None = None
 ) -> dict[str, Any]:
-    error: dict[str, Any] = {"type": error_type_for(code), "code": code, "message": message}
-    if param is not None:
-        error["param"] = param
-    if client_event_id is not None:
-        error["client_event_id"] = client_event_id
-    return {"type": "error", "error": error}
+    error = DuplexErrorEvent.for_code(code, message, param=param, related_event_id=client_event_id)
+    return {"type": "error", "error": live_error_body(error.error_body())}
 
 
 class LiveConnection:
@@ -484,11 +481,7 @@ def _live_error_json(data: bytes) -> str:
     event = orjson.loads(data)
     error = event.get("error") if isinstance(event, dict) else None
     if isinstance(error, dict) and ("event_id" in error or "retryable" in error):
-        event_id = error.pop("event_id", None)
-        error.pop("retryable", None)
-        if event_id is not None:
-            error["client_event_id"] = event_id
-        return orjson.dumps({"type": "error", "error": error}).decode()
+        return orjson.dumps({"type": "error", "error": live_error_body(error)}).decode()
     return data.decode()
 
 

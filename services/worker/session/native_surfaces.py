@@ -45,6 +45,7 @@ from shared.protocol.duplex import (
     DuplexEvent,
     DuplexRawEvent,
     live_closed,
+    live_error_body,
     live_usage,
 )
 
@@ -183,7 +184,7 @@ def _live(event: DuplexEvent, wire_type: str, session: EngineSession) -> DuplexE
             response_id=getattr(event, "response_id", None),
         )
     if wire_type == "error" and isinstance(event, DuplexErrorEvent):
-        return SurfaceEvent(type_name="error", body={"error": _live_error(event)})
+        return SurfaceEvent(type_name="error", body={"error": live_error_body(event.error_body())})
     if wire_type == "session.closed":
         reason = event.reason  # type: ignore[attr-defined]
         return SurfaceEvent(
@@ -197,12 +198,3 @@ def _live(event: DuplexEvent, wire_type: str, session: EngineSession) -> DuplexE
     if wire_type == "session.resync_required":
         return event  # the pod ends the socket on it (its journal is gone)
     return None
-
-
-def _live_error(event: DuplexErrorEvent) -> JSON:
-    body: JSON = {"type": event.error_type, "code": event.code, "message": event.message}
-    if event.param is not None:
-        body["param"] = event.param
-    if event.related_event_id is not None:
-        body["client_event_id"] = event.related_event_id
-    return body

@@ -8,6 +8,7 @@ seconds of the session, and closes with one of five reasons.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 #: GPT-Live's `session.closed` reasons
@@ -20,6 +21,16 @@ CLOSE_REASONS = {
     "disconnect_grace_expired": "expired",
     "request_cleanup": "expired",
 }
+
+
+def live_error_body(error: Mapping[str, Any]) -> dict[str, Any]:
+    """Our `error` object (`DuplexErrorEvent.error_body()`: type, code, message, param?,
+    event_id?, retryable?) as GPT-Live has it: the client's event id is `client_event_id`,
+    and there is no `retryable`."""
+    body = {k: v for k, v in error.items() if k not in ("event_id", "retryable")}
+    if error.get("event_id") is not None:
+        body["client_event_id"] = error["event_id"]
+    return body
 
 
 def live_usage(ms: int) -> dict[str, Any]:
@@ -41,5 +52,6 @@ __all__ = [
     "LIVE_CLOSE_REASONS",
     "live_close_reason",
     "live_closed",
+    "live_error_body",
     "live_usage",
 ]

@@ -51,14 +51,17 @@ TONE_AMPLITUDE = 0.3
 PARSE_LIVE_EVENT = live_events.parse_server_event
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="LiveKit GPTLiveModel against duplex serve")
+def parse_args(
+    description: str = "LiveKit GPTLiveModel against duplex serve", scenario: str = "gpt_live"
+) -> argparse.Namespace:
+    """The arguments of a GPT-Live client program (this one and pipecat_live_client's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--url", required=True, help="http://HOST:PORT of duplex serve")
     parser.add_argument("--api-key", required=True)
     parser.add_argument("--model", required=True, help="the served model's name")
     parser.add_argument("--step-timeout", type=float, default=30.0)
     args = parser.parse_args()
-    args.scenario = "gpt_live"
+    args.scenario = scenario
     return args
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from _common import RATE, Microphone, StepFailed
-from gpt_live_client import TONES, LiveReport, run_scenario, tone, which_tone
+from gpt_live_client import TONES, LiveReport, parse_args, run_scenario, tone, which_tone
 from loguru import logger
 from pipecat.frames.frames import (
     EndFrame,
@@ -51,17 +51,6 @@ from pipecat.services.openai.live.llm import OpenAILiveLLMService
 from pipecat.workers.runner import WorkerRunner
 
 FRAMEWORK = "pipecat_live"
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Pipecat OpenAILiveLLMService against duplex")
-    parser.add_argument("--url", required=True, help="http://HOST:PORT of duplex serve")
-    parser.add_argument("--api-key", required=True)
-    parser.add_argument("--model", required=True, help="the served model's name")
-    parser.add_argument("--step-timeout", type=float, default=30.0)
-    args = parser.parse_args()
-    args.scenario = "pipecat_live"
-    return args
 
 
 class Sink(FrameProcessor):
@@ -235,4 +224,6 @@ def record_client_events(report: LiveReport) -> None:
 
 
 if __name__ == "__main__":
-    run_scenario(FRAMEWORK, parse_args(), main)
+    run_scenario(
+        FRAMEWORK, parse_args("Pipecat OpenAILiveLLMService against duplex", FRAMEWORK), main
+    )
