@@ -14,6 +14,27 @@ history is the numbers 1..N, and a restore (`restore_slot`, replayed `replay_chu
 frames per `replay_work`) checks that it is exactly that (a history with a gap or a repeat
 is refused) and goes on counting from N. A barge-in (`interrupt_slot`) drops what the slot
 was about to say and keeps its count (`interrupts[slot]` counts them).
+
+`ToolEchoFrameModel` (`--plugin harness.frame_models:ToolEchoFramePlugin`) makes tool
+calls, deterministically: what it does depends on the frames it steps only (never on the
+clock or the CPU's speed). Its slot's options hold the session's tools as they were when
+it opened (`ToolEchoFramePlugin.prepare_runtime_config`). With tools, and no call of its
+own still unanswered, the first loud frame it hears (RMS over `SPEECH_RMS`) is a speaking
+frame, without audio, that calls the session's first tool with arguments
+`{"band": "low"|"high", "call": N}`:
+
+- a low tone (its strongest frequency under `HIGH_BAND_HZ`, e.g. 440 Hz): the model goes
+  on "speaking" (frames without audio) while the input is loud, and is quiet after: the
+  stage ends the response, and the call reaches the client;
+- a high tone (880 Hz): the model speaks (without audio) until it is interrupted (a
+  barge-in or cancel), so a test can cancel a response that holds a call at its leisure.
+
+A first tool named `PARSE_ERROR_TOOL` makes the model write a call that does not parse:
+that frame is a speaking frame with `FrameOutput.error` (`PARSE_ERROR_CODE`) and no call.
+`add_function_output` ends its wait: at its next steps the slot speaks `answer_frames`
+frames of a 330 Hz tone, the output as the first frame's text, and is quiet after (a new
+response). An interrupt drops what it was saying, its unanswered call included. Its quiet
+frames have no audio (a response that only calls a tool sends no audio at all).
 """
 
 from __future__ import annotations
@@ -21,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import json
 import struct
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -29,7 +51,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from services.worker.stages.tick_clock import TickClock
-from shared.contracts import FrameClockedPlugin, FrameModel, FrameOutput
+from shared.contracts import (
+    DuplexSessionConfig,
+    FrameClockedPlugin,
+    FrameModel,
+    FrameOutput,
+    FunctionCall,
+)
+from shared.contracts.tools import read_tools
 
 #: RMS above which a frame is speech
 SPEECH_RMS = 0.01
@@ -180,6 +209,150 @@ class EchoFramePlugin(FrameClockedPlugin):
         return model
 
 
+#: an input tone whose strongest frequency is at least this is "high" (ToolEchoFrameModel)
+HIGH_BAND_HZ = 660.0
+#: a first tool of this name makes ToolEchoFrameModel write a call that does not parse
+PARSE_ERROR_TOOL = "tool_echo_unparsable"
+PARSE_ERROR_CODE = "tool_echo_function_call_parse_error"
+#: the tone ToolEchoFrameModel speaks an output with
+ANSWER_HZ = 330.0
+
+
+class ToolEchoFrameModel(FrameModel):
+    """A frame model that calls the session's first tool (module head)."""
+
+    input_sample_rate_hz = RATE
+    output_sample_rate_hz = RATE
+    frame_samples = FRAME_SAMPLES
+
+    def __init__(self, slots: int, *, answer_frames: int = 4) -> None:
+        self.slots = slots
+        self.answer_frames = answer_frames
+        self.opened = [False] * slots
+        self.tools: list[list[dict[str, Any]]] = [[] for _ in range(slots)]
+        #: calls each slot made, and the outputs it was given: (call_id, name, output)
+        self.calls: list[list[FunctionCall]] = [[] for _ in range(slots)]
+        self.outputs: list[list[tuple[str, str, str]]] = [[] for _ in range(slots)]
+        self.interrupts = [0] * slots
+        self._state: list[str] = ["idle"] * slots  # idle | calling | holding
+        self._waiting = [False] * slots  # a call of its own is unanswered
+        self._answers: list[deque[tuple[np.ndarray, str]]] = [deque() for _ in range(slots)]
+
+    def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
+        if self.opened[slot]:
+            raise RuntimeError(f"slot {slot} is already open")
+        self.opened[slot] = True
+        self.tools[slot] = [dict(tool) for tool in options.get("tools") or ()]
+        self._forget(slot)
+
+    def reset_slot(self, slot: int) -> None:
+        self._forget(slot)
+
+    def interrupt_slot(self, slot: int) -> None:
+        self.interrupts[slot] += 1
+        self._forget(slot)  # what it was saying, its unanswered call included
+
+    def close_slot(self, slot: int) -> None:
+        self.opened[slot] = False
+        self.tools[slot] = []
+        self._forget(slot)
+
+    def _forget(self, slot: int) -> None:
+        self._state[slot] = "idle"
+        self._waiting[slot] = False
+        self._answers[slot].clear()
+
+    def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
+        if not self.opened[slot]:
+            raise RuntimeError(f"slot {slot} is not open")
+        self.outputs[slot].append((call_id, name, output))
+        self._waiting[slot] = False
+        self._state[slot] = "idle"
+        t = np.arange(self.answer_frames * self.frame_samples) / RATE
+        audio = (0.2 * np.sin(2 * np.pi * ANSWER_HZ * t)).astype(np.float32)
+        for index in range(self.answer_frames):
+            frame = audio[index * self.frame_samples : (index + 1) * self.frame_samples]
+            self._answers[slot].append((frame, output if index == 0 else ""))
+
+    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+        outputs: list[FrameOutput | None] = []
+        for slot in range(self.slots):
+            if not active[slot]:
+                outputs.append(None)
+                continue
+            if not self.opened[slot]:
+                raise RuntimeError(f"slot {slot} stepped before open_slot")
+            outputs.append(self._step_slot(slot, frames[slot]))
+        return outputs
+
+    def _step_slot(self, slot: int, frame: np.ndarray) -> FrameOutput:
+        nothing = np.zeros(0, np.float32)
+        if self._answers[slot]:
+            audio, text = self._answers[slot].popleft()
+            return FrameOutput(audio.copy(), text, True)
+        loud = float(np.sqrt(np.mean(frame**2))) > SPEECH_RMS
+        state = self._state[slot]
+        if state == "holding" or (state == "calling" and loud):
+            return FrameOutput(nothing, speaking=True)  # the call's response goes on
+        self._state[slot] = "idle"
+        tools = self.tools[slot]
+        if not loud or not tools or self._waiting[slot]:
+            return FrameOutput(nothing)  # quiet: no audio at all (nothing to send)
+        band = "high" if _strongest_hz(frame) >= HIGH_BAND_HZ else "low"
+        self._state[slot] = "holding" if band == "high" else "calling"
+        name = str(tools[0]["name"])
+        if name == PARSE_ERROR_TOOL:
+            message = f"the model wrote a call of {name} that does not parse"
+            return FrameOutput(nothing, speaking=True, error=(PARSE_ERROR_CODE, message))
+        self._waiting[slot] = True
+        arguments = json.dumps({"band": band, "call": len(self.calls[slot]) + 1})
+        call = FunctionCall(name, arguments)
+        self.calls[slot].append(call)
+        return FrameOutput(nothing, speaking=True, function_calls=(call,))
+
+
+def _strongest_hz(frame: np.ndarray) -> float:
+    spectrum = np.abs(np.fft.rfft(frame))
+    return float(np.argmax(spectrum[1:]) + 1) * RATE / frame.size
+
+
+class ToolEchoFramePlugin(FrameClockedPlugin):
+    """The plugin of `ToolEchoFrameModel`: the session's tools (as they are at its open) go
+    to its slot's options. Options: `answer_frames`."""
+
+    plugin_id = "frame_tool_echo"
+    input_sample_rate_hz: ClassVar[int] = RATE
+    output_sample_rate_hz: ClassVar[int] = RATE
+    listen_after_frames: ClassVar[int] = 3
+
+    def __init__(self, answer_frames: int = 4) -> None:
+        self.answer_frames = answer_frames
+        self.models: list[ToolEchoFrameModel] = []
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> ToolEchoFramePlugin:
+        return cls(answer_frames=int(options.get("answer_frames", 4)))
+
+    async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
+        return {"tools": _tools(config)}
+
+    def runtime_config_for_update(
+        self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig
+    ) -> dict[str, Any]:
+        # kept with the session (a restored slot opens with them); an open slot keeps the
+        # tools it opened with: a FrameModel has no hook for options that change
+        return {**runtime_config, "tools": _tools(config)}
+
+    def frame_model(self, max_sessions: int) -> ToolEchoFrameModel:
+        model = ToolEchoFrameModel(max_sessions, answer_frames=self.answer_frames)
+        self.models.append(model)
+        return model
+
+
+def _tools(config: DuplexSessionConfig) -> list[dict[str, Any]]:
+    return [dict(tool) for tool in read_tools(config.extra_body.get("realtime_tools"))]
+
+
 #: how long a test waits for the tick to sleep again before it fails
 SLEEPER_WAIT_S = 30.0
 
@@ -224,7 +397,12 @@ class ManualClock(TickClock):
         await asyncio.sleep(0)
 
 
-def tone(frames: int, amplitude: float = 0.3, frame_samples: int = FRAME_SAMPLES) -> np.ndarray:
-    """`frames` frames of a 440 Hz tone at 24 kHz (speech to the model)."""
+def tone(
+    frames: int,
+    amplitude: float = 0.3,
+    frame_samples: int = FRAME_SAMPLES,
+    freq_hz: float = 440.0,
+) -> np.ndarray:
+    """`frames` frames of a tone (440 Hz unless told) at 24 kHz (speech to the model)."""
     t = np.arange(frames * frame_samples) / RATE
-    return (amplitude * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    return (amplitude * np.sin(2 * np.pi * freq_hz * t)).astype(np.float32)

@@ -26,6 +26,18 @@ worker gets its slot back by `restore_slot`: the model replays the history in ch
 (`replay_work`, one call at a time between steps, as many as the tick's spare time
 allows), so the other slots never wait for it; the slot is stepped again once its
 replay is done.
+
+A model may call the session's tools (the client's function tools: a plugin puts what its
+model needs of them in the options `open_slot` gets, from `prepare_runtime_config`). A
+frame's `FrameOutput.function_calls` are the complete calls the model made in it: such a
+frame counts as speaking, and its calls are held on its response and sent to the client as
+function_call items when the response completes (dropped if it is cancelled first). The
+client's result of a call reaches the model by `add_function_output` (on the model thread,
+between steps), which takes it into the slot's memory; the model then speaks when it will
+(a model-native session never takes `response.create`). A frame's `FrameOutput.error` is a
+non-fatal error of that frame for its slot (a tool call the model wrote that does not
+parse): the client gets it as an `error` event, and neither the response nor the session
+ends.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ from shared.contracts.plugin import (
     DuplexRuntimeConfigError,
     ResponsePlanRequest,
 )
-from shared.contracts.stages import StagePlan, StagePort
+from shared.contracts.stages import FunctionCall, StagePlan, StagePort
 
 
 @dataclasses.dataclass
@@ -60,6 +72,12 @@ class FrameOutput:
     #: the frame's state record (`FrameModel.state_record_bytes` bytes; b"" for a model
     #: whose state does not move)
     record: bytes = b""
+    #: the complete tool calls the model made in this frame (a frame with calls counts as
+    #: speaking: it opens a response if none is open)
+    function_calls: tuple[FunctionCall, ...] = ()
+    #: (code, message) of a non-fatal error of this frame for this slot (e.g. a tool call
+    #: that does not parse): an `error` event to the client; the response and the session go on
+    error: tuple[str, str] | None = None
 
 
 class FrameStepError(RuntimeError):
@@ -135,6 +153,13 @@ class FrameModel(abc.ABC):
         conversation starts; 0: it hears the session from the next step. The stage tells
         the session once it is 0 (`StageOutput` "ready": Moshi's handshake)."""
         return 0
+
+    def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
+        """The client's result (`output`) of the call `call_id` of tool `name` that `slot`
+        made: the model takes it into the slot's memory (how is the model's business), and
+        speaks about it when it will. Only a model that makes `FrameOutput.function_calls`
+        implements it."""
+        raise NotImplementedError(f"{type(self).__name__} makes no function calls")
 
     @abc.abstractmethod
     def close_slot(self, slot: int) -> None:

@@ -72,9 +72,12 @@ class StageOutput:
     audio response a transcript piece with no sound of its own), "listen" (the model
     decided not to speak),
     "function_call" (`function_call`: the response calls a tool; the request still ends
-    with "done"), "done" (the request's turn is complete), "error" (`error_code`,
-    `message`) or "ready" (a frame-clocked stage's slot has stepped its prompt: the model
-    hears the session from now on; not part of any response).
+    with "done", or in a model-native stream with "listen"), "done" (the request's turn is
+    complete), "error" (`error_code`, `message`: the response fails), "nonfatal_error"
+    (`error_code`, `message`: an `error` event for the client, of no response: the response
+    in progress and the session go on; a frame-clocked model's `FrameOutput.error`) or
+    "ready" (a frame-clocked stage's slot has stepped its prompt: the model hears the
+    session from now on; not part of any response).
     """
 
     request_id: str
@@ -198,6 +201,12 @@ class InputFedStagePort(StagePort):
         `history` from now on; a history that holds frames already (a restore) is replayed
         into the slot when the request opens it. `responding`: the session had a response
         in flight when it moved, which the model's next frames go on with."""
+
+    async def function_output(self, session_id: str, call_id: str, name: str, output: str) -> None:
+        """The client's result of the call `call_id` (tool `name`) that `session_id`'s model
+        made: to the model (`FrameModel.add_function_output` for the session's slot). A
+        stage whose model makes no calls raises `NotImplementedError`."""
+        raise NotImplementedError(f"{type(self).__name__} takes no function outputs")
 
 
 __all__ = [

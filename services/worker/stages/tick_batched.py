@@ -20,7 +20,12 @@ never overlaps an open, reset or close, and those run between steps in call orde
 Turn taking is the model's (`FrameOutput.speaking`): a listening slot's frames are not
 sent; the first speaking frame and every frame after it go to the session as "audio"
 outputs stamped with the slot's request id and fence; `listen_after_frames` quiet frames,
-or `max_response_frames` frames, end the response with a "listen" output. `abort`
+or `max_response_frames` frames, end the response with a "listen" output. A frame with
+tool calls (`FrameOutput.function_calls`) is a speaking frame: each call follows the
+frame's audio or text as a "function_call" output (before a "listen" that ends the
+response). A frame's `FrameOutput.error` is sent, speaking or not, as a "nonfatal_error"
+output: an `error` event for the client that fails nothing. `function_output` gives the
+client's result of a call to the model (`add_function_output`, on the model thread). `abort`
 interrupts the sessions it names (barge-in, cancel: `interrupt_slot`, which keeps the
 model's memory) and drops whatever their step in flight made; an `ensure` with a newer
 epoch re-stamps the slot.
@@ -77,6 +82,8 @@ T = TypeVar("T")
 MAX_BUFFERED_FRAMES = 25
 #: the error code of a model step that raised
 STEP_FAILED = "runtime_data_plane_stream_failed"
+#: the kind of a frame's non-fatal error (`FrameOutput.error`): an `error` event, no failure
+NONFATAL_ERROR = "nonfatal_error"
 #: the error code that ends a session whose slot could not be rebuilt from its history
 RESTORE_FAILED = "worker_lost"
 #: input a restored slot keeps of what arrived while it replayed (160 ms at 80 ms)
@@ -274,6 +281,14 @@ class TickBatchedStagePort(InputFedStagePort):
             slot.listen()
             if slot.opened:
                 await self._on_model(self.model.interrupt_slot, slot.index)
+
+    async def function_output(self, session_id: str, call_id: str, name: str, output: str) -> None:
+        """The client's result of a call the session's model made: `add_function_output` for
+        its slot, on the model thread (between steps, after the slot's open)."""
+        slot = self._slots.get(session_id)
+        if slot is None or slot.opening is None:
+            raise DuplexSessionError("unknown_session", f"no open slot for {session_id}")
+        await self._on_model(self.model.add_function_output, slot.index, call_id, name, output)
 
     async def cleanup(self, session_id: str) -> None:
         self._sinks.pop(session_id, None)
@@ -533,14 +548,28 @@ class TickBatchedStagePort(InputFedStagePort):
         ticked.set()
 
     def _fan_out(self, slot: SlotState, output: FrameOutput) -> None:
-        send, ends = slot.on_frame(
-            bool(output.speaking), self.listen_after_frames, self.max_response_frames
-        )
+        calls = tuple(output.function_calls or ())
+        # a frame that calls a tool is speech: it opens a response if none is open
+        speaking = bool(output.speaking) or bool(calls)
+        send, ends = slot.on_frame(speaking, self.listen_after_frames, self.max_response_frames)
         sink = self._sinks.get(slot.session_id)
-        if not send or sink is None or slot.request_id is None or slot.fence is None:
+        if sink is None or slot.request_id is None or slot.fence is None:
             return
         if slot.request_id == slot.aborted_request_id:
             return  # nothing of an aborted request is sent (the runner re-stamps at once)
+        if output.error is not None:  # the frame's own error, speaking or not: no response's
+            code, message = output.error
+            sink(
+                StageOutput(
+                    slot.request_id,
+                    slot.fence,
+                    NONFATAL_ERROR,
+                    error_code=str(code),
+                    message=str(message),
+                )
+            )
+        if not send:
+            return
         # a copy: a model may reuse its output buffer at the next step, before the runner
         # has encoded this frame
         audio = np.array(output.audio, dtype=np.float32).reshape(-1)
@@ -549,6 +578,8 @@ class TickBatchedStagePort(InputFedStagePort):
             sink(StageOutput(slot.request_id, slot.fence, "audio", audio, rate, output.text))
         elif output.text:  # words in a frame without sound yet (a model's acoustic delay)
             sink(StageOutput(slot.request_id, slot.fence, "text", text=output.text))
+        for call in calls:  # held on the response until it completes (tool_calls.py)
+            sink(StageOutput(slot.request_id, slot.fence, "function_call", function_call=call))
         if ends:
             sink(StageOutput(slot.request_id, slot.fence, "listen"))
 
