@@ -18,6 +18,8 @@ KNOWN_PLUGINS = {
     "assistant": "plugins.assistant:AssistantPlugin",
     # Moshi and PersonaPlex (frame-clocked); needs torch and `moshi`: the .venv-moshi venv
     "moshi": "plugins.moshi:MoshiPlugin",
+    # Nemotron VoiceChat (frame-clocked, tool calls); its model needs torch and NeMo
+    "nemotron": "plugins.nemotron:NemotronPlugin",
 }
 
 
