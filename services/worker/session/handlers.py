@@ -345,6 +345,14 @@ async def _create_item(ctx: SessionContext, command: CreateItem, ticket: Command
         ctx.session.unanswered_items += 1
     for event_type in (ConversationItemAdded, ConversationItemCreated, ConversationItemDone):
         ctx.emit(event_type(previous_item_id=previous, item=item))
+    native = ctx.responses.native
+    if native is not None and item.get("type") == "function_call_output":
+        # a model-native session: the output goes to the model, which speaks about it when
+        # it will (response.create stays refused: native_stream.py)
+        call = conversation.function_call(str(item["call_id"])) or {}
+        await native.function_output(
+            str(item["call_id"]), str(call.get("name") or ""), str(item.get("output") or "")
+        )
 
 
 async def _delete_item(ctx: SessionContext, command: DeleteItem, ticket: CommandTicket) -> None:

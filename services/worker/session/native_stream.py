@@ -29,6 +29,11 @@ stream request on it:
   stream under the new fence, so the model's next speech opens a new response;
 - response.create is refused (`unsupported_native_response_options`) and a commit never
   plans a response: the user's turn item is committed, and the model answers when it will.
+- tool calls: the stage's "function_call" outputs open a response as speech does and are
+  held on it (tool_calls.py), emitted as function_call items when it completes and dropped
+  when it is cancelled; a client's `function_call_output` item goes into history and then
+  to the model (`function_output`), which speaks about it when it will (response.create
+  stays refused).
 
 The session's own input ledger is what a client's commit takes as the user's item; a
 stream that is never committed would grow it without bound (and run into the session's
@@ -63,6 +68,8 @@ TURN_WINDOW_MS = 30_000
 TRIM_SLACK_MS = 10_000
 #: the error code of a stream that could not start
 STREAM_FAILED = "runtime_data_plane_stream_failed"
+#: the error code of a function output the model could not take
+FUNCTION_OUTPUT_FAILED = "runtime_input_failed"
 #: the tick stage's error code of a slot that could not be rebuilt from its history
 #: (services/worker/stages/tick_batched.py): the session ends with it
 RESTORE_FAILED = "worker_lost"
@@ -131,6 +138,28 @@ class NativeStream:
         if ledger.samples * 1000 > (TURN_WINDOW_MS + TRIM_SLACK_MS) * ledger.sample_rate_hz:
             ledger.trim_before(ledger.stream_ms - TURN_WINDOW_MS)
 
+    async def function_output(self, call_id: str, name: str, output: str) -> None:
+        """The client's `function_call_output` of a call the model made: to the model of
+        the session's slot (`InputFedStagePort.function_output`). A stage or model that
+        cannot take it raises `runtime_input_failed` (the command's error event); the output
+        stays in history."""
+        port, session_id = self.port, self.session.session_id
+        try:
+            if not isinstance(port, InputFedStagePort):
+                raise NotImplementedError(f"{type(port).__name__} takes no function outputs")
+            await port.function_output(session_id, call_id, name, output)
+        except DuplexSessionError:
+            raise
+        except NotImplementedError as exc:
+            raise DuplexSessionError(
+                FUNCTION_OUTPUT_FAILED, f"the model takes no function outputs: {exc}"
+            ) from None
+        except Exception as exc:
+            log.exception("session %s: the model did not take a function output", session_id)
+            raise DuplexSessionError(
+                FUNCTION_OUTPUT_FAILED, f"the model did not take the function output: {exc}"
+            ) from exc
+
     def owns(self, output: StageOutput) -> bool:
         """Whether a stage output is of this session's stream (any epoch)."""
         fence = output.fence
@@ -148,11 +177,12 @@ class NativeStream:
         )
 
     def opens(self, output: StageOutput) -> bool:
-        """Whether a stage output with no active response opens one: the model's speech,
-        stamped with the session's current epoch (an older one's is stale)."""
+        """Whether a stage output with no active response opens one: the model's speech
+        (or a tool call it makes), stamped with the session's current epoch (an older
+        one's is stale)."""
         fence = output.fence
         return (
-            output.kind in ("audio", "text")
+            output.kind in ("audio", "text", "function_call")
             and fence is not None
             and fence.session_id == self.session.session_id
             and fence.epoch == self.session.epoch

@@ -10,6 +10,9 @@ and then aborts the stage request, so nothing of the old epoch is emitted after 
 terminal event: a stage output of an older fence or request still arriving is consumed
 and dropped (`dropped_stale_outputs`).
 
+A "nonfatal_error" stage output (a frame-clocked model's error of one frame) is an
+`error` event and nothing else: the response in progress goes on.
+
 What a stage output becomes: audio (and its transcript) in an audio response; the words
 alone in a text response (`output_modalities: ["text"]`; any audio is dropped, and the
 plugin was told not to make any: `ResponsePlanRequest.audio_output`); on the openai
@@ -270,6 +273,9 @@ class ResponseController:
         response = self.session.active
         if output is None:
             return
+        if output.kind == "nonfatal_error":
+            self._nonfatal_error(output)
+            return
         if response is None and self.native is not None and self.native.opens(output):
             # the model speaks: a model-native response opens on its stream's fence
             response = self.begin(output.fence, output.request_id, ResponseCreateOptions())
@@ -371,6 +377,15 @@ class ResponseController:
                 metadata={"overlap_ms": response.playback.generated_ms},
             )
         )
+
+    def _nonfatal_error(self, output: StageOutput) -> None:
+        """A stage's error that fails nothing (a frame-clocked model's `FrameOutput.error`):
+        an `error` event, unless it is of a cancelled epoch (stale, as its outputs are)."""
+        fence, session = output.fence, self.session
+        if fence is None or fence.session_id != session.session_id or fence.epoch != session.epoch:
+            self.dropped_stale_outputs += 1
+            return
+        self._error(output.error_code or STAGE_FAILED, output.message or "stage error")
 
     def _error(self, code: str, message: str, related_event_id: str | None = None) -> None:
         self.emit(DuplexErrorEvent.for_code(code, message, related_event_id=related_event_id))
