@@ -19,8 +19,9 @@ was about to say and keeps its count (`interrupts[slot]` counts them).
 calls, deterministically: what it does depends on the frames it steps only (never on the
 clock or the CPU's speed). Its slot's options hold the session's tools as they were when
 it opened (`ToolEchoFramePlugin.prepare_runtime_config`). With tools, and no call of its
-own still unanswered, the first loud frame it hears (RMS over `SPEECH_RMS`) is a speaking
-frame, without audio, that calls the session's first tool with arguments
+own still unanswered, the first loud frame of an utterance it hears (RMS over `SPEECH_RMS`,
+after a quiet frame: an utterance calls once at most, an interrupted one included) is a
+speaking frame, without audio, that calls the session's first tool with arguments
 `{"band": "low"|"high", "call": N}`:
 
 - a low tone (its strongest frequency under `HIGH_BAND_HZ`, e.g. 440 Hz): the model goes
@@ -30,7 +31,8 @@ frame, without audio, that calls the session's first tool with arguments
   barge-in or cancel), so a test can cancel a response that holds a call at its leisure.
 
 A first tool named `PARSE_ERROR_TOOL` makes the model write a call that does not parse:
-that frame is a speaking frame with `FrameOutput.error` (`PARSE_ERROR_CODE`) and no call.
+that frame is a speaking frame (a frame of its answer tone) with `FrameOutput.error`
+(`PARSE_ERROR_CODE`) and no call.
 `add_function_output` ends its wait: at its next steps the slot speaks `answer_frames`
 frames of a 330 Hz tone, the output as the first frame's text, and is quiet after (a new
 response). An interrupt drops what it was saying, its unanswered call included. Its quiet
@@ -236,6 +238,7 @@ class ToolEchoFrameModel(FrameModel):
         self.interrupts = [0] * slots
         self._state: list[str] = ["idle"] * slots  # idle | calling | holding
         self._waiting = [False] * slots  # a call of its own is unanswered
+        self._loud = [False] * slots  # the last frame it heard was loud
         self._answers: list[deque[tuple[np.ndarray, str]]] = [deque() for _ in range(slots)]
 
     def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
@@ -243,6 +246,8 @@ class ToolEchoFrameModel(FrameModel):
             raise RuntimeError(f"slot {slot} is already open")
         self.opened[slot] = True
         self.tools[slot] = [dict(tool) for tool in options.get("tools") or ()]
+        self.calls[slot], self.outputs[slot] = [], []  # a new conversation
+        self._loud[slot] = False
         self._forget(slot)
 
     def reset_slot(self, slot: int) -> None:
@@ -268,11 +273,14 @@ class ToolEchoFrameModel(FrameModel):
         self.outputs[slot].append((call_id, name, output))
         self._waiting[slot] = False
         self._state[slot] = "idle"
-        t = np.arange(self.answer_frames * self.frame_samples) / RATE
-        audio = (0.2 * np.sin(2 * np.pi * ANSWER_HZ * t)).astype(np.float32)
+        audio = self._tone(self.answer_frames)
         for index in range(self.answer_frames):
             frame = audio[index * self.frame_samples : (index + 1) * self.frame_samples]
             self._answers[slot].append((frame, output if index == 0 else ""))
+
+    def _tone(self, frames: int) -> np.ndarray:
+        t = np.arange(frames * self.frame_samples) / RATE
+        return (0.2 * np.sin(2 * np.pi * ANSWER_HZ * t)).astype(np.float32)
 
     def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
         outputs: list[FrameOutput | None] = []
@@ -287,23 +295,26 @@ class ToolEchoFrameModel(FrameModel):
 
     def _step_slot(self, slot: int, frame: np.ndarray) -> FrameOutput:
         nothing = np.zeros(0, np.float32)
+        loud = float(np.sqrt(np.mean(frame**2))) > SPEECH_RMS
+        # an utterance starts: a loud frame after a quiet one (only its first frame calls)
+        onset, self._loud[slot] = loud and not self._loud[slot], loud
         if self._answers[slot]:
             audio, text = self._answers[slot].popleft()
             return FrameOutput(audio.copy(), text, True)
-        loud = float(np.sqrt(np.mean(frame**2))) > SPEECH_RMS
         state = self._state[slot]
         if state == "holding" or (state == "calling" and loud):
             return FrameOutput(nothing, speaking=True)  # the call's response goes on
         self._state[slot] = "idle"
         tools = self.tools[slot]
-        if not loud or not tools or self._waiting[slot]:
+        if not onset or not tools or self._waiting[slot]:
             return FrameOutput(nothing)  # quiet: no audio at all (nothing to send)
         band = "high" if _strongest_hz(frame) >= HIGH_BAND_HZ else "low"
         self._state[slot] = "holding" if band == "high" else "calling"
         name = str(tools[0]["name"])
-        if name == PARSE_ERROR_TOOL:
+        if name == PARSE_ERROR_TOOL:  # it says a frame of its answer tone, and a bad call
             message = f"the model wrote a call of {name} that does not parse"
-            return FrameOutput(nothing, speaking=True, error=(PARSE_ERROR_CODE, message))
+            audio = self._tone(1)
+            return FrameOutput(audio, "", True, error=(PARSE_ERROR_CODE, message))
         self._waiting[slot] = True
         arguments = json.dumps({"band": band, "call": len(self.calls[slot]) + 1})
         call = FunctionCall(name, arguments)

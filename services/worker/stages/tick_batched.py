@@ -24,7 +24,8 @@ or `max_response_frames` frames, end the response with a "listen" output. A fram
 tool calls (`FrameOutput.function_calls`) is a speaking frame: each call follows the
 frame's audio or text as a "function_call" output (before a "listen" that ends the
 response). A frame's `FrameOutput.error` is sent, speaking or not, as a "nonfatal_error"
-output: an `error` event for the client that fails nothing. `function_output` gives the
+output (after its audio and calls, before its "listen"): an `error` event for the client
+that fails nothing. `function_output` gives the
 client's result of a call to the model (`add_function_output`, on the model thread). `abort`
 interrupts the sessions it names (barge-in, cancel: `interrupt_slot`, which keeps the
 model's memory) and drops whatever their step in flight made; an `ensure` with a newer
@@ -557,18 +558,8 @@ class TickBatchedStagePort(InputFedStagePort):
             return
         if slot.request_id == slot.aborted_request_id:
             return  # nothing of an aborted request is sent (the runner re-stamps at once)
-        if output.error is not None:  # the frame's own error, speaking or not: no response's
-            code, message = output.error
-            sink(
-                StageOutput(
-                    slot.request_id,
-                    slot.fence,
-                    NONFATAL_ERROR,
-                    error_code=str(code),
-                    message=str(message),
-                )
-            )
         if not send:
+            self._frame_error(sink, slot, output)  # the frame's own error, speaking or not
             return
         # a copy: a model may reuse its output buffer at the next step, before the runner
         # has encoded this frame
@@ -580,8 +571,25 @@ class TickBatchedStagePort(InputFedStagePort):
             sink(StageOutput(slot.request_id, slot.fence, "text", text=output.text))
         for call in calls:  # held on the response until it completes (tool_calls.py)
             sink(StageOutput(slot.request_id, slot.fence, "function_call", function_call=call))
+        self._frame_error(sink, slot, output)
         if ends:
             sink(StageOutput(slot.request_id, slot.fence, "listen"))
+
+    def _frame_error(self, sink: OutputSink, slot: SlotState, output: FrameOutput) -> None:
+        """The frame's non-fatal error (`FrameOutput.error`), if any: an error event for the
+        session that fails nothing (after the frame's audio and calls, before its listen)."""
+        if output.error is None or slot.request_id is None or slot.fence is None:
+            return
+        code, message = output.error
+        sink(
+            StageOutput(
+                slot.request_id,
+                slot.fence,
+                NONFATAL_ERROR,
+                error_code=str(code),
+                message=str(message),
+            )
+        )
 
     def _fail(self, stepped: list[tuple[SlotState, int]], message: str) -> None:
         """A failed step fails the responses in progress; the slots listen again."""

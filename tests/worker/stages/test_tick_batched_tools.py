@@ -158,21 +158,22 @@ async def test_a_frames_error_is_a_nonfatal_error_output_speaking_or_not():
     try:
         await rig.open("a")
         await rig.tick(5)
-        assert rig.kinds("a") == ["nonfatal_error", "nonfatal_error", "audio", "listen"]
-        errors = [(o.error_code, o.message) for o in rig.outputs["a"][:2]]
+        # the frame's error follows its audio (a listening frame's goes alone)
+        assert rig.kinds("a") == ["nonfatal_error", "audio", "nonfatal_error", "listen"]
+        errors = [(o.error_code, o.message) for o in rig.outputs["a"][::2]]
         assert errors == [("quiet_error", "while listening"), ("speaking_error", "mid-response")]
     finally:
         await rig.port.shutdown()
 
 
-async def test_the_tool_echo_models_unparsable_call_is_an_error_in_a_response(tool_rig):
+async def test_the_tool_echo_models_unparsable_call_is_an_error_in_its_response(tool_rig):
     rig = tool_rig
     await rig.open("a", {"tools": [{"type": "function", "name": PARSE_ERROR_TOOL}]})
     rig.port.feed("a", np.concatenate([tone(1), QUIET, QUIET, QUIET]))
     await rig.tick(4)
-    # the speaking frame without audio opens the response: it sends nothing but its error
-    assert rig.kinds("a") == ["nonfatal_error", "listen"]
-    assert rig.outputs["a"][0].error_code == PARSE_ERROR_CODE
+    # a frame of its voice, with the error of the call it could not write; then quiet
+    assert rig.kinds("a") == ["audio", "nonfatal_error", "listen"]
+    assert rig.outputs["a"][1].error_code == PARSE_ERROR_CODE
 
 
 async def test_function_output_reaches_the_slots_model_on_its_thread_and_it_answers(tool_rig):
