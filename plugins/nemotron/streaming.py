@@ -1,0 +1,614 @@
+"""Nemotron VoiceChat stepped one 80 ms frame at a time, for many sessions in one batch.
+
+NeMo's own inference (`NemotronVoiceChat.offline_inference`) encodes the whole recording,
+then runs its duplex loop with no LLM cache for Nemotron-H ("full history each step"), so
+frame t costs a forward over t positions. Here every part of the model keeps its streaming
+state per slot and a frame costs one step of each:
+
+- **perception**: the mel front end over the frame's new samples only (`MelFrames`: the
+  pre-emphasis and centred STFT of NeMo's `FilterbankFeatures`, cut to the frames this audio
+  completes) and the FastConformer's cache-aware streaming step
+  (`ConformerEncoder.cache_aware_stream_step`: per layer, the attention's left context and
+  the causal convolution's tail). With causal downsampling, encoder step k needs mel frames
+  up to 8k, i.e. audio up to 16 ms into frame k: it is computed at frame k, no lookahead;
+- **LLM** (Nemotron-H): its own one-position step over the HF modules' weights
+  (`NemotronHStep`): per Mamba-2 layer the convolution tail and the SSM state, per attention
+  layer the key/value cache (Nemotron-H's attention has no positional encoding, so slots at
+  different positions share one step: each row attends to its own cache length);
+- **speech decoder** (EAR-TTS): its backbone's key/value cache per slot, one step per frame
+  (`DuplexEARTTS.infer_codes_one_step`);
+- **codec**: NeMo's incremental decoding (`decode_one_audio_step`) over the slot's last
+  `decode_window` frames of codes.
+
+The inputs of position t are built exactly as `DuplexSTTStreamingInference` builds them (the
+user channel, plus the previous text and ASR tokens' embeddings, BOS at position 0, the
+prompt's token embeddings in place of audio at prompt positions, forced turn taking when the
+checkpoint asks for it), so the streamed tokens are NeMo's, token for token (the tests
+compare them with `offline_inference`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import deque
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: samples of one input frame (80 ms at 16 kHz)
+FRAME_SAMPLES = 1280
+#: mel frames per input frame (10 ms hop)
+MEL_PER_FRAME = 8
+
+
+# ---------------------------------------------------------------- perception
+
+
+class StreamingPerception:
+    """NeMo's `AudioPerceptionModule` (mel front end, cache-aware FastConformer, adapter,
+    projection) one frame at a time, its state kept per slot."""
+
+    def __init__(self, perception: Any, slots: int, device: torch.device) -> None:
+        self.perception = perception
+        featurizer = perception.preprocessor.featurizer
+        self.featurizer = featurizer
+        if (
+            featurizer.exact_pad
+            or featurizer.normalize not in (None, "", "NA")
+            or featurizer.frame_splicing > 1
+        ):
+            raise ValueError(
+                "the perception's mel front end must be streamable: no exact_pad, no "
+                "per-utterance normalization, no frame splicing"
+            )
+        if featurizer.hop_length * MEL_PER_FRAME != FRAME_SAMPLES:
+            raise ValueError("the mel hop must be 10 ms (8 mel frames per 80 ms frame)")
+        self.encoder = perception.encoder
+        self.encoder.setup_streaming_params()
+        cfg = self.encoder.streaming_cfg
+        if list(cfg.chunk_size) != [1, MEL_PER_FRAME] or cfg.valid_out_len != 1:
+            raise ValueError(
+                "the speech encoder must step once per 80 ms frame (causal downsampling by "
+                f"8, no lookahead): its streaming chunk is {cfg.chunk_size}"
+            )
+        self.cache_mel = int(cfg.pre_encode_cache_size[1])
+        self.half_fft = featurizer.n_fft // 2
+        # raw audio kept per slot: enough for the pre-emphasis and the STFT windows of the
+        # 8 mel frames this frame completes (they reach 1376 samples back)
+        self.keep = 3 * FRAME_SAMPLES
+        self.slots = slots
+        self.device = device
+        channel, time, _ = self.encoder.get_initial_cache_state(batch_size=slots, device=device)
+        self.cache_channel = channel
+        self.cache_time = time
+        self.cache_len = torch.zeros(slots, dtype=torch.long, device=device)
+        self.raw = torch.zeros(slots, self.keep, device=device)
+        n_mels = featurizer.nfilt
+        self.mel = torch.zeros(slots, n_mels, self.cache_mel, device=device)
+        self.frames = torch.zeros(slots, dtype=torch.long)
+        self.window = featurizer.window.to(torch.float).to(device)
+
+    def reset(self, slot: int) -> None:
+        self.cache_channel[:, slot] = 0
+        self.cache_time[:, slot] = 0
+        self.cache_len[slot] = 0
+        self.raw[slot] = 0
+        self.mel[slot] = 0
+        self.frames[slot] = 0
+
+    def _mel(self, rows: Tensor, first: bool) -> Tensor:
+        """The mel frames the slots' newest frame completes: log-mel [B, n_mels, 8] (1 at a
+        slot's first frame), exactly as FilterbankFeatures computes them over a whole signal."""
+        fb = self.featurizer
+        x = self.raw[rows]
+        y = torch.cat((x[:, :1], x[:, 1:] - fb.preemph * x[:, :-1]), dim=1) if fb.preemph else x
+        # the buffer's last frame is frame k, its first sample at 2 * FRAME_SAMPLES; mel frame i
+        # is centred on sample 160 i, so frames 8k-7 .. 8k span [1280k - 1376, 1280k + 256)
+        end = 2 * FRAME_SAMPLES + self.half_fft
+        if first:
+            start = end - 2 * self.half_fft
+        else:
+            start = end - 2 * self.half_fft - (MEL_PER_FRAME - 1) * fb.hop_length
+        segment = y[:, start:end]
+        spec = torch.stft(
+            segment,
+            n_fft=fb.n_fft,
+            hop_length=fb.hop_length,
+            win_length=fb.win_length,
+            center=False,
+            window=self.window,
+            return_complex=True,
+        )
+        magnitude = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1))
+        if fb.mag_power != 1.0:
+            magnitude = magnitude.pow(fb.mag_power)
+        mel = torch.matmul(fb.fb.to(magnitude.dtype), magnitude)
+        if fb.log:
+            if fb.log_zero_guard_type == "add":
+                mel = torch.log(mel + fb.log_zero_guard_value_fn(mel))
+            else:
+                mel = torch.log(torch.clamp(mel, min=fb.log_zero_guard_value_fn(mel)))
+        return mel
+
+    @torch.no_grad()
+    def step(self, slots: list[int], audio: Tensor) -> Tensor:
+        """One frame per slot (`audio` [B, 1280]): the LLM's user-channel input [B, H]."""
+        out: list[Tensor | None] = [None] * len(slots)
+        rows_all = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.raw[rows_all] = torch.cat([self.raw[rows_all, FRAME_SAMPLES:], audio], dim=1)
+        # the first two frames of a slot chunk the encoder differently (less context than
+        # its pre-encode cache): slots are grouped by phase, steady state is one call
+        phases: dict[int, list[int]] = {}
+        for i, slot in enumerate(slots):
+            phases.setdefault(min(int(self.frames[slot]), 2), []).append(i)
+        for phase, members in phases.items():
+            index = torch.tensor([slots[i] for i in members], dtype=torch.long, device=self.device)
+            mel = self._mel(index, first=phase == 0)
+            if phase == 0:
+                chunk, drop = mel, 0
+            elif phase == 1:
+                chunk, drop = torch.cat([self.mel[index, :, -1:], mel], dim=2), 1
+            else:
+                chunk, drop = torch.cat([self.mel[index], mel], dim=2), None
+            self.mel[index] = torch.cat([self.mel[index], mel], dim=2)[:, :, -self.cache_mel :]
+            lengths = torch.full(
+                (len(members),), chunk.shape[2], dtype=torch.long, device=self.device
+            )
+            emb, emb_len, channel, time, cache_len = self.encoder.cache_aware_stream_step(
+                processed_signal=chunk,
+                processed_signal_length=lengths,
+                cache_last_channel=self.cache_channel[:, index],
+                cache_last_time=self.cache_time[:, index],
+                cache_last_channel_len=self.cache_len[index],
+                keep_all_outputs=True,
+                drop_extra_pre_encoded=drop,
+            )
+            self.cache_channel[:, index] = channel
+            self.cache_time[:, index] = time
+            self.cache_len[index] = cache_len
+            adapted, _ = self.perception.modality_adapter(audio_signal=emb, length=emb_len)
+            projected = self.perception.proj(adapted.transpose(1, 2))[:, -1]
+            for j, i in enumerate(members):
+                out[i] = projected[j]
+        for slot in slots:
+            self.frames[slot] += 1
+        return torch.stack([o for o in out if o is not None])
+
+
+# ---------------------------------------------------------------- Nemotron-H
+
+
+class NemotronHStep:
+    """One position of Nemotron-H for a batch of slots, each at its own position, over the
+    HF model's modules and weights (no HF cache object: one of those holds one length for
+    the whole batch). Per slot: each Mamba-2 layer's convolution tail and SSM state, each
+    attention layer's keys and values."""
+
+    def __init__(self, llm: Any, slots: int, device: torch.device, capacity: int = 256) -> None:
+        self.llm = llm
+        self.layers = list(llm.layers)
+        self.slots = slots
+        self.device = device
+        dtype = next(llm.parameters()).dtype
+        self.dtype = dtype
+        self.conv: dict[int, Tensor] = {}
+        self.ssm: dict[int, Tensor] = {}
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+        self.length = torch.zeros(slots, dtype=torch.long)
+        for i, layer in enumerate(self.layers):
+            mixer = layer.mixer
+            if layer.block_type == "linear_attention":
+                self.conv[i] = torch.zeros(
+                    slots, mixer.conv_dim, mixer.conv_kernel_size - 1, device=device, dtype=dtype
+                )
+                self.ssm[i] = torch.zeros(
+                    slots,
+                    mixer.num_heads,
+                    mixer.head_dim,
+                    mixer.ssm_state_size,
+                    device=device,
+                    dtype=dtype,
+                )
+            elif layer.block_type == "full_attention":
+                kv_heads = mixer.config.num_key_value_heads
+                self.keys[i] = torch.zeros(
+                    slots, kv_heads, capacity, mixer.head_dim, device=device, dtype=dtype
+                )
+                self.values[i] = torch.zeros_like(self.keys[i])
+            elif layer.block_type not in ("mlp", "moe"):
+                raise ValueError(f"unknown Nemotron-H block type {layer.block_type!r}")
+
+    def reset(self, slot: int) -> None:
+        for state in (*self.conv.values(), *self.ssm.values()):
+            state[slot] = 0
+        self.length[slot] = 0
+
+    def _grow(self, needed: int) -> None:
+        for i in list(self.keys):
+            capacity = self.keys[i].shape[2]
+            if needed <= capacity:
+                continue
+            size = max(needed, capacity * 2)
+            for store in (self.keys, self.values):
+                old = store[i]
+                new = torch.zeros(
+                    *old.shape[:2], size, old.shape[3], device=old.device, dtype=old.dtype
+                )
+                new[:, :, :capacity] = old
+                store[i] = new
+
+    @torch.no_grad()
+    def step(self, slots: list[int], embeds: Tensor) -> Tensor:
+        """`embeds` [B, H]: one position per slot; returns the final hidden state [B, H]."""
+        rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+        positions = self.length[slots].to(self.device)
+        self._grow(int(positions.max()) + 1)
+        hidden = embeds.to(self.dtype).unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            residual = hidden
+            normed = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
+            if layer.block_type == "linear_attention":
+                mixed = self._mamba(i, layer.mixer, normed, rows)
+            elif layer.block_type == "full_attention":
+                mixed = self._attention(i, layer.mixer, normed, rows, positions)
+            else:
+                mixed = layer.mixer(normed)
+            hidden = residual + mixed
+        for slot in slots:
+            self.length[slot] += 1
+        return self.llm.norm_f(hidden)[:, 0]
+
+    def _mamba(self, i: int, mixer: Any, x: Tensor, rows: Tensor) -> Tensor:
+        """Mamba-2's recurrent form for one token (the HF mixer's own torch path), with the
+        step size clamped as its chunked scan clamps it (`time_step_limit`), so a streamed
+        step equals the full-sequence forward."""
+        batch = x.shape[0]
+        projected = mixer.in_proj(x)[:, 0]
+        gate, xbc, dt = projected.split(
+            [mixer.intermediate_size, mixer.conv_dim, mixer.num_heads], dim=-1
+        )
+        conv_state = self.conv[i][rows]
+        window = torch.cat([conv_state, xbc.unsqueeze(-1)], dim=-1)
+        self.conv[i][rows] = window[:, :, 1:]
+        xbc = (window * mixer.conv1d.weight.squeeze(1)).sum(-1)
+        if mixer.conv1d.bias is not None:
+            xbc = xbc + mixer.conv1d.bias
+        xbc = mixer.act(xbc)
+        states, b, c = torch.split(
+            xbc,
+            [
+                mixer.intermediate_size,
+                mixer.n_groups * mixer.ssm_state_size,
+                mixer.n_groups * mixer.ssm_state_size,
+            ],
+            dim=-1,
+        )
+        a = -torch.exp(mixer.A_log.float())
+        dt = F.softplus(dt + mixer.dt_bias)
+        low, high = mixer.time_step_limit
+        dt = torch.clamp(dt, low, high)
+        heads, head_dim, state_size = mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
+        groups = mixer.n_groups
+        states = states.view(batch, heads, head_dim)
+        b = b.view(batch, groups, 1, state_size).expand(batch, groups, heads // groups, state_size)
+        b = b.reshape(batch, heads, state_size)
+        c = c.view(batch, groups, 1, state_size).expand(batch, groups, heads // groups, state_size)
+        c = c.reshape(batch, heads, state_size)
+        decay = torch.exp(dt.float() * a)[:, :, None, None]
+        ssm = (
+            self.ssm[i][rows].float() * decay
+            + (dt[:, :, None, None] * b[:, :, None, :] * states[..., None]).float()
+        )
+        self.ssm[i][rows] = ssm.to(self.ssm[i].dtype)
+        y = torch.einsum("bhds,bhs->bhd", ssm.to(c.dtype), c)
+        y = y + states * mixer.D[:, None]
+        y = y.reshape(batch, 1, heads * head_dim)
+        y = mixer.norm(y, gate.unsqueeze(1))
+        return mixer.out_proj(y.to(x.dtype))
+
+    def _attention(self, i: int, mixer: Any, x: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
+        batch = x.shape[0]
+        query = mixer.q_proj(x).view(batch, 1, -1, mixer.head_dim).transpose(1, 2)
+        key = mixer.k_proj(x).view(batch, 1, -1, mixer.head_dim).transpose(1, 2)
+        value = mixer.v_proj(x).view(batch, 1, -1, mixer.head_dim).transpose(1, 2)
+        self.keys[i][rows, :, positions] = key[:, :, 0]
+        self.values[i][rows, :, positions] = value[:, :, 0]
+        span = int(positions.max()) + 1
+        keys = self.keys[i][rows, :, :span]
+        values = self.values[i][rows, :, :span]
+        groups = mixer.num_key_value_groups
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+        visible = torch.arange(span, device=x.device)[None, :] <= positions[:, None]
+        attended = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=visible[:, None, None, :], scale=mixer.scaling
+        )
+        return mixer.o_proj(attended.transpose(1, 2).reshape(batch, 1, -1))
+
+    def export(self, slot: int) -> dict[str, Tensor]:
+        """The slot's state (for `bench` and tests: its size per position)."""
+        state: dict[str, Tensor] = {}
+        for i in self.conv:
+            state[f"conv{i}"], state[f"ssm{i}"] = self.conv[i][slot], self.ssm[i][slot]
+        n = int(self.length[slot])
+        for i in self.keys:
+            state[f"k{i}"], state[f"v{i}"] = self.keys[i][slot, :, :n], self.values[i][slot, :, :n]
+        return state
+
+
+# ---------------------------------------------------------------- the whole model
+
+
+@dataclasses.dataclass
+class SlotTokens:
+    """What one slot has said and heard so far that the next positions read (small)."""
+
+    position: int = 0
+    text: int = 0
+    asr: int = 0
+    #: the TTS's previous subword and codes, and its key/value cache
+    tts_prev_subword: Tensor | None = None
+    tts_code: Tensor | None = None
+    tts_cache: Any = None
+    tts_steps: int = 0
+    #: the last `decode_window` frames of codes (the codec decodes over them)
+    codes: deque[Tensor] = dataclasses.field(default_factory=deque)
+    #: the recent text and ASR tokens forced turn taking looks back over
+    recent_text: deque[int] = dataclasses.field(default_factory=deque)
+    recent_asr: deque[int] = dataclasses.field(default_factory=deque)
+
+
+@dataclasses.dataclass
+class PositionOut:
+    """One position's outputs for one slot."""
+
+    text: int
+    asr: int
+    function: int | None
+    #: the speech decoder's codes (None: a position it does not step, a prompt's)
+    codes: Tensor | None
+    audio: Tensor | None
+
+
+class StreamingVoiceChat:
+    """NemotronVoiceChat's duplex loop, one position per call, for `slots` slots."""
+
+    def __init__(self, model: Any, slots: int, decode_window: int, guidance: bool = True) -> None:
+        self.model = model
+        self.stt = model.stt_model
+        self.tts = model.tts_model
+        self.slots = slots
+        self.device = next(model.parameters()).device
+        self.decode_window = decode_window
+        self.guidance = guidance
+        self.perception = StreamingPerception(self.stt.perception, slots, self.device)
+        self.llm = NemotronHStep(self.stt.llm, slots, self.device)
+        cfg = self.stt.cfg
+        self.user_weight = float(cfg.get("duplex_user_channel_weight", 1.0))
+        self.text_weight = float(cfg.get("duplex_text_channel_weight", 1.0))
+        self.asr_weight = float(cfg.get("duplex_asr_text_weight", 1.0))
+        self.predict_asr = bool(self.stt.predict_user_text)
+        self.pad = int(self.stt.text_pad_id)
+        self.bos = int(self.stt.text_bos_id)
+        self.eos = int(self.stt.text_eos_id)
+        self.user_eos = int(self.stt.tokenizer.eos)
+        self.force_turn_taking = bool(cfg.get("force_turn_taking", False))
+        self.turn_threshold = int(cfg.get("force_turn_taking_threshold", 40))
+        self.turn_pad_window = int(cfg.get("force_turn_taking_pad_window", 25))
+        self.function_head = getattr(self.stt, "function_head", None)
+        self.generation = self.tts._get_generation_config(guidance)
+        self.state = [SlotTokens() for _ in range(slots)]
+        self._tts_init: tuple[Any, Tensor, Tensor] | None = None
+
+    # ------------------------------------------------------------ the speech decoder's start
+
+    @torch.no_grad()
+    def set_speaker(self, speaker_audio: Tensor | None, speaker_name: str | None) -> None:
+        """The voice: the TTS warm-up every slot starts from (computed once, then copied)."""
+        lens = None
+        if speaker_audio is not None:
+            speaker_audio = speaker_audio.to(self.device).reshape(1, -1)
+            lens = torch.tensor([speaker_audio.shape[1]], device=self.device)
+        self.tts.set_init_inputs(
+            speaker_audio=speaker_audio, speaker_audio_lens=lens, speaker_name=speaker_name
+        )
+        inputs = self.tts.get_init_inputs(B=1)
+        inputs.update(
+            {"use_cache": True, "past_key_values": None, "guidance_enabled": self.guidance}
+        )
+        outputs = self.tts.tts_model(**inputs)
+        self._tts_init = (
+            outputs.past_key_values,
+            inputs["code"][:, -1:].clone(),
+            inputs["subword_ids"][:, -1].unsqueeze(-1).clone(),
+        )
+
+    def reset(self, slot: int) -> None:
+        self.perception.reset(slot)
+        self.llm.reset(slot)
+        self.state[slot] = SlotTokens()
+
+    # ------------------------------------------------------------ one position
+
+    def _input(self, slot: int, user: Tensor) -> Tensor:
+        """Position t's input as `DuplexSTTStreamingInference` builds it."""
+        state = self.state[slot]
+        x = user * self.user_weight
+        if state.position == 0:
+            x = x + self.stt._get_bos_embedding()[0] * self.text_weight
+            if self.predict_asr:
+                x = x + self.stt._get_asr_bos_embedding()[0] * self.asr_weight
+        else:
+            token = torch.tensor([state.text], device=self.device)
+            x = x + self.stt.embed_tokens(token)[0] * self.text_weight
+            if self.predict_asr:
+                asr = torch.tensor([state.asr], device=self.device)
+                x = x + self.stt.embed_asr_tokens(asr)[0] * self.asr_weight
+        return x
+
+    def _logits(self, hidden: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """DuplexSTTModel.forward's heads and inference boosts, on final hidden states."""
+        cfg = self.stt.cfg
+        text = self.stt.lm_head(hidden)
+        if cfg.get("inference_pad_boost", None):
+            text[:, self.pad] += cfg.inference_pad_boost
+        if cfg.get("inference_bos_boost", None):
+            text[:, self.bos] += cfg.inference_bos_boost
+        if cfg.get("inference_eos_boost", None):
+            text[:, self.eos] += cfg.inference_eos_boost
+        asr = self.stt.asr_head(hidden) if self.predict_asr else None
+        function = self.function_head(hidden) if self.function_head is not None else None
+        return text, asr, function
+
+    def _turn_taking(self, slot: int, text: int, asr: int) -> int:
+        """`_maybe_apply_forced_turn_taking` for one slot (its windows kept as deques)."""
+        state = self.state[slot]
+        t = state.position
+        if t < self.turn_pad_window:
+            return text
+        recent_asr = list(state.recent_asr)[-self.turn_pad_window :]
+        pad_window = len(recent_asr) > 0 and all(a == self.pad for a in recent_asr)
+        if pad_window:
+            before = list(state.recent_asr)[-self.turn_pad_window - 1 :]
+            start = t - self.turn_pad_window
+            pad_window = start > 0 and len(before) > self.turn_pad_window and before[0] != self.pad
+        agent_window = list(state.recent_text)[-self.turn_threshold :]
+        if asr == self.user_eos or pad_window:
+            if self.bos not in agent_window:
+                return self.bos
+        elif asr == self.bos and self.eos not in agent_window:
+            return self.eos
+        return text
+
+    @torch.no_grad()
+    def step(
+        self,
+        slots: list[int],
+        user: Tensor,
+        *,
+        prompt: list[bool] | None = None,
+        forced: list[dict[str, Any] | None] | None = None,
+        speak: bool = True,
+        decode: bool = True,
+    ) -> list[PositionOut]:
+        """One position for each slot in `slots`. `user` [B, H]: the user channel (the
+        perception's output, or a prompt token's embedding at a prompt position: then the
+        text and ASR channels are pad, as NeMo fills them). `forced[i]`: the tokens and codes
+        of a replayed position (a restore): the model is fed them instead of choosing.
+        `speak` False: the speech decoder does not step (prompt and tool-result positions:
+        it starts at the conversation's first frame)."""
+        prompt = prompt or [False] * len(slots)
+        forced = forced or [None] * len(slots)
+        embeds = torch.stack([self._input(s, user[i]) for i, s in enumerate(slots)])
+        hidden = self.llm.step(slots, embeds)
+        text_logits, asr_logits, fn_logits = self._logits(hidden)
+        text_ids = text_logits.argmax(-1).tolist()
+        asr_ids = (
+            asr_logits.argmax(-1).tolist() if asr_logits is not None else [self.pad] * len(slots)
+        )
+        fn_ids = fn_logits.argmax(-1).tolist() if fn_logits is not None else None
+        outs: list[PositionOut] = []
+        for i, slot in enumerate(slots):
+            state = self.state[slot]
+            text, asr = text_ids[i], asr_ids[i]
+            function = fn_ids[i] if fn_ids is not None else None
+            if prompt[i]:
+                text, asr, function = self.pad, self.pad, None
+            elif self.predict_asr and self.force_turn_taking:
+                text = self._turn_taking(slot, text, asr)
+            replay = forced[i]
+            if replay is not None:
+                text = replay.get("text", text)
+                asr = replay.get("asr", asr)
+                function = replay.get("function", function)
+            codes = None
+            if speak:
+                codes = self._speak(slot, text, replay.get("codes") if replay is not None else None)
+            state.recent_text.append(text)
+            state.recent_asr.append(asr)
+            while len(state.recent_text) > self.turn_threshold + 1:
+                state.recent_text.popleft()
+            while len(state.recent_asr) > self.turn_pad_window + 2:
+                state.recent_asr.popleft()
+            state.text, state.asr = text, asr
+            state.position += 1
+            outs.append(PositionOut(text, asr, function, codes, None))
+        if decode and speak:
+            self._decode(slots, outs)
+        return outs
+
+    def _speak(self, slot: int, text: int, forced_codes: Tensor | None) -> Tensor:
+        """The speech decoder's step for this position (offline_inference's TTS loop: the
+        warm-up at position 0, then one step per position with the previous subword)."""
+        state = self.state[slot]
+        if state.tts_cache is None:
+            assert self._tts_init is not None, "set_speaker first"
+            cache, code, first_subword = self._tts_init
+            state.tts_cache = copy.deepcopy(cache)
+            state.tts_code = code.clone()
+            state.tts_prev_subword = first_subword.clone()
+            codes = torch.zeros(code.shape[-1], dtype=torch.long, device=self.device)
+        else:
+            current = torch.tensor([[text]], device=self.device)
+            mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+            if forced_codes is None:
+                code, state.tts_cache = self.tts.infer_codes_one_step(
+                    current_subword_id=current,
+                    prev_subword_id=state.tts_prev_subword,
+                    current_subword_mask=mask,
+                    prev_audio_tokens=state.tts_code,
+                    past_key_values=state.tts_cache,
+                    guidance_enabled=self.guidance,
+                    generation_config=self.generation,
+                    ignore_eos_flag_stop=True,
+                )
+            else:
+                code = forced_codes.view(1, 1, -1).to(self.device)
+                state.tts_cache = self._tts_feed(state, current, mask)
+            state.tts_code = code
+            state.tts_prev_subword = current
+            codes = code.view(-1)
+        state.codes.append(codes)
+        while len(state.codes) > self.decode_window:
+            state.codes.popleft()
+        return codes
+
+    def _tts_feed(self, state: SlotTokens, current: Tensor, mask: Tensor) -> Any:
+        """A replayed TTS step: its backbone fed the step's inputs (its cache grows as the
+        original step's did), without generating codes (the record has them)."""
+        tts = self.tts
+        prev = state.tts_code
+        if tts.cfg.get("inference_force_speech_silence_on_eos", True):
+            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev.shape)
+            prev = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev)
+        context = None
+        if tts.cfg.tts_config.context_hidden_size is not None:
+            context = tts.embed_tokens(state.tts_prev_subword)
+        outputs = tts.tts_model(
+            code=prev,
+            context_hidden_state=context,
+            subword_ids=current,
+            subword_mask=mask,
+            past_key_values=state.tts_cache,
+            use_cache=True,
+            guidance_enabled=self.guidance,
+        )
+        return outputs.past_key_values
+
+    def _decode(self, slots: list[int], outs: list[PositionOut]) -> None:
+        """NeMo's incremental decoding of each slot's newest frame, batched by window length."""
+        groups: dict[int, list[int]] = {}
+        for i, slot in enumerate(slots):
+            groups.setdefault(len(self.state[slot].codes), []).append(i)
+        for _, members in groups.items():
+            history = torch.stack([torch.stack(list(self.state[slots[i]].codes)) for i in members])
+            audio, _ = self.tts.decode_one_audio_step(
+                history, number_prev_tokens=self.decode_window
+            )
+            for j, i in enumerate(members):
+                outs[i].audio = audio[j]
