@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-vllm test-moshi lint venv redis-server chromium chart-check bench clean
+.PHONY: serve test test-vllm test-moshi test-nemotron lint venv redis-server chromium chart-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -131,6 +131,41 @@ $(MOSHI_STAMP): pyproject.toml Makefile
 test-moshi: $(MOSHI_STAMP) redis-server
 	HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m pytest tests/moshi $(PYTEST_ARGS)
 
+# The Nemotron VoiceChat plugin (plugins/nemotron) in its own venv: nemo-toolkit 3.0.0's
+# speechlm2 models are the model code, but its dependency set is a training stack (its
+# `speechlm2` extra pulls nemo_automodel, flashoptim and CUDA bindings; `asr`/`tts` pull
+# numba, lhotse, wandb...) and it wants transformers with Nemotron-H (5.x), which our main
+# venv does not carry. So: torch 2.13.0+cpu from the machine's wheel cache, the packages its
+# import chain needs (what NemotronVoiceChat's modules import at the top, held to NeMo's own
+# ranges), then nemo-toolkit with --no-deps (about 2 minutes to install). The tests build a
+# tiny random checkpoint; nothing is downloaded (HF_HUB_OFFLINE=1).
+NEMOTRON_VENV  := .venv-nemotron
+NEMOTRON_STAMP := $(NEMOTRON_VENV)/.installed
+NEMO           := nemo-toolkit==3.0.0
+NEMOTRON_TORCH := torch==2.13.0+cpu
+NEMOTRON_DEPS  := 'transformers>=5.16,<5.20' 'tokenizers>=0.22,<0.24' 'huggingface_hub>=0.24,<3' \
+                  'lightning>2.2.1,<=2.4.0' 'hydra-core>1.3,<=1.3.2' 'omegaconf>=2.3,<=2.3.1' \
+                  'torchmetrics>=0.11' 'peft>=0.17,<0.22' 'einops>=0.7,<1' \
+                  'sentencepiece>=0.2,<1' 'safetensors>=0.4,<0.9' 'numpy>=1.26,<2.3' \
+                  'scipy>=1.10' 'librosa>=0.10.1,<0.12' 'soundfile>=0.12' 'wrapt' \
+                  'text-unidecode' 'fsspec>=2024.12' 'onnx>=1.7' 'pandas' \
+                  'lhotse>=1.33' 'kaldialign' 'braceexpand' 'webdataset>=0.2.86' \
+                  'datasets>=3.2' 'wandb' 'sacrebleu' 'whisper_normalizer' \
+                  'nv_one_logger_core>=2.3.1' 'nv_one_logger_training_telemetry>=2.3.1' \
+                  'nv_one_logger_pytorch_lightning_integration>=2.3.1'
+
+$(NEMOTRON_STAMP): pyproject.toml Makefile
+	test -x $(NEMOTRON_VENV)/bin/python || $(PYTHON) -m venv $(NEMOTRON_VENV)
+	$(NEMOTRON_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(NEMOTRON_VENV)/bin/python -m pip install --quiet '$(NEMOTRON_TORCH)' $(NEMOTRON_DEPS)
+	$(NEMOTRON_VENV)/bin/python -m pip install --quiet --no-deps '$(NEMO)'
+	$(NEMOTRON_VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(NEMOTRON_VENV)/bin/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
+	touch $(NEMOTRON_STAMP)
+
+test-nemotron: $(NEMOTRON_STAMP) redis-server
+	HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m pytest tests/nemotron $(PYTEST_ARGS)
+
 # Every benchmark program in turn (about 10 minutes); each rewrites its section of
 # docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.
 BENCHES := redis_path lifecycle latency capacity memory faults checkpoints chaos fuzz models cli_start inbox_codec surface_cpu
@@ -143,7 +178,7 @@ bench: venv redis-server
 	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.native_restore"; $(MOSHI_VENV)/bin/python -m bench.native_restore)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
 
 # The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents
 # (with its OpenAI plugin, and its NVIDIA plugin's PersonaPlex client), the OpenAI Agents SDK and

@@ -1,4 +1,5 @@
-"""A tiny random Nemotron VoiceChat checkpoint, for the tests and the CPU benchmarks.
+"""A tiny random Nemotron VoiceChat checkpoint, for the tests and the CPU benchmarks
+(plugins/nemotron).
 
 It is the published checkpoint's layout at toy sizes (`checkpoint.py` loads both alike):
 
@@ -26,6 +27,11 @@ LLM_DIRNAME = "NVIDIA-Nemotron-H-tiny"
 SPEAKER_FILE = "speaker.wav"
 _PERCEPTION = "nemo.collections.speechlm2.modules.perception"
 _ASR = "nemo.collections.asr.modules"
+#: the text channel's embeddings and the user channel's projection: at NeMo's own init
+#: scales a random model says one token forever; at these it says varied things, and
+#: talks on most frames (the tests script the quiet they need: tests/nemotron/scripted.py)
+TEXT_EMBED_STD = 0.5
+USER_PROJ_STD = 1.0
 SPECIAL_TOKENS = (
     "<unk>",
     "<s>",
@@ -268,6 +274,15 @@ def build_tiny_checkpoint(directory: str | os.PathLike[str], seed: int = 0) -> P
     config = tiny_config(str(llm_dir))
     torch.manual_seed(seed)
     model = NemotronVoiceChat(config)
+    # a function channel that never calls (the tests script its tokens): the head the
+    # published checkpoint's function channel is read from (checkpoint.FUNCTION_HEAD)
+    hidden = model.stt_model.lm_head.in_features
+    vocab = model.stt_model.lm_head.out_features
+    model.stt_model.function_head = torch.nn.Linear(hidden, vocab)
+    with torch.no_grad():
+        model.stt_model.function_head.weight.zero_()
+        model.stt_model.function_head.bias.fill_(-10.0)
+        model.stt_model.function_head.bias[model.stt_model.text_pad_id] = 10.0
     # NeMo's random init leaves some weights at scales that saturate a toy model (every
     # frame the same token): rescale what a tiny model needs to say varied things
     with torch.no_grad():
@@ -275,9 +290,9 @@ def build_tiny_checkpoint(directory: str | os.PathLike[str], seed: int = 0) -> P
             if name.endswith("lm_head.weight") or name.endswith("asr_head.weight"):
                 param.normal_(0.0, 0.5)
             elif "embed_tokens" in name or "embed_asr_tokens" in name:
-                param.normal_(0.0, 1.0)
+                param.normal_(0.0, TEXT_EMBED_STD)
             elif name.startswith("stt_model.perception.proj"):
-                param.normal_(0.0, 0.5)
+                param.normal_(0.0, USER_PROJ_STD)
     model.save_pretrained(str(root))
     import numpy as np
     import soundfile

@@ -13,6 +13,9 @@ collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 # tests/moshi needs torch and kyutai's moshi, which live in their own venv (`make test-moshi`)
 if not importlib.util.find_spec("moshi"):
     collect_ignore.append("moshi")
+# tests/nemotron needs torch and nemo-toolkit, which live in their own venv (`make test-nemotron`)
+if not importlib.util.find_spec("nemo"):
+    collect_ignore.append("nemotron")
 
 
 @pytest.fixture

@@ -29,6 +29,9 @@ from typing import Any
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+#: the function channel's head: nemo-toolkit 3.0.0's DuplexSTTModel has none, NVIDIA's
+#: streaming branch adds one; a checkpoint whose weights hold it gets it (plugin docs)
+FUNCTION_HEAD = "stt_model.function_head"
 
 
 class CheckpointError(ValueError):
@@ -132,6 +135,16 @@ class NemotronCheckpoint:
             )
         return cls(root, config)
 
+    def _add_function_head(self, model: Any) -> None:
+        """A Linear head for the function channel where the weights have one."""
+        import torch
+
+        found = _function_head_shape(self.directory / WEIGHTS_FILE)
+        if found is None:
+            return
+        (out_features, in_features), bias = found
+        model.stt_model.function_head = torch.nn.Linear(in_features, out_features, bias=bias)
+
     def speaker_audio(self, rate: int) -> Any:
         """The speaker reference (model.inference_speaker_reference) as [1, samples] at `rate`."""
         import librosa
@@ -148,12 +161,24 @@ class NemotronCheckpoint:
         from nemo.collections.speechlm2.models import NemotronVoiceChat
 
         model = NemotronVoiceChat(copy.deepcopy(self.config))
+        self._add_function_head(model)
         model.init_from_safetensors_ckpt(str(self.directory))
         model.to(torch.device(device))
         model.eval()
         # the silence frame is the codec's code of zeros: computed with the loaded weights
         model.tts_model.codec_silence_tokens = model.tts_model.get_codec_silence_frame()
         return model
+
+
+def _function_head_shape(path: Path) -> tuple[tuple[int, ...], bool] | None:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        keys = set(f.keys())
+        weight = f"{FUNCTION_HEAD}.weight"
+        if weight not in keys:
+            return None
+        return tuple(f.get_slice(weight).get_shape()), f"{FUNCTION_HEAD}.bias" in keys
 
 
 def _local(root: Path, name: Any, key: str) -> str:

@@ -6,9 +6,10 @@ its words and its tool calls.
 
 - **Prompt**: the session's system prompt (instructions and tool declarations, rendered by
   `tools.render_system_prompt`) is tokenized as NeMo's streaming inference takes a prompt
-  (`[bos] + tokens + [eos]`, one position each, before the first frame) and stepped a chunk
-  at a time between ticks (`replay_work`); the slot hears the session once it is done
-  (`prompt_frames_left`). The speech decoder starts at the first frame.
+  (`[bos] + tokens + [eos]`, one position each, before the first frame) and run through the
+  LLM in one forward at the slot's first `replay_work` (its inputs are known in advance);
+  the slot hears the session from the next frame (`prompt_frames_left`). The speech
+  decoder starts at the first frame.
 - **Turns**: the text channel's BOS opens the agent's turn and EOS closes it (NeMo's duplex
   format); a frame speaks while a turn is open or it says a word. Words are the turn's
   tokens decoded together, sent as they complete (a partial UTF-8 character waits).
@@ -66,7 +67,7 @@ class _Pending:
 
 
 @dataclasses.dataclass
-class _Slot:
+class SlotConversation:
     """One open conversation's bookkeeping outside the model's tensors."""
 
     options: dict[str, Any]
@@ -109,7 +110,7 @@ class NemotronFrameModel(FrameModel):
         self.layout = RecordLayout(quantizers, max_injected_tokens)
         self.state_record_bytes = self.layout.size
         self.special = {self.engine.pad, self.engine.bos, self.engine.eos}
-        self._slots: list[_Slot | None] = [None] * slots
+        self._slots: list[SlotConversation | None] = [None] * slots
         self.device = self.engine.device
 
     @classmethod
@@ -159,7 +160,7 @@ class NemotronFrameModel(FrameModel):
 
     # ------------------------------------------------------------ slots
 
-    def _slot(self, slot: int) -> _Slot:
+    def _slot(self, slot: int) -> SlotConversation:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} is out of range (0..{self.slots - 1})")
         state = self._slots[slot]
@@ -181,7 +182,7 @@ class NemotronFrameModel(FrameModel):
         names = [
             str(tool["name"]) for tool in tools if isinstance(tool, Mapping) and tool.get("name")
         ]
-        state = _Slot(dict(options), ToolCallParser(names))
+        state = SlotConversation(dict(options), ToolCallParser(names))
         prompt = self.prompt_tokens(options)
         state.pending.extend(_Pending(prompt_token=token) for token in prompt)
         state.prompt_left = len(prompt)
@@ -216,16 +217,22 @@ class NemotronFrameModel(FrameModel):
     @torch.no_grad()
     def replay_work(self, slot: int) -> int:
         state = self._slot(slot)
+        if state.pending and state.pending[0].prompt_token is not None:
+            # the whole prompt in one forward (its inputs are known in advance)
+            prompt = []
+            while state.pending and state.pending[0].prompt_token is not None:
+                token = state.pending.popleft().prompt_token
+                assert token is not None
+                prompt.append(token)
+            self.engine.prefill_prompt(slot, prompt)
+            state.prompt_left = 0
+            return len(state.pending)
         for _ in range(self.replay_chunk_frames):
             if not state.pending:
                 break
             item = state.pending.popleft()
-            if item.prompt_token is not None:
-                self._feed_tokens(slot, [item.prompt_token])
-                state.prompt_left = max(0, state.prompt_left - 1)
-            else:
-                assert item.record is not None
-                self._replay_frame(slot, item.record)
+            assert item.record is not None
+            self._replay_frame(slot, item.record)
         return len(state.pending)
 
     def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
@@ -321,14 +328,16 @@ class NemotronFrameModel(FrameModel):
                 f"the step failed after the model advanced: {exc}", records
             ) from exc
 
-    def _forced_for(self, slot: int, state: _Slot, pcm: np.ndarray) -> dict[str, Any] | None:
+    def _forced_for(
+        self, slot: int, state: SlotConversation, pcm: np.ndarray
+    ) -> dict[str, Any] | None:
         """What this frame's step is made to say instead of choosing (None: nothing): after
         a barge-in, EOS on the text channel if a turn is open."""
         interrupted, state.interrupt = state.interrupt, False
         return {"text": self.engine.eos} if interrupted and state.in_turn else None
 
     def _account(
-        self, state: _Slot, text: int, function: int | None
+        self, state: SlotConversation, text: int, function: int | None
     ) -> tuple[str, tuple[FunctionCall, ...], tuple[str, str] | None, bool]:
         """A frame's tokens into the slot's turn: its words, calls, error, and whether it
         speaks (also run for replayed frames, so a restored slot's turn is as it was)."""
@@ -342,7 +351,8 @@ class NemotronFrameModel(FrameModel):
             state.turn_tokens.append(text)
             words = self._new_text(state.turn_tokens, state.said)
             state.said += words
-        speaking = state.in_turn or words != ""
+        # a word token is speech even before its characters complete (a split UTF-8 one)
+        speaking = state.in_turn or text not in self.special
         calls: tuple[FunctionCall, ...] = ()
         error = None
         if function is None:

@@ -262,6 +262,36 @@ class NemotronHStep:
             self.length[slot] += 1
         return self.llm.norm_f(hidden)[:, 0]
 
+    @torch.no_grad()
+    def prefill(self, slot: int, embeds: Tensor) -> Tensor:
+        """A fresh slot's first positions at once (a prompt: `embeds` [P, H]), through the HF
+        model's own full-sequence forward (Mamba-2's chunked scan, attention over the
+        chunk), its cache then copied into the slot's state. Returns the final hidden
+        states [P, H]."""
+        from transformers import DynamicCache
+
+        if int(self.length[slot]) != 0:
+            raise ValueError(f"slot {slot} is not fresh: a prefill starts a conversation")
+        positions = embeds.shape[0]
+        self._grow(positions)
+        cache = DynamicCache(config=self.llm.config)
+        out = self.llm(
+            inputs_embeds=embeds.to(self.dtype)[None],
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+        )
+        for i, layer in enumerate(out.past_key_values.layers):
+            if i in self.conv:
+                tail = self.conv[i].shape[-1]
+                self.conv[i][slot] = layer.conv_states[0][0, :, -tail:]
+                self.ssm[i][slot] = layer.recurrent_states[0][0]
+            elif i in self.keys:
+                self.keys[i][slot, :, :positions] = layer.keys[0]
+                self.values[i][slot, :, :positions] = layer.values[0]
+        self.length[slot] = positions
+        return out.last_hidden_state[0]
+
     def _mamba(self, i: int, mixer: Any, x: Tensor, rows: Tensor) -> Tensor:
         """Mamba-2's recurrent form for one token (the HF mixer's own torch path), with the
         step size clamped as its chunked scan clamps it (`time_step_limit`), so a streamed
@@ -450,6 +480,30 @@ class StreamingVoiceChat:
                 asr = torch.tensor([state.asr], device=self.device)
                 x = x + self.stt.embed_asr_tokens(asr)[0] * self.asr_weight
         return x
+
+    @torch.no_grad()
+    def prefill_prompt(self, slot: int, tokens: list[int]) -> None:
+        """A fresh slot's prompt positions in one forward: their inputs are known in advance
+        (the text and ASR channels are pad at prompt positions, so each position's previous
+        tokens are too), so NeMo's prompt positions need no step-by-step loop."""
+        state = self.state[slot]
+        if state.position != 0 or not tokens:
+            raise ValueError("a prompt is the first thing a fresh slot hears")
+        ids = torch.tensor(tokens, device=self.device)
+        x = self.stt.embed_tokens(ids) * self.user_weight
+        x[0] = x[0] + self.stt._get_bos_embedding()[0] * self.text_weight
+        pad = torch.tensor([self.pad], device=self.device)
+        if len(tokens) > 1:
+            x[1:] = x[1:] + self.stt.embed_tokens(pad)[0] * self.text_weight
+        if self.predict_asr:
+            x[0] = x[0] + self.stt._get_asr_bos_embedding()[0] * self.asr_weight
+            if len(tokens) > 1:
+                x[1:] = x[1:] + self.stt.embed_asr_tokens(pad)[0] * self.asr_weight
+        self.llm.prefill(slot, x)
+        state.position = len(tokens)
+        state.text = state.asr = self.pad
+        state.recent_text.extend([self.pad] * min(len(tokens), self.turn_threshold + 1))
+        state.recent_asr.extend([self.pad] * min(len(tokens), self.turn_pad_window + 2))
 
     def _logits(self, hidden: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """DuplexSTTModel.forward's heads and inference boosts, on final hidden states."""

@@ -1,0 +1,109 @@
+"""The Nemotron VoiceChat plugin with a scripted function channel, for the end-to-end tests.
+
+The tiny random checkpoint (harness/tiny_nemotron.py) never makes a tool call by itself: its
+function head always says pad. `ScriptedNemotronFrameModel` is the real frame model, every
+step the real model's, with what it is fed on two channels forced, through the same
+mechanism a barge-in uses (`_forced_for`), so the frame records and a restore see exactly
+what happened:
+
+- a loud frame (RMS over `LOUD_RMS`) in a slot whose session has tools, and no call of its
+  waiting for a result: the function channel is made to say
+  `<TOOLCALL>[{"name": <first tool>, "arguments": {"city": "Paris"}}]</TOOLCALL>`, one token a
+  frame, while the text channel says EOS then pad (the model stops talking and listens for
+  `QUIET_FRAMES` frames, so the response holding the call ends);
+- once a tool result has been fed (`add_function_output`, then its tokens), the text channel
+  is made to say `[BOS] <ANSWER> [EOS]`, a word a frame, then pad for `QUIET_FRAMES`: the
+  answer the client then hears, as a response of its own (the tiny model talks on most
+  frames by itself).
+
+`duplex worker --plugin tests.nemotron.scripted:ScriptedNemotronPlugin --model-dir DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from plugins.nemotron import NemotronPlugin
+from plugins.nemotron.frame_model import NemotronFrameModel, SlotConversation
+from plugins.nemotron.tools import CLOSE, OPEN
+from shared.contracts.frame_model import FrameModel
+
+log = logging.getLogger(__name__)
+
+LOUD_RMS = 0.2
+QUIET_FRAMES = 8
+ANSWER = " sunny in paris"
+
+
+class ScriptedNemotronFrameModel(NemotronFrameModel):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._scripts: dict[int, deque[dict[str, int]]] = {}
+        self._waiting: dict[int, bool] = {}
+        self._answer_due: dict[int, bool] = {}
+
+    def open_slot(self, slot: int, options: Any) -> None:
+        super().open_slot(slot, options)
+        self._scripts[slot] = deque()
+        self._waiting[slot] = False
+        self._answer_due[slot] = False
+
+    def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
+        super().add_function_output(slot, call_id, name, output)
+        self._waiting[slot] = False
+        self._answer_due[slot] = True
+
+    def _call_script(self, tool: str) -> deque[dict[str, int]]:
+        body = json.dumps([{"name": tool, "arguments": {"city": "Paris"}}])
+        tokens = self.tokenizer.text_to_ids(f"{OPEN}{body}{CLOSE}")
+        script: deque[dict[str, int]] = deque()
+        for i, token in enumerate(tokens):
+            script.append(
+                {"function": token, "text": self.engine.eos if i == 0 else self.engine.pad}
+            )
+        script.extend({"text": self.engine.pad} for _ in range(QUIET_FRAMES))
+        return script
+
+    def _answer_script(self) -> deque[dict[str, int]]:
+        words = self.tokenizer.text_to_ids(ANSWER)
+        texts = [self.engine.bos, *words, self.engine.eos] + [self.engine.pad] * QUIET_FRAMES
+        return deque({"text": token} for token in texts)
+
+    def _forced_for(
+        self, slot: int, state: SlotConversation, pcm: np.ndarray
+    ) -> dict[str, Any] | None:
+        forced = super()._forced_for(slot, state, pcm) or {}
+        script = self._scripts[slot]
+        tools = state.options.get("tools") or []
+        if not script and self._answer_due[slot] and not state.injections:
+            self._answer_due[slot] = False
+            script.extend(self._answer_script())
+        loud = float(np.sqrt(np.mean((pcm.astype(np.float32) / 32768.0) ** 2))) > LOUD_RMS
+        if loud:
+            log.debug("slot %d: a loud frame (waiting for a result: %s)", slot, self._waiting[slot])
+        if not script and tools and loud and not self._waiting[slot]:
+            self._waiting[slot] = True
+            script.extend(self._call_script(str(tools[0]["name"])))
+        if script:
+            forced.update(script.popleft())
+        return forced or None
+
+
+class ScriptedNemotronPlugin(NemotronPlugin):
+    def frame_model(self, max_sessions: int) -> FrameModel:
+        return ScriptedNemotronFrameModel.load(
+            str(self.model_dir),
+            max_sessions,
+            self.device,
+            self.threads,
+            replay_chunk_frames=self.replay_chunk_frames,
+            max_injected_tokens=self.max_injected_tokens,
+        )
+
+
+__all__ = ["ScriptedNemotronFrameModel", "ScriptedNemotronPlugin"]
