@@ -29,7 +29,6 @@ compare them with `offline_inference`).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import deque
 from typing import Any
@@ -381,11 +380,13 @@ class SlotTokens:
     position: int = 0
     text: int = 0
     asr: int = 0
-    #: the TTS's previous subword and codes, and its key/value cache
+    #: the speech decoder's previous subword and codes, its backbone's keys and values per
+    #: layer ([rows, heads, length, dim]: rows 2 with classifier-free guidance) and the
+    #: position of its next token (None: it has not started)
     tts_prev_subword: Tensor | None = None
     tts_code: Tensor | None = None
-    tts_cache: Any = None
-    tts_steps: int = 0
+    tts_kv: list[tuple[Tensor, Tensor]] | None = None
+    tts_position: int = 0
     #: the last `decode_window` frames of codes (the codec decodes over them)
     codes: deque[Tensor] = dataclasses.field(default_factory=deque)
     #: the recent text and ASR tokens forced turn taking looks back over
@@ -433,7 +434,7 @@ class StreamingVoiceChat:
         self.function_head = getattr(self.stt, "function_head", None)
         self.generation = self.tts._get_generation_config(guidance)
         self.state = [SlotTokens() for _ in range(slots)]
-        self._tts_init: tuple[Any, Tensor, Tensor] | None = None
+        self._tts_init: tuple[list[tuple[Tensor, Tensor]], Tensor, Tensor, int] | None = None
 
     # ------------------------------------------------------------ the speech decoder's start
 
@@ -452,10 +453,12 @@ class StreamingVoiceChat:
             {"use_cache": True, "past_key_values": None, "guidance_enabled": self.guidance}
         )
         outputs = self.tts.tts_model(**inputs)
+        cache = outputs.past_key_values
         self._tts_init = (
-            outputs.past_key_values,
+            [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers],
             inputs["code"][:, -1:].clone(),
             inputs["subword_ids"][:, -1].unsqueeze(-1).clone(),
+            int(inputs["code"].shape[1]),
         )
 
     def reset(self, slot: int) -> None:
@@ -567,6 +570,7 @@ class StreamingVoiceChat:
         )
         fn_ids = fn_logits.argmax(-1).tolist() if fn_logits is not None else None
         outs: list[PositionOut] = []
+        forced_codes: list[Tensor | None] = []
         for i, slot in enumerate(slots):
             state = self.state[slot]
             text, asr = text_ids[i], asr_ids[i]
@@ -580,9 +584,7 @@ class StreamingVoiceChat:
                 text = replay.get("text", text)
                 asr = replay.get("asr", asr)
                 function = replay.get("function", function)
-            codes = None
-            if speak:
-                codes = self._speak(slot, text, replay.get("codes") if replay is not None else None)
+            forced_codes.append(replay.get("codes") if replay is not None else None)
             state.recent_text.append(text)
             state.recent_asr.append(asr)
             while len(state.recent_text) > self.turn_threshold + 1:
@@ -591,68 +593,131 @@ class StreamingVoiceChat:
                 state.recent_asr.popleft()
             state.text, state.asr = text, asr
             state.position += 1
-            outs.append(PositionOut(text, asr, function, codes, None))
-        if decode and speak:
-            self._decode(slots, outs)
+            outs.append(PositionOut(text, asr, function, None, None))
+        if speak:
+            codes = self._speak(slots, [o.text for o in outs], forced_codes)
+            for out, code in zip(outs, codes, strict=True):
+                out.codes = code
+            if decode:
+                self._decode(slots, outs)
         return outs
 
-    def _speak(self, slot: int, text: int, forced_codes: Tensor | None) -> Tensor:
-        """The speech decoder's step for this position (offline_inference's TTS loop: the
-        warm-up at position 0, then one step per position with the previous subword)."""
-        state = self.state[slot]
-        if state.tts_cache is None:
-            assert self._tts_init is not None, "set_speaker first"
-            cache, code, first_subword = self._tts_init
-            state.tts_cache = copy.deepcopy(cache)
-            state.tts_code = code.clone()
-            state.tts_prev_subword = first_subword.clone()
-            codes = torch.zeros(code.shape[-1], dtype=torch.long, device=self.device)
-        else:
-            current = torch.tensor([[text]], device=self.device)
-            mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)
-            if forced_codes is None:
-                code, state.tts_cache = self.tts.infer_codes_one_step(
-                    current_subword_id=current,
-                    prev_subword_id=state.tts_prev_subword,
-                    current_subword_mask=mask,
-                    prev_audio_tokens=state.tts_code,
-                    past_key_values=state.tts_cache,
-                    guidance_enabled=self.guidance,
-                    generation_config=self.generation,
-                    ignore_eos_flag_stop=True,
-                )
-            else:
-                code = forced_codes.view(1, 1, -1).to(self.device)
-                state.tts_cache = self._tts_feed(state, current, mask)
-            state.tts_code = code
-            state.tts_prev_subword = current
-            codes = code.view(-1)
-        state.codes.append(codes)
-        while len(state.codes) > self.decode_window:
-            state.codes.popleft()
-        return codes
+    # ------------------------------------------------------------ the speech decoder
 
-    def _tts_feed(self, state: SlotTokens, current: Tensor, mask: Tensor) -> Any:
-        """A replayed TTS step: its backbone fed the step's inputs (its cache grows as the
-        original step's did), without generating codes (the record has them)."""
+    def _speak(
+        self, slots: list[int], texts: list[int], forced: list[Tensor | None]
+    ) -> list[Tensor]:
+        """The speech decoder's step for these positions (offline_inference's TTS loop: the
+        warm-up at a slot's first position, then one step per position with the previous
+        subword), the slots that generate in one batched call; a replayed position's codes
+        are given (its backbone is fed them, nothing is sampled)."""
+        codes: list[Tensor | None] = [None] * len(slots)
+        generate: list[int] = []
+        for i, slot in enumerate(slots):
+            state = self.state[slot]
+            if state.tts_kv is None:
+                assert self._tts_init is not None, "set_speaker first"
+                kv, code, first_subword, position = self._tts_init
+                state.tts_kv = [(k.clone(), v.clone()) for k, v in kv]
+                state.tts_code, state.tts_prev_subword = code.clone(), first_subword.clone()
+                state.tts_position = position
+                codes[i] = torch.zeros(code.shape[-1], dtype=torch.long, device=self.device)
+            elif forced[i] is not None:
+                self._tts_run([slot], [texts[i]], generate=False)
+                given = forced[i]
+                assert given is not None
+                state.tts_code = given.view(1, 1, -1).to(self.device)
+                codes[i] = state.tts_code.view(-1)
+            else:
+                generate.append(i)
+        if generate:
+            made = self._tts_run([slots[i] for i in generate], [texts[i] for i in generate])
+            for i, code in zip(generate, made, strict=True):
+                codes[i] = code
+        out: list[Tensor] = []
+        for i, slot in enumerate(slots):
+            code = codes[i]
+            assert code is not None
+            state = self.state[slot]
+            state.codes.append(code)
+            while len(state.codes) > self.decode_window:
+                state.codes.popleft()
+            out.append(code)
+        return out
+
+    def _tts_run(self, slots: list[int], texts: list[int], generate: bool = True) -> list[Tensor]:
+        """One step of the speech decoder's backbone for `slots` in one batch (their caches
+        left-padded to one length, each row at its own position), generating codes (else
+        fed: a replay's codes are the record's, set by the caller). Returns the codes."""
+        from transformers import DynamicCache
+
         tts = self.tts
-        prev = state.tts_code
+        states = [self.state[s] for s in slots]
+        batch = len(slots)
+        current = torch.tensor([[t] for t in texts], device=self.device)
+        previous = torch.cat([st.tts_prev_subword for st in states], dim=0)  # type: ignore[misc]
+        prev_codes = torch.cat([st.tts_code for st in states], dim=0)  # type: ignore[misc]
         if tts.cfg.get("inference_force_speech_silence_on_eos", True):
-            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev.shape)
-            prev = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev)
+            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev_codes.shape)
+            prev_codes = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev_codes)
         context = None
         if tts.cfg.tts_config.context_hidden_size is not None:
-            context = tts.embed_tokens(state.tts_prev_subword)
+            context = tts.embed_tokens(previous)
+        # the batch's cache: every slot's keys and values left-padded to the longest
+        kvs = [st.tts_kv for st in states]
+        assert all(kv is not None for kv in kvs)
+        lengths = [kv[0][0].shape[-2] for kv in kvs]  # type: ignore[index]
+        longest = max(lengths)
+        backbone = tts.tts_model.backbone
+        cache = DynamicCache(config=backbone.config)
+        for layer in range(len(kvs[0])):  # type: ignore[arg-type]
+            keys, values = [], []
+            rows = kvs[0][layer][0].shape[0]  # type: ignore[index]
+            for row in range(rows):  # all slots' row 0 (conditional), then row 1
+                for kv, length in zip(kvs, lengths, strict=True):
+                    k, v = kv[layer]  # type: ignore[index]
+                    keys.append(F.pad(k[row], (0, 0, longest - length, 0)))
+                    values.append(F.pad(v[row], (0, 0, longest - length, 0)))
+            cache.layers[layer].update(torch.stack(keys), torch.stack(values))
+        attention = torch.zeros(batch, longest + 1, dtype=torch.long, device=self.device)
+        for b, length in enumerate(lengths):
+            attention[b, longest - length :] = 1
+        positions = torch.tensor([[st.tts_position] for st in states], device=self.device)
         outputs = tts.tts_model(
-            code=prev,
+            code=prev_codes,
             context_hidden_state=context,
             subword_ids=current,
-            subword_mask=mask,
-            past_key_values=state.tts_cache,
+            subword_mask=torch.ones(batch, 1, dtype=torch.bool, device=self.device),
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
             use_cache=True,
             guidance_enabled=self.guidance,
+            generation_config=self.generation if generate else None,
+            ignore_eos_flag_stop=True,
         )
-        return outputs.past_key_values
+        new_cache = outputs.past_key_values
+        codes = outputs.codes if generate else None
+        for b, state in enumerate(states):
+            kept = []
+            for stored in new_cache.layers:
+                rows = stored.keys.shape[0] // batch
+                index = torch.tensor([r * batch + b for r in range(rows)], device=self.device)
+                take = min(lengths[b] + 1, stored.keys.shape[-2])
+                kept.append(
+                    (
+                        stored.keys.index_select(0, index)[:, :, -take:].clone(),
+                        stored.values.index_select(0, index)[:, :, -take:].clone(),
+                    )
+                )
+            state.tts_kv = kept
+            state.tts_position += 1
+            state.tts_prev_subword = current[b : b + 1]
+            if codes is not None:
+                state.tts_code = codes[b : b + 1]
+        if codes is None:
+            return []
+        return [codes[b].view(-1) for b in range(batch)]
 
     def _decode(self, slots: list[int], outs: list[PositionOut]) -> None:
         """NeMo's incremental decoding of each slot's newest frame, batched by window length."""
