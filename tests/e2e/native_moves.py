@@ -89,10 +89,11 @@ class NativeFleet:
         self.workers[name].process.wait()
         self.workers[name] = self._worker(name)
 
-    async def open(self, model: str, record_bytes: int) -> str:
-        """Every worker registered, a session open and streamed into until its model
-        history in Redis holds 25 frames; its id."""
-        self.api.wait_ready()
+    async def open(self, model: str, record_bytes: int, load_s: float = 60) -> str:
+        """Every worker registered (a worker loads its model first: up to `load_s`), a
+        session open and streamed into until its model history in Redis holds 25 frames;
+        its id."""
+        self.api.wait_ready(timeout=load_s)
         await until(
             lambda: self.redis.zcard(self.keys.workers()), lambda n: n >= len(self.workers), 120
         )
@@ -143,13 +144,14 @@ async def move_a_native_session(
     plugin: str,
     model: str,
     record_bytes: int,
+    load_s: float = 60,
     **worker_env: str,
 ) -> tuple[bytes, int]:
     """Stream into a native session, kill or drain its worker, check it goes on (above);
     returns the model history as the new worker has written it, and the frames restored."""
     fleet = NativeFleet(redis_url, ["w-a", "w-b"], plugin, **worker_env)
     try:
-        sid = await fleet.open(model, record_bytes)
+        sid = await fleet.open(model, record_bytes, load_s)
         client = fleet.client
         owner = (await fleet.owner(sid)).decode()
         other = next(name for name in fleet.workers if name != owner)

@@ -21,6 +21,7 @@ what happened:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import deque
@@ -40,23 +41,29 @@ QUIET_FRAMES = 8
 ANSWER = " sunny in paris"
 
 
+@dataclasses.dataclass
+class SlotScript:
+    """One slot's scripted channels: what the next frames are made to say, whether its call
+    waits for a result, and whether the answer is due once the result has been fed."""
+
+    forced: deque[dict[str, int]] = dataclasses.field(default_factory=deque)
+    waiting: bool = False
+    answer_due: bool = False
+
+
 class ScriptedNemotronFrameModel(NemotronFrameModel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._scripts: dict[int, deque[dict[str, int]]] = {}
-        self._waiting: dict[int, bool] = {}
-        self._answer_due: dict[int, bool] = {}
+        self._scripts: list[SlotScript] = [SlotScript() for _ in range(self.slots)]
 
     def open_slot(self, slot: int, options: Any) -> None:
         super().open_slot(slot, options)
-        self._scripts[slot] = deque()
-        self._waiting[slot] = False
-        self._answer_due[slot] = False
+        self._scripts[slot] = SlotScript()
 
     def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
         super().add_function_output(slot, call_id, name, output)
-        self._waiting[slot] = False
-        self._answer_due[slot] = True
+        self._scripts[slot].waiting = False
+        self._scripts[slot].answer_due = True
 
     def _call_script(self, tool: str) -> deque[dict[str, int]]:
         body = json.dumps([{"name": tool, "arguments": {"city": "Paris"}}])
@@ -80,17 +87,17 @@ class ScriptedNemotronFrameModel(NemotronFrameModel):
         forced = super()._forced_for(slot, state, pcm) or {}
         script = self._scripts[slot]
         tools = state.options.get("tools") or []
-        if not script and self._answer_due[slot] and not state.injections:
-            self._answer_due[slot] = False
-            script.extend(self._answer_script())
+        if not script.forced and script.answer_due and not state.injections:
+            script.answer_due = False
+            script.forced.extend(self._answer_script())
         loud = float(np.sqrt(np.mean((pcm.astype(np.float32) / 32768.0) ** 2))) > LOUD_RMS
         if loud:
-            log.debug("slot %d: a loud frame (waiting for a result: %s)", slot, self._waiting[slot])
-        if not script and tools and loud and not self._waiting[slot]:
-            self._waiting[slot] = True
-            script.extend(self._call_script(str(tools[0]["name"])))
-        if script:
-            forced.update(script.popleft())
+            log.debug("slot %d: a loud frame (waiting for a result: %s)", slot, script.waiting)
+        if not script.forced and tools and loud and not script.waiting:
+            script.waiting = True
+            script.forced.extend(self._call_script(str(tools[0]["name"])))
+        if script.forced:
+            forced.update(script.forced.popleft())
         return forced or None
 
 
