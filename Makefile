@@ -176,6 +176,8 @@ bench: venv redis-server
 	@echo "== bench.tick_batched"; \
 	  $(if $(wildcard $(MOSHI_STAMP)),$(MOSHI_VENV)/bin/python,$(BIN)/python) -m bench.tick_batched
 	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.native_restore"; $(MOSHI_VENV)/bin/python -m bench.native_restore)
+	@# Nemotron VoiceChat's step against the conversation's length where .venv-nemotron exists
+	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.nemotron_step"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.nemotron_step)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
