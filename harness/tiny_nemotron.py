@@ -92,10 +92,12 @@ def _write_llm(directory: Path, seed: int) -> None:
     ).save_pretrained(directory)
 
 
-def tiny_config(llm_dir: str) -> dict[str, Any]:
-    """NemotronVoiceChat's config at toy sizes (the layout of NeMo's own parity tests)."""
+def tiny_config(llm_dir: str, speech_window: int | None = None) -> dict[str, Any]:
+    """NemotronVoiceChat's config at toy sizes (the layout of NeMo's own parity tests).
+    `speech_window`: the speech decoder's backbone gets a second layer, of full attention,
+    beside its sliding-window one, and that window (Gemma-3's mix, at a size a test crosses)."""
     log_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "nemotron-tiny-logs")
-    return {
+    config: dict[str, Any] = {
         "model": {
             "scoring_asr": "stt_en_fastconformer_transducer_large",
             "stt": {
@@ -260,9 +262,21 @@ def tiny_config(llm_dir: str) -> dict[str, Any]:
         },
         "exp_manager": {"explicit_log_dir": log_dir},
     }
+    return _with_speech_window(config, speech_window)
 
 
-def build_tiny_checkpoint(directory: str | os.PathLike[str], seed: int = 0) -> Path:
+def _with_speech_window(config: dict[str, Any], window: int | None) -> dict[str, Any]:
+    if window is not None:
+        backbone = config["model"]["speech_generation"]["model"]["tts_config"]["backbone_config"]
+        backbone["num_hidden_layers"] = 2
+        backbone["layer_types"] = ["sliding_attention", "full_attention"]
+        backbone["sliding_window"] = window
+    return config
+
+
+def build_tiny_checkpoint(
+    directory: str | os.PathLike[str], seed: int = 0, speech_window: int | None = None
+) -> Path:
     """Write a tiny random checkpoint to `directory` (created) and return it."""
     import torch
     from nemo.collections.speechlm2.models import NemotronVoiceChat
@@ -271,7 +285,7 @@ def build_tiny_checkpoint(directory: str | os.PathLike[str], seed: int = 0) -> P
     llm_dir = root / LLM_DIRNAME
     llm_dir.mkdir(parents=True, exist_ok=True)
     _write_llm(llm_dir, seed)
-    config = tiny_config(str(llm_dir))
+    config = tiny_config(str(llm_dir), speech_window)
     torch.manual_seed(seed)
     model = NemotronVoiceChat(config)
     # a function channel that never calls (the tests script its tokens): the head the
@@ -301,7 +315,7 @@ def build_tiny_checkpoint(directory: str | os.PathLike[str], seed: int = 0) -> P
     soundfile.write(root / SPEAKER_FILE, voice, 22050)
     # the config as published: the LLM and tokenizer named by a path relative to the
     # checkpoint, resolved by checkpoint.py
-    config = tiny_config(LLM_DIRNAME)
+    config = tiny_config(LLM_DIRNAME, speech_window)
     config["model"]["inference_speaker_reference"] = SPEAKER_FILE
     (root / "config.json").write_text(json.dumps(config, indent=1))
     return root

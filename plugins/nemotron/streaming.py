@@ -650,6 +650,7 @@ class StreamingVoiceChat:
         left-padded to one length, each row at its own position), generating codes (else
         fed: a replay's codes are the record's, set by the caller). Returns the codes."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicSlidingWindowLayer
 
         tts = self.tts
         states = [self.state[s] for s in slots]
@@ -663,26 +664,35 @@ class StreamingVoiceChat:
         context = None
         if tts.cfg.tts_config.context_hidden_size is not None:
             context = tts.embed_tokens(previous)
-        # the batch's cache: every slot's keys and values left-padded to the longest
+        # the batch's cache, every slot's keys and values left-padded per layer: a
+        # full-attention layer holds a slot's every position, a sliding-window one only its
+        # last window - 1 (as HF's own cache keeps them), so lengths differ per layer
         kvs = [st.tts_kv for st in states]
         assert all(kv is not None for kv in kvs)
-        lengths = [kv[0][0].shape[-2] for kv in kvs]  # type: ignore[index]
-        longest = max(lengths)
+        positions_now = [st.tts_position for st in states]
+        past = max(positions_now)  # the longest slot's past: the attention mask's length
         backbone = tts.tts_model.backbone
         cache = DynamicCache(config=backbone.config)
         for layer in range(len(kvs[0])):  # type: ignore[arg-type]
             keys, values = [], []
+            lengths = [kv[layer][0].shape[-2] for kv in kvs]  # type: ignore[index]
+            longest = max(lengths)
             rows = kvs[0][layer][0].shape[0]  # type: ignore[index]
             for row in range(rows):  # all slots' row 0 (conditional), then row 1
                 for kv, length in zip(kvs, lengths, strict=True):
                     k, v = kv[layer]  # type: ignore[index]
                     keys.append(F.pad(k[row], (0, 0, longest - length, 0)))
                     values.append(F.pad(v[row], (0, 0, longest - length, 0)))
-            cache.layers[layer].update(torch.stack(keys), torch.stack(values))
-        attention = torch.zeros(batch, longest + 1, dtype=torch.long, device=self.device)
-        for b, length in enumerate(lengths):
-            attention[b, longest - length :] = 1
-        positions = torch.tensor([[st.tts_position] for st in states], device=self.device)
+            stored = cache.layers[layer]
+            stored.update(torch.stack(keys), torch.stack(values))
+            if isinstance(stored, DynamicSlidingWindowLayer):
+                # a sliding layer's mask is cut from the batch's full past (HF counts it
+                # from the tokens the layer has seen, which its stored tail understates)
+                stored.cumulative_length = past
+        attention = torch.zeros(batch, past + 1, dtype=torch.long, device=self.device)
+        for b, position in enumerate(positions_now):
+            attention[b, past - position :] = 1
+        positions = torch.tensor([[p] for p in positions_now], device=self.device)
         outputs = tts.tts_model(
             code=prev_codes,
             context_hidden_state=context,
@@ -703,7 +713,8 @@ class StreamingVoiceChat:
             for stored in new_cache.layers:
                 rows = stored.keys.shape[0] // batch
                 index = torch.tensor([r * batch + b for r in range(rows)], device=self.device)
-                take = min(lengths[b] + 1, stored.keys.shape[-2])
+                # a full layer: the slot's every position; a sliding one: at most its tail
+                take = min(positions_now[b] + 1, stored.keys.shape[-2])
                 kept.append(
                     (
                         stored.keys.index_select(0, index)[:, :, -take:].clone(),

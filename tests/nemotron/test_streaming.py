@@ -12,8 +12,10 @@ alone.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from harness.tiny_nemotron import build_tiny_checkpoint
 from plugins.nemotron.streaming import FRAME_SAMPLES, StreamingVoiceChat
 from tests.nemotron.conftest import user_audio
 
@@ -126,3 +128,27 @@ def test_a_prompted_session_equals_nemo_offline_with_its_prompt_tokens(voicechat
     # NeMo trims the prompt positions from what it returns
     assert text == reference["tokens_text"][0, :FRAMES].tolist()
     assert asr == reference["tokens_text_src"][0, :FRAMES].tolist()
+
+
+@pytest.fixture(scope="module")
+def gemma_mix(tmp_path_factory):
+    """The tiny model with a speech decoder of Gemma-3's layer mix (a sliding-window layer
+    and a full-attention one) and a window of 40 frames, which the decoder's warm-up (37
+    positions) and a few frames cross: its cache is kept per layer."""
+    from plugins.nemotron.checkpoint import NemotronCheckpoint
+
+    directory = build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-gemma-mix"), speech_window=40)
+    return NemotronCheckpoint.inspect(directory).load()
+
+
+def test_past_the_speech_decoders_window_each_layer_keeps_its_own_length(gemma_mix):
+    frames = 20
+    audio = torch.from_numpy(np.stack([user_audio(1, frames), user_audio(2, frames)]))
+    reference = offline(gemma_mix, audio.reshape(2, frames * FRAME_SAMPLES), speaker())
+    backbone = gemma_mix.tts_model.tts_model.backbone.config
+    assert backbone.layer_types == ["sliding_attention", "full_attention"]
+    (alone,) = stream(gemma_mix, [audio[0]], starts=[0])
+    check(reference, 0, alone)
+    staggered = stream(gemma_mix, [audio[0], audio[1][: frames - 7]], starts=[0, 7])
+    check(reference, 0, staggered[0])
+    check(reference, 1, staggered[1])
