@@ -40,8 +40,7 @@ next frame is not due (the other slots miss no deadline for it), one slot at a t
 oldest restore first. A chunk longer than any tick's spare time runs anyway once
 `REPLAY_STARVED_TICKS` ticks have passed without one, so every restore ends. When the
 slot steps again, the input that arrived meanwhile is cut to its newest
-`RESTORED_INPUT_FRAMES` frames: the model goes on in real time, not seconds behind (a prompt
-replayed before a session's first frame keeps its input: it is the conversation's start).
+`RESTORED_INPUT_FRAMES` frames: the model goes on in real time, not seconds behind.
 """
 
 from __future__ import annotations
@@ -433,11 +432,12 @@ class TickBatchedStagePort(InputFedStagePort):
         `.pt` voice at an open, is not one)."""
         slot.replaying = False
         seconds = self.clock.now() - slot.replay_started
+        # the newest input, and at least what the jitter buffer holds before it takes frames
+        keep = max(RESTORED_INPUT_FRAMES, -(-slot.resume_at // self.model.frame_samples))
+        dropped = slot.keep_latest(keep)
+        if dropped:
+            self.counters.dropped_input_frames += dropped / self.model.frame_samples
         if not slot.restoring:
-            # a prompt (a persona, a voice prefix, Nemotron's system prompt) before the
-            # session's first frame: what the user said meanwhile is the conversation's
-            # start, and is kept (the slot's buffer bounds it); only a restore, seconds
-            # behind the clock, cuts its input below
             log.debug(
                 "%s: session %s: prompt replayed in %.3f s",
                 self.model_name,
@@ -445,11 +445,6 @@ class TickBatchedStagePort(InputFedStagePort):
                 seconds,
             )
             return
-        # the newest input, and at least what the jitter buffer holds before it takes frames
-        keep = max(RESTORED_INPUT_FRAMES, -(-slot.resume_at // self.model.frame_samples))
-        dropped = slot.keep_latest(keep)
-        if dropped:
-            self.counters.dropped_input_frames += dropped / self.model.frame_samples
         frames = slot.history.restored_frames if slot.history is not None else 0
         counters = self.counters
         counters.restores += 1

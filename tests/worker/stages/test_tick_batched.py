@@ -387,22 +387,6 @@ async def test_a_prompt_replayed_at_an_open_is_not_counted_as_a_restore(rig):
     assert b'duplex_native_restore_seconds_count{model="frame_echo"}' not in text
 
 
-async def test_what_the_user_said_while_a_prompt_replayed_is_kept(rig):
-    """A prompt replayed at an open (Nemotron's system prompt, a PersonaPlex voice prefix)
-    is before the session's first frame: the input that arrived meanwhile is the user's
-    first words, and the slot steps all of it (a restore, behind the clock, keeps only its
-    newest frames: above)."""
-    rig.model.on_open = lambda slot, options: rig.model._replay_left.__setitem__(slot, 16)
-    await rig.open("a")
-    rig.port.feed("a", tone(6))
-    await rig.tick(2)  # the replay runs after the first tick's step
-    assert rig.model.batches == [0, 1]
-    await rig.tick(5)
-    assert rig.model.steps[0] == 6
-    assert rig.port.stats()["dropped_input_frames"] == 0
-    assert rig.port.stats()["silence_frames"] == 0
-
-
 async def test_a_step_that_failed_after_the_model_advanced_still_records_its_frames(rig):
     """`FrameStepError` carries the records of a step whose model state advanced before it
     failed: they go to the histories (else a restore would rebuild another state), and the
