@@ -141,6 +141,7 @@ class NemotronCheckpoint:
 
         found = _function_head_shape(self.directory / WEIGHTS_FILE)
         if found is None:
+            model.stt_model.function_head = None  # the text channel carries the calls
             return
         (out_features, in_features), bias = found
         model.stt_model.function_head = torch.nn.Linear(in_features, out_features, bias=bias)

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 REPLAY_CHUNK_FRAMES = 16
 #: tool-result tokens fed before one frame
 MAX_INJECTED_TOKENS = 16
+#: tool-result tokens a slot holds for the model at most (a longer output is refused)
+MAX_RESULT_TOKENS = 2048
 #: frames of codes the codec decodes each frame over (NeMo's incremental decoding window)
 DECODE_WINDOW = 12
 
@@ -198,8 +200,12 @@ class NemotronFrameModel(FrameModel):
         self.engine.reset(slot)
 
     def interrupt_slot(self, slot: int) -> None:
-        state = self._slot(slot)
-        state.interrupt = True
+        """Barge-in: the next frame drops any half-written tool call and, if a turn is
+        open, says EOS (both in its record, so a replay does the same)."""
+        self._slot(slot).interrupt = True
+
+    @staticmethod
+    def _drop_call(state: SlotConversation) -> None:
         state.parser.reset()
         state.function_tokens, state.function_said = [], ""
 
@@ -237,7 +243,15 @@ class NemotronFrameModel(FrameModel):
 
     def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
         state = self._slot(slot)
-        state.injections.extend(self.tokenizer.text_to_ids(render_function_output(name, output)))
+        tokens = self.tokenizer.text_to_ids(render_function_output(name, output))
+        if len(tokens) + len(state.injections) > MAX_RESULT_TOKENS:
+            # fed a token a position before the frames, a huge result would hold the
+            # session's words back for minutes and grow its caches for good
+            raise ValueError(
+                f"the function output is {len(tokens)} tokens: at most {MAX_RESULT_TOKENS} "
+                "wait to reach the model at once"
+            )
+        state.injections.extend(tokens)
 
     # ------------------------------------------------------------ positions
 
@@ -250,6 +264,8 @@ class NemotronFrameModel(FrameModel):
             self.engine.step([slot], user, prompt=[True], speak=False)
 
     def _replay_frame(self, slot: int, record: FrameRecord) -> None:
+        if record.interrupted:
+            self._drop_call(self._slot(slot))
         self._feed_tokens(slot, record.injected)
         audio = torch.from_numpy(record.pcm.astype(np.float32) / 32768.0)[None].to(self.device)
         user = self.engine.perception.step([slot], audio)
@@ -291,8 +307,14 @@ class NemotronFrameModel(FrameModel):
             self._feed_tokens(slot, take)
         audio = torch.from_numpy(pcm.astype(np.float32) / 32768.0).to(self.device)
         user = self.engine.perception.step(slots, audio)
+        interrupted = {slot: self._slot(slot).interrupt for slot in slots}
+        for slot in slots:
+            if interrupted[slot]:
+                self._drop_call(self._slot(slot))
         forced = [self._forced_for(slot, self._slot(slot), pcm[i]) for i, slot in enumerate(slots)]
-        outs = self.engine.step(slots, user, forced=forced)
+        # the codes first, their decoding after the records: a decoding that fails leaves
+        # every slot's record written (its state has advanced: FrameStepError carries them)
+        outs = self.engine.step(slots, user, forced=forced, decode=False)
         records: list[bytes | None] = [None] * self.slots
         for i, slot in enumerate(slots):
             out = outs[i]
@@ -304,9 +326,11 @@ class NemotronFrameModel(FrameModel):
                 NO_FUNCTION if out.function is None else out.function,
                 out.codes.cpu().numpy().astype(np.uint16),
                 injected[slot],
+                interrupted[slot],
             )
             records[slot] = encode(self.layout, record)
         try:
+            self.engine.decode(slots, outs)
             results: list[FrameOutput | None] = [None] * self.slots
             for i, slot in enumerate(slots):
                 out = outs[i]

@@ -11,9 +11,11 @@ what its N steps were fed, so a record holds exactly that (little-endian):
     uint16 codes[Q]    the speech decoder's codes of the frame (Q = its quantizers, 31)
     uint16 injected    how many tool-result tokens were fed before the frame (at most K)
     uint32 tokens[K]   those tokens (the rest zero)
+    uint16 flags       bit 0: a barge-in came before the frame (its half-written tool call
+                       was dropped: a replay drops it too)
 
 Nemotron's input is continuous audio features, not discrete codes like Moshi's, so the
-audio itself is the record's bulk: 2,700 bytes a frame with the published checkpoint's 31
+audio itself is the record's bulk: 2,702 bytes a frame with the published checkpoint's 31
 quantizers and K = 16, about 34 kB per second of conversation (a 10-minute session: 20 MB
 in Redis). A restore replays every frame's step without sampling (the tokens and codes are
 given): its cost is about one frame step per frame of history (see docs/models.md).
@@ -28,6 +30,8 @@ import numpy as np
 from plugins.nemotron.streaming import FRAME_SAMPLES
 
 NO_FUNCTION = -1
+#: flags: a barge-in came before the frame
+INTERRUPTED = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +41,7 @@ class RecordLayout:
 
     @property
     def size(self) -> int:
-        return FRAME_SAMPLES * 2 + 4 * 3 + 2 * self.quantizers + 2 + 4 * self.max_injected
+        return FRAME_SAMPLES * 2 + 4 * 3 + 2 * self.quantizers + 2 + 4 * self.max_injected + 2
 
     def dtype(self) -> np.dtype:
         return np.dtype(
@@ -49,6 +53,7 @@ class RecordLayout:
                 ("codes", "<u2", (self.quantizers,)),
                 ("injected", "<u2"),
                 ("tokens", "<u4", (self.max_injected,)),
+                ("flags", "<u2"),
             ]
         )
 
@@ -61,6 +66,7 @@ class FrameRecord:
     function: int
     codes: np.ndarray
     injected: list[int]
+    interrupted: bool = False
 
 
 def encode(layout: RecordLayout, record: FrameRecord) -> bytes:
@@ -72,6 +78,7 @@ def encode(layout: RecordLayout, record: FrameRecord) -> bytes:
     row["codes"] = record.codes
     row["injected"] = len(record.injected)
     row["tokens"][: len(record.injected)] = record.injected
+    row["flags"] = INTERRUPTED if record.interrupted else 0
     data = row.tobytes()
     assert len(data) == layout.size
     return data
@@ -89,6 +96,7 @@ def decode(layout: RecordLayout, history: bytes) -> list[FrameRecord]:
             int(row["function"]),
             row["codes"].copy(),
             [int(t) for t in row["tokens"][: int(row["injected"])]],
+            bool(int(row["flags"]) & INTERRUPTED),
         )
         for row in rows
     ]

@@ -431,7 +431,8 @@ class StreamingVoiceChat:
         self.force_turn_taking = bool(cfg.get("force_turn_taking", False))
         self.turn_threshold = int(cfg.get("force_turn_taking_threshold", 40))
         self.turn_pad_window = int(cfg.get("force_turn_taking_pad_window", 25))
-        self.function_head = getattr(self.stt, "function_head", None)
+        #: the function channel's head, or None (checkpoint.py sets it either way)
+        self.function_head = self.stt.function_head
         self.generation = self.tts._get_generation_config(guidance)
         self.state = [SlotTokens() for _ in range(slots)]
         self._tts_init: tuple[list[tuple[Tensor, Tensor]], Tensor, Tensor, int] | None = None
@@ -599,7 +600,7 @@ class StreamingVoiceChat:
             for out, code in zip(outs, codes, strict=True):
                 out.codes = code
             if decode:
-                self._decode(slots, outs)
+                self.decode(slots, outs)
         return outs
 
     # ------------------------------------------------------------ the speech decoder
@@ -730,7 +731,7 @@ class StreamingVoiceChat:
             return []
         return [codes[b].view(-1) for b in range(batch)]
 
-    def _decode(self, slots: list[int], outs: list[PositionOut]) -> None:
+    def decode(self, slots: list[int], outs: list[PositionOut]) -> None:
         """NeMo's incremental decoding of each slot's newest frame, batched by window length."""
         groups: dict[int, list[int]] = {}
         for i, slot in enumerate(slots):

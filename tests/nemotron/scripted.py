@@ -60,6 +60,10 @@ class ScriptedNemotronFrameModel(NemotronFrameModel):
         super().open_slot(slot, options)
         self._scripts[slot] = SlotScript()
 
+    def interrupt_slot(self, slot: int) -> None:
+        super().interrupt_slot(slot)
+        self._scripts[slot] = SlotScript()  # a barge-in ends what it was made to say
+
     def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
         super().add_function_output(slot, call_id, name, output)
         self._scripts[slot].waiting = False

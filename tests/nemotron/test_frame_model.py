@@ -58,7 +58,7 @@ def test_the_prompt_is_stepped_between_ticks_then_the_slot_hears_frames(make_mod
     assert model.prompt_frames_left(0) == 0
     (outs,) = run(model, {0: user_audio(1, 3)}).values()
     assert [o.audio.shape for o in outs] == [(1764,)] * 3
-    assert all(len(o.record) == model.state_record_bytes == 2700 for o in outs)
+    assert all(len(o.record) == model.state_record_bytes == 2702 for o in outs)
 
 
 def test_a_restored_slot_steps_exactly_as_the_original(make_model):
@@ -150,3 +150,25 @@ def test_slots_are_checked(make_model):
     model.close_slot(1)
     with pytest.raises(ValueError, match="not open"):
         model.reset_slot(1)
+
+
+def test_a_barge_in_mid_call_is_in_the_history_and_a_restore_drops_the_call_too(tiny_dir):
+    """A barge-in while the function channel writes a call drops the half-written block;
+    the frame's record says so, so a slot restored from the history is in the same state
+    (not inside a block that would swallow its next words)."""
+    model = ScriptedNemotronFrameModel.load(str(tiny_dir), 3, "cpu", 1)
+    model.open_slot(0, options([WEATHER]))
+    prime(model, 0)
+    loud = np.full((1, 1280), 0.5, dtype=np.float32)
+    outs = run(model, {0: np.concatenate([loud, np.zeros((5, 1280), np.float32)])})[0]
+    assert model._slot(0).parser.in_call  # the call is half written
+    model.interrupt_slot(0)
+    outs += run(model, {0: np.zeros((3, 1280), np.float32)})[0]
+    assert not model._slot(0).parser.in_call
+    history = b"".join(o.record for o in outs)
+    assert [r.interrupted for r in decode(RecordLayout(31, 16), history)].count(True) == 1
+
+    model.restore_slot(2, options([WEATHER]), history)
+    prime(model, 2)
+    assert not model._slot(2).parser.in_call
+    assert model._slot(2).in_turn == model._slot(0).in_turn
