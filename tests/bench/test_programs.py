@@ -76,6 +76,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "native_restore",
         "surface_cpu",
         "gpu_native",
+        "nemotron_step",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):
