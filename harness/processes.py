@@ -70,6 +70,23 @@ class HttpProcess(Process):
         raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.logs()}")
 
 
+def wait_worker_ready(worker: Process, health_port: int, timeout: float = 120) -> None:
+    """A worker's /health/ready on its health port: its model is loaded and it is
+    registered (a model-loading worker takes a while; one that exits says why)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.process.poll() is not None:
+            raise RuntimeError(f"worker exited early:\n{worker.logs()}")
+        try:
+            url = f"http://127.0.0.1:{health_port}/health/ready"
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"worker not ready after {timeout}s:\n{worker.logs()}")
+
+
 def start_worker(
     redis_url: str, prefix: str, name: str = "worker", plugin: str = "echo", **env: str
 ) -> Process:

@@ -417,12 +417,7 @@ class MoshiFrameModel(FrameModel):
 
     @torch.no_grad()
     def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
-        active = np.asarray(active, dtype=bool)
-        if frames.shape != (self.slots, self.frame_samples) or active.shape != (self.slots,):
-            raise ValueError(
-                f"step wants frames [{self.slots}, {self.frame_samples}] and active "
-                f"[{self.slots}], got {frames.shape} and {active.shape}"
-            )
+        active = self.checked_active(frames, active)
         if (active & ~self._open).any():
             raise ValueError(f"slots {np.flatnonzero(active & ~self._open).tolist()} are not open")
         replaying = [slot for slot in self._replays if active[slot]]

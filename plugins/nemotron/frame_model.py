@@ -282,12 +282,7 @@ class NemotronFrameModel(FrameModel):
 
     @torch.no_grad()
     def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
-        active = np.asarray(active, dtype=bool)
-        if frames.shape != (self.slots, self.frame_samples) or active.shape != (self.slots,):
-            raise ValueError(
-                f"step wants frames [{self.slots}, {self.frame_samples}] and active "
-                f"[{self.slots}], got {frames.shape} and {active.shape}"
-            )
+        active = self.checked_active(frames, active)
         slots = [int(s) for s in np.flatnonzero(active)]
         for slot in slots:
             if self._slot(slot).pending:

@@ -34,7 +34,8 @@ from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin
 from shared.contracts.tools import read_tools
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the model needs torch and NeMo: imported where it is loaded
+    from plugins.nemotron.frame_model import NemotronFrameModel
     from shared.contracts.frame_model import FrameModel
 
 #: the most tools one session may declare (NVIDIA: the model is reliable with up to 5)
@@ -129,11 +130,15 @@ class NemotronPlugin(FrameClockedPlugin):
             max_injected_tokens=_count(options, "max_injected_tokens", 1) or MAX_INJECTED_TOKENS,
         )
 
-    def frame_model(self, max_sessions: int) -> FrameModel:
-        # imported here: it needs torch and NeMo, which the plugin itself does not
+    def frame_model_class(self) -> type[NemotronFrameModel]:
+        """The model class `frame_model` loads (imported here: it needs torch and NeMo,
+        which the plugin itself does not)."""
         from plugins.nemotron.frame_model import NemotronFrameModel
 
-        return NemotronFrameModel.load(
+        return NemotronFrameModel
+
+    def frame_model(self, max_sessions: int) -> FrameModel:
+        return self.frame_model_class().load(
             str(self.model_dir),
             max_sessions,
             self.device,

@@ -165,6 +165,17 @@ class FrameModel(abc.ABC):
     def close_slot(self, slot: int) -> None:
         """The session of `slot` ended: the slot is free for another."""
 
+    def checked_active(self, frames: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """`active` as bool [slots], once `frames` and `active` have the step's shapes
+        (ValueError otherwise): what every `step` checks first."""
+        active = np.asarray(active, dtype=bool)
+        if frames.shape != (self.slots, self.frame_samples) or active.shape != (self.slots,):
+            raise ValueError(
+                f"step wants frames [{self.slots}, {self.frame_samples}] and active "
+                f"[{self.slots}], got {frames.shape} and {active.shape}"
+            )
+        return active
+
     @abc.abstractmethod
     def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
         """One batched step. `frames`: float32 [slots, frame_samples] (zeros where the

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import base64
 import signal
-import time
 import uuid
 
 import httpx
 import numpy as np
 import pytest
 
-from harness.processes import start_api, start_worker
+from harness.processes import start_api, start_worker, wait_worker_ready
 from harness.redis_server import free_port
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
@@ -27,21 +26,6 @@ from tests.moshi.conftest import user_audio
 
 RATE = 24_000
 OPTIONS = "device=cpu,temperature=0,temperature_text=0,threads=1"
-
-
-def wait_for_worker(worker, port: int, timeout: float = 120) -> None:
-    """The worker's /health/ready: its model is loaded and it is registered."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if worker.process.poll() is not None:
-            raise RuntimeError(f"worker exited early:\n{worker.logs()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"worker not ready after {timeout}s:\n{worker.logs()}")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +45,7 @@ def moshi_cluster(redis_server, tiny_dir):
     )
     api = start_api(redis_server.url, prefix, "moshi-api")
     try:
-        wait_for_worker(worker, health)
+        wait_worker_ready(worker, health, 120)
         api.wait_ready()
         yield api, health, worker
     finally:

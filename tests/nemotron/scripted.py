@@ -32,7 +32,6 @@ import numpy as np
 from plugins.nemotron import NemotronPlugin
 from plugins.nemotron.frame_model import NemotronFrameModel, SlotConversation
 from plugins.nemotron.tools import CLOSE, OPEN
-from shared.contracts.frame_model import FrameModel
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +105,8 @@ class ScriptedNemotronFrameModel(NemotronFrameModel):
 
 
 class ScriptedNemotronPlugin(NemotronPlugin):
-    def frame_model(self, max_sessions: int) -> FrameModel:
-        return ScriptedNemotronFrameModel.load(
-            str(self.model_dir),
-            max_sessions,
-            self.device,
-            self.threads,
-            replay_chunk_frames=self.replay_chunk_frames,
-            max_injected_tokens=self.max_injected_tokens,
-        )
+    def frame_model_class(self) -> type[NemotronFrameModel]:
+        return ScriptedNemotronFrameModel
 
 
 __all__ = ["ScriptedNemotronFrameModel", "ScriptedNemotronPlugin"]

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from harness.processes import start_api, start_worker
+from harness.processes import start_api, start_worker, wait_worker_ready
 from harness.redis_server import free_port
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
@@ -65,20 +65,6 @@ def speech(seed: int, frames: int) -> np.ndarray:
     return audio.astype(np.float32)
 
 
-def wait_for_worker(worker, port: int, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if worker.process.poll() is not None:
-            raise RuntimeError(f"worker exited early:\n{worker.logs()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"worker not ready after {timeout}s:\n{worker.logs()}")
-
-
 @pytest.fixture(scope="module")
 def nemotron_cluster(redis_server, tiny_dir):
     prefix = f"duplex-nemotron-{uuid.uuid4().hex[:8]}"
@@ -97,7 +83,7 @@ def nemotron_cluster(redis_server, tiny_dir):
     )
     api = start_api(redis_server.url, prefix, "nemotron-api")
     try:
-        wait_for_worker(worker, health)
+        wait_worker_ready(worker, health, 180)
         api.wait_ready()
         yield api, health
     finally:
