@@ -68,13 +68,19 @@ def _check_descriptors(limit_concurrency: int) -> None:
         )
 
 
-async def _until_signal() -> None:
+def _on_signal() -> asyncio.Event:
+    """An event SIGTERM/SIGINT set from now on (the default action, an exit with no
+    cleanup, no longer applies)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def _until_signal() -> None:
+    await _on_signal().wait()
 
 
 def _worker_loop_lag(worker: WorkerProcess, warn_after_s: float | None) -> LoopLagMonitor:
@@ -91,10 +97,13 @@ async def run_worker(settings: WorkerSettings, redis: RedisHandle | None = None)
     handle = redis or connect(settings.redis_url)
     worker = WorkerProcess(settings, handle)
     loop_lag = _worker_loop_lag(worker, settings.loop_lag_warn_s)
+    # handled before the worker registers: a SIGTERM that comes as soon as it is seen
+    # registered (an orchestrator's, a test's) drains it instead of killing it unregistered
+    stop = _on_signal()
     await worker.start()
     loop_lag.start()  # after start(): loading a model blocks the loop, and is expected to
     try:
-        await _until_signal()
+        await stop.wait()
     finally:
         await loop_lag.stop()
         await worker.stop()

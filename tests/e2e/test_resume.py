@@ -190,3 +190,45 @@ async def test_a_worker_stops_cleanly_on_sigterm(cluster):
     finally:
         worker.kill()
         await client.aclose()
+
+
+def test_a_sigterm_the_moment_a_worker_registers_drains_it(redis_server):
+    """SIGTERM handling is installed before the worker registers: a SIGTERM sent the
+    moment its registration is written (here by the worker itself, right after `start`)
+    drains and deregisters it, not the default action (exit -15, left registered)."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    prefix = f"sigterm-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import os, signal, sys\n"
+        "from services.worker.process import WorkerProcess\n"
+        "start = WorkerProcess.start\n"
+        "async def start_then_term(self):\n"
+        "    await start(self)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "WorkerProcess.start = start_then_term\n"
+        "from services.cli import main\n"
+        "sys.argv = ['duplex', 'worker', '--plugin', 'echo', '--worker-id', 'w-term']\n"
+        "main()\n"
+    )
+    env = {
+        **os.environ,
+        "DUPLEX_REDIS_URL": redis_server.url,
+        "DUPLEX_KEY_PREFIX": prefix,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import redis as redis_sync
+
+    from shared.redis.keys import KeySchema
+
+    client = redis_sync.Redis.from_url(redis_server.url)
+    try:
+        assert client.zscore(KeySchema(prefix).workers(), "w-term") is None
+    finally:
+        client.close()
