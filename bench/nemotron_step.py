@@ -360,7 +360,7 @@ def measure_restores(
         model.restore_slot(0, {}, records[: frames * record])
         calls = 0
         while model.replay_pending(0):
-            model.replay_work(0)
+            model.replay_work(0, model.replay_chunk_frames)
             calls += 1
         spent = time.perf_counter() - started
         model.close_slot(0)

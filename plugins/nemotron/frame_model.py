@@ -7,9 +7,10 @@ its words and its tool calls.
 - **Prompt**: the session's system prompt (instructions and tool declarations, rendered by
   `tools.render_system_prompt`) is tokenized as NeMo's streaming inference takes a prompt
   (`[bos] + tokens + [eos]`, one position each, before the first frame) and run through the
-  LLM in one forward at the slot's first `replay_work` (its inputs are known in advance);
-  the slot hears the session from the next frame (`prompt_frames_left`). The speech
-  decoder starts at the first frame.
+  LLM in one forward at the slot's first `replay_work`, whatever number of frames it is
+  asked for (its inputs are known in advance, and one forward of them all costs less than
+  any split); the slot hears the session from the next frame (`prompt_frames_left`). The
+  speech decoder starts at the first frame.
 - **Turns**: the text channel's BOS opens the agent's turn and EOS closes it (NeMo's duplex
   format); a frame speaks while a turn is open or it says a word. Words are the turn's
   tokens decoded together, sent as they complete (a partial UTF-8 character waits).
@@ -21,7 +22,8 @@ its words and its tool calls.
   A client's result (`add_function_output`) is tokenized as `<TOOL_RESPONSE>...` and fed as
   positions of the user channel (like the prompt), at most `max_injected_tokens` before each
   frame, so a long result never stalls the other slots.
-- **Memory**: every frame's record (records.py); `restore_slot` replays them.
+- **Memory**: every frame's record (records.py); `restore_slot` replays them, exactly as
+  many a `replay_work` call as the stage asks for (each one position through every part).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from shared.contracts.stages import FunctionCall
 
 log = logging.getLogger(__name__)
 
-#: positions of a prompt or a restored history stepped per `replay_work` call
+#: the most frames of a restored history one `replay_work` call may be asked to replay
 REPLAY_CHUNK_FRAMES = 16
 #: tool-result tokens fed before one frame
 MAX_INJECTED_TOKENS = 16
@@ -191,9 +193,6 @@ class NemotronFrameModel(FrameModel):
         self.engine.reset(slot)
         self._slots[slot] = state
 
-    def reset_slot(self, slot: int) -> None:
-        self.open_slot(slot, self._slot(slot).options)
-
     def close_slot(self, slot: int) -> None:
         self._slot(slot)
         self._slots[slot] = None
@@ -221,7 +220,13 @@ class NemotronFrameModel(FrameModel):
         return len(self._slot(slot).pending)
 
     @torch.no_grad()
-    def replay_work(self, slot: int) -> int:
+    def replay_work(self, slot: int, frames: int) -> int:
+        """The prompt, if it is next, whole in one forward (and nothing else in this call);
+        otherwise exactly min(`frames`, pending) records of the history, one by one."""
+        if not 1 <= frames <= self.replay_chunk_frames:
+            raise ValueError(
+                f"replay_work takes 1..{self.replay_chunk_frames} frames a call, not {frames}"
+            )
         state = self._slot(slot)
         if state.pending and state.pending[0].prompt_token is not None:
             # the whole prompt in one forward (its inputs are known in advance)
@@ -233,9 +238,7 @@ class NemotronFrameModel(FrameModel):
             self.engine.prefill_prompt(slot, prompt)
             state.prompt_left = 0
             return len(state.pending)
-        for _ in range(self.replay_chunk_frames):
-            if not state.pending:
-                break
+        for _ in range(min(frames, len(state.pending))):
             item = state.pending.popleft()
             assert item.record is not None
             self._replay_frame(slot, item.record)

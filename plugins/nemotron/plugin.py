@@ -7,8 +7,9 @@ Worker options (strings, from `--model-dir` / `--plugin-option KEY=VALUE`):
   must exist when the worker starts, and is never downloaded;
 - `device`: `cpu`, `cuda` or `cuda:N` (default: cuda when torch sees a GPU);
 - `threads`: torch CPU threads (default: the model's choice);
-- `replay_chunk_frames`: frames of a restored session's history replayed between two steps
-  (default 16; a restore spreads over as many ticks as it needs);
+- `replay_chunk_frames`: the most frames of a restored session's history one replay call
+  replays (default 16): the stage asks for as many as the tick's spare time holds, this many
+  at most, so a restore spreads over as many ticks as it needs (a prompt is one forward);
 - `max_injected_tokens`: tokens of a tool's result fed to the model per frame (default 16;
   a long result is fed over several frames while the model goes on listening).
 

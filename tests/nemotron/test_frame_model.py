@@ -26,7 +26,7 @@ def options(tools: list | None = None) -> dict:
 
 
 def prime(model, slot: int) -> None:
-    while model.replay_work(slot):
+    while model.replay_work(slot, model.replay_chunk_frames):
         pass
 
 
@@ -53,7 +53,7 @@ def test_the_prompt_is_stepped_between_ticks_then_the_slot_hears_frames(make_mod
     assert model.prompt_frames_left(0) == model.replay_pending(0) == prompt
     with pytest.raises(ValueError, match="still stepping"):
         model.step(np.zeros((2, 1280), np.float32), np.array([True, False]))
-    assert model.replay_work(0) == 0  # the prompt in one forward
+    assert model.replay_work(0, 1) == 0  # the prompt in one forward, however few asked
 
     assert model.prompt_frames_left(0) == 0
     (outs,) = run(model, {0: user_audio(1, 3)}).values()
@@ -149,7 +149,11 @@ def test_slots_are_checked(make_model):
     model.open_slot(1, {})
     model.close_slot(1)
     with pytest.raises(ValueError, match="not open"):
-        model.reset_slot(1)
+        model.replay_work(1, 1)
+    model.open_slot(1, {})
+    for frames in (0, model.replay_chunk_frames + 1):
+        with pytest.raises(ValueError, match="frames a call"):
+            model.replay_work(1, frames)
 
 
 def test_a_barge_in_mid_call_is_in_the_history_and_a_restore_drops_the_call_too(tiny_dir):
