@@ -369,9 +369,7 @@ class WorkerProcess:
                         raise DuplexSessionError(
                             "resource_exhausted", f"worker {self.worker_id} is draining"
                         )
-                    await self.manager.open(session, session_id=sid)
-                    await self.redis.client.sadd(self.keys.worker_sessions(self.worker_id), sid)
-                    await self.report_load()
+                    await self._open(sid, session)
                 case RestoreRequest() as request:
                     await self.ownership.restore(request)
                 case CloseRequest(reason=reason):
@@ -389,6 +387,40 @@ class WorkerProcess:
                 case _:
                     event_id = None
             self._publish_error(sid, exc, event_id)
+
+    async def _open(self, sid: str, session: Any) -> None:
+        """Admit and serve a new session, listed in the worker's session set first.
+
+        The set is what the dead-worker sweep (services/api/janitor.py), `adopt` and `leave`
+        read to find this worker's sessions; a session served but missing from it is
+        neither failed over nor closed if the worker dies. So it is added BEFORE the open:
+        every reader of the set checks each member against the session's hash (worker,
+        owner generation, state) and skips what is not an active session of this worker,
+        so an entry ahead of the open, or one left by an open that failed, is harmless
+        (the publisher leaves closed ones there the same way), while a missing one is not.
+        A worker that dies mid-open is even better off: the sweep finds the session still
+        `opening` and closes it with worker_lost, so its opener hears that instead of
+        waiting out its timeout. A SADD that fails refuses the open (the opener hears
+        internal_error) before anything is served; after the open, nothing can fail."""
+        sessions = self.keys.worker_sessions(self.worker_id)
+        try:
+            await self.redis.client.sadd(sessions, sid)
+        except Exception as exc:
+            log.warning("session %s: listing it in %s failed", sid, sessions, exc_info=True)
+            raise DuplexSessionError(
+                "internal_error",
+                f"worker {self.worker_id} could not register the session ({exc}); open it again",
+            ) from exc
+        try:
+            await self.manager.open(session, session_id=sid)
+        except Exception:
+            # refused: its entry goes (best effort: a stale one is skipped by every reader),
+            # unless the session is one this worker serves already (a second open of it)
+            if self.table.owner_generation(sid) is None:
+                with contextlib.suppress(Exception):
+                    await self.redis.client.srem(sessions, sid)
+            raise
+        await self.report_load()
 
     def _publish_error(
         self, sid: str, exc: DuplexSessionError | RealtimeProtocolError, event_id: str | None
