@@ -252,14 +252,22 @@ class SessionRunner:
             await self.input.on_idle_due(item)
         elif isinstance(item, OpenStream) and self.responses.native is not None:
             await self._open_stream(self.responses.native)
-        else:
+        elif isinstance(item, StageOutput | AppendReady | CommitReady | InOrder):
             mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
             try:
-                if not await apply_result(self._context, item):
-                    self.session.lease.touch()
-                    await dispatch(self._context, item)
+                await apply_result(self._context, item)  # True for each of these
             finally:
                 self.marks.complete(mark)  # an input result: its command is complete
+        else:
+            # Nothing else is ever put here: `submit` gets `Dispatched` (the manager),
+            # `OpenStream` (`start`, native sessions only), `Barrier` / `_CancelActive`
+            # (`_control`) and the input controller's `AppendReady` / `CommitReady` /
+            # `InOrder` / `Dropped`, `PartialTranscript` and `IdleDue`; `on_stage_output`
+            # gets `StageOutput`. (A bare command, once dispatched here, would have skipped
+            # its reservation and mark.) A wrong item is a bug: it fails loudly.
+            raise TypeError(
+                f"session {self.session.session_id}: {type(item).__name__} is not a mailbox item"
+            )
 
     async def _open_stream(self, native: NativeStream) -> None:
         """The model's slot opens; if it cannot, the session has nothing left to serve: its
