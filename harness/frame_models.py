@@ -10,10 +10,13 @@ output depends on its own input only, so the model is batch-invariant by constru
 slots do not advance, and `batches` records how many slots each step served.
 
 Its memory is its step count: each frame's record is the slot's step number (uint32), so a
-history is the numbers 1..N, and a restore (`restore_slot`, replayed `replay_chunk_frames`
-frames per `replay_work`) checks that it is exactly that (a history with a gap or a repeat
-is refused) and goes on counting from N. A barge-in (`interrupt_slot`) drops what the slot
-was about to say and keeps its count (`interrupts[slot]` counts them).
+history is the numbers 1..N, and a restore (`restore_slot`, replayed as many frames per
+`replay_work` as the stage asks, `replay_chunk_frames` at most) checks that it is exactly
+that (a history with a gap or a repeat is refused) and goes on counting from N. A replayed
+frame costs `replay_frame_s` seconds of the model thread (0: free), so a test or a
+benchmark can give the replay a cost the stage must schedule around. A barge-in
+(`interrupt_slot`) drops what the slot was about to say and keeps its count
+(`interrupts[slot]` counts them).
 
 `ToolEchoFrameModel` (`--plugin harness.frame_models:ToolEchoFramePlugin`) makes tool
 calls, deterministically: what it does depends on the frames it steps only (never on the
@@ -46,6 +49,7 @@ import heapq
 import itertools
 import json
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -81,9 +85,13 @@ class EchoFrameModel(FrameModel):
         delay_frames: int = 2,
         frame_samples: int = FRAME_SAMPLES,
         replay_chunk_frames: int = 8,
+        replay_frame_s: float = 0.0,
     ) -> None:
         self.slots = slots
         self.replay_chunk_frames = replay_chunk_frames
+        self.replay_frame_s = replay_frame_s
+        #: frames each `replay_work` call replayed, in call order
+        self.replay_calls: list[int] = []
         self.interrupts = [0] * slots
         self.restored = [0] * slots  # frames of history each slot was last restored from
         self._replay_left = [0] * slots
@@ -92,7 +100,6 @@ class EchoFrameModel(FrameModel):
         self.steps = [0] * slots
         self.opened: list[bool] = [False] * slots
         self.options: list[dict[str, Any] | None] = [None] * slots
-        self.resets = [0] * slots
         self.batches: list[int] = []  # active slots of each step
         self.closed = False
         #: called at each step, on the model thread (a test's slow step)
@@ -115,10 +122,6 @@ class EchoFrameModel(FrameModel):
         self.steps[slot] = 0
         self._history[slot] = self._fresh()
 
-    def reset_slot(self, slot: int) -> None:
-        self.resets[slot] += 1
-        self._history[slot] = self._fresh()
-
     def interrupt_slot(self, slot: int) -> None:
         self.interrupts[slot] += 1
         self._history[slot] = self._fresh()
@@ -136,8 +139,14 @@ class EchoFrameModel(FrameModel):
     def replay_pending(self, slot: int) -> int:
         return self._replay_left[slot]
 
-    def replay_work(self, slot: int) -> int:
-        self._replay_left[slot] = max(0, self._replay_left[slot] - self.replay_chunk_frames)
+    def replay_work(self, slot: int, frames: int) -> int:
+        if not 1 <= frames <= self.replay_chunk_frames:
+            raise ValueError(f"asked to replay {frames} frames (1..{self.replay_chunk_frames})")
+        done = min(frames, self._replay_left[slot])
+        if self.replay_frame_s:
+            time.sleep(done * self.replay_frame_s)  # the model thread busy, as a real replay
+        self.replay_calls.append(done)
+        self._replay_left[slot] -= done
         return self._replay_left[slot]
 
     def close_slot(self, slot: int) -> None:
@@ -248,9 +257,6 @@ class ToolEchoFrameModel(FrameModel):
         self.tools[slot] = [dict(tool) for tool in options.get("tools") or ()]
         self.calls[slot], self.outputs[slot] = [], []  # a new conversation
         self._loud[slot] = False
-        self._forget(slot)
-
-    def reset_slot(self, slot: int) -> None:
         self._forget(slot)
 
     def interrupt_slot(self, slot: int) -> None:

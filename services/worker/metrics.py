@@ -19,6 +19,8 @@ LAG_BUCKETS = (0.0, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 #: a native session's restore: a short history in one tick, Moshi's whole context in a few s
 RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: a restore's pace (seconds of conversation replayed per second): under 1 it never catches up
+PACE_BUCKETS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
 
 class TickMetrics:
@@ -71,6 +73,25 @@ class TickMetrics:
             "From a restored session's slot open to its first step (its history replayed)",
             ["model"],
             buckets=RESTORE_BUCKETS,
+            registry=registry,
+        )
+        self.restore_pace = Histogram(
+            "duplex_native_restore_pace",
+            "A finished restore's pace: seconds of conversation replayed per second",
+            ["model"],
+            buckets=PACE_BUCKETS,
+            registry=registry,
+        )
+        self.restores_in_progress = Gauge(
+            "duplex_native_restores_in_progress",
+            "Slots replaying a history or a prompt (not stepped until it is done)",
+            ["model"],
+            registry=registry,
+        )
+        self.replay_frames_left = Gauge(
+            "duplex_native_replay_frames_left",
+            "Frames the slots replaying still have to replay, all together",
+            ["model"],
             registry=registry,
         )
 

@@ -23,9 +23,11 @@ the model, such that the slot's state after N steps is a pure function of the op
 was opened with and its N records, concatenated (the session's *history*). The worker
 writes the history to Redis as it grows (append-only), and a session moved to another
 worker gets its slot back by `restore_slot`: the model replays the history in chunks
-(`replay_work`, one call at a time between steps, as many as the tick's spare time
-allows), so the other slots never wait for it; the slot is stepped again once its
-replay is done.
+(`replay_work(slot, frames)`, one call at a time between steps). The stage, not the model,
+sizes each chunk: it measures what a replayed frame costs (per restore, as it goes) and
+asks for as many frames as fit in the tick's spare time (`replay_chunk_frames` at most a
+call, at least one frame a tick), so the other slots never wait for it; the slot is
+stepped again once its replay is done.
 
 A model may call the session's tools (the client's function tools: a plugin puts what its
 model needs of them in the options `open_slot` gets, from `prepare_runtime_config`). A
@@ -94,7 +96,8 @@ class FrameModel(abc.ABC):
     """A frame-clocked model with `slots` sessions stepped in one batch.
 
     Slots are numbered 0..slots-1. A slot is opened (or restored) before its first
-    step, interrupted on a barge-in or cancel, and closed when its session ends; a closed
+    step, interrupted on a barge-in or cancel, and closed when its session ends (and may
+    then be opened again, for another session, as a fresh conversation); a closed
     slot is stepped as inactive (`active[slot]` False) and its state must not change,
     nor change anyone else's output: a session's outputs are the same whoever shares the batch.
     """
@@ -108,6 +111,11 @@ class FrameModel(abc.ABC):
     #: bytes of one frame's state record; 0: the model's state cannot be exported (a
     #: restored session opens a fresh slot)
     state_record_bytes: int = 0
+    #: the most frames one `replay_work` call may be asked for (what the model's replay
+    #: buffers are sized for: Moshi's side ring holds its context plus this many); the stage
+    #: asks for fewer whenever the tick's spare time holds fewer, and calls again while it
+    #: has time, so a wrong guess here costs calls, never a wait or a deadline
+    replay_chunk_frames: int = 16
 
     @property
     def frame_ms(self) -> float:
@@ -120,15 +128,11 @@ class FrameModel(abc.ABC):
         the plugin prepared it (`prepare_runtime_config`: a persona, a voice prompt)."""
 
     @abc.abstractmethod
-    def reset_slot(self, slot: int) -> None:
-        """`slot` goes back to the state `open_slot` left it in (a second open of one
-        session); every other slot is untouched."""
-
     def interrupt_slot(self, slot: int) -> None:
-        """Barge-in or cancel: the slot's current output stops, and it keeps its memory of
-        the conversation so far; every other slot is untouched. A model that cannot stop
-        without forgetting resets (the default)."""
-        self.reset_slot(slot)
+        """Barge-in or cancel (and a second stream request of one session): the slot's
+        current output stops, and it keeps its memory of the conversation so far, which
+        its next records say, so a restore interrupts where it did; every other slot is
+        untouched."""
 
     def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
         """Open `slot` as the session whose history (its frames' records, concatenated) is
@@ -142,10 +146,15 @@ class FrameModel(abc.ABC):
         replaying slot active raises."""
         return 0
 
-    def replay_work(self, slot: int) -> int:
-        """Replay the next chunk of the slot's pending frames (a bounded amount of work:
-        the stage calls it between steps while the tick has time to spare); returns the
-        frames left, 0 once the slot is as it was when its last record was made."""
+    def replay_work(self, slot: int, frames: int) -> int:
+        """Replay the slot's next `frames` pending frames (1 <= `frames` <=
+        `replay_chunk_frames`; all that are left when fewer are), between steps; returns
+        the frames left, 0 once the slot is as it was when its last record was made.
+
+        The stage times each call and divides by the frames it took off `replay_pending`:
+        that is the cost per frame it sizes the next chunks by, so a call does the work of
+        the frames it replays and no more (a model whose prompt is one piece of work, a
+        prompt run in one forward, may take more than `frames` of it in one call)."""
         raise NotImplementedError(f"{type(self).__name__} has nothing to replay")
 
     def prompt_frames_left(self, slot: int) -> int:

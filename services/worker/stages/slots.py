@@ -24,6 +24,58 @@ RECENT_CHUNKS = 8
 
 
 @dataclasses.dataclass
+class SlotReplay:
+    """A slot's replay (a restore's history, a prompt given as the model's inputs): what
+    it has left and what a frame of it costs, measured as it goes (the tick stage sizes
+    its chunks by it)."""
+
+    #: frames to replay at its start
+    frames: int
+    #: frames still to replay (`replay_pending` after the last call)
+    left: int
+    started: float
+    #: seconds a replayed frame costs on the model thread (smoothed); None: not measured
+    cost_s: float | None = None
+    #: frames the last call replayed (the next asks at most twice as many)
+    last_frames: int = 0
+    calls: int = 0
+    #: model-thread seconds spent so far
+    busy_s: float = 0.0
+    ended: float | None = None
+
+    @property
+    def replayed(self) -> int:
+        return self.frames - self.left
+
+    def chunk(self, share_s: float, spare_s: float, most: int, known_s: float | None) -> int:
+        """Frames to ask for with `share_s` seconds for this replay and `spare_s` for
+        all of them: as many as fit in the share (one if only the spare holds one),
+        never more than `most`, twice the last call's, or what is left; 0: none fits.
+        Until it has measured its own cost, the model's last measured one (`known_s`)
+        stands for it; with neither, one frame tells what a frame costs."""
+        cost_s = self.cost_s if self.cost_s is not None else known_s
+        if cost_s is None:
+            fit = 1
+        else:
+            cost = max(cost_s, 1e-6)
+            fit = int(max(share_s, 0.0) / cost) or (1 if spare_s >= cost else 0)
+        # a restore that started from the model's last cost has measured nothing itself
+        ramp = 2 * self.last_frames if self.last_frames else most
+        return max(0, min(fit, most, ramp, self.left))
+
+    def account(self, frames: int, seconds: float, weight: float) -> None:
+        """A call replayed `frames` in `seconds`: the cost per frame follows it."""
+        self.calls += 1
+        self.busy_s += seconds
+        self.last_frames = max(frames, 1)
+        per_frame = seconds / max(frames, 1)
+        if self.cost_s is None:
+            self.cost_s = per_frame
+        else:
+            self.cost_s += weight * (per_frame - self.cost_s)
+
+
+@dataclasses.dataclass
 class SlotState:
     """One session's slot. Written on the event loop only (the tick, ensure, feed)."""
 
@@ -44,16 +96,14 @@ class SlotState:
     aborted_request_id: str | None = None
     #: where the model's records of this slot's frames go (the session's history)
     history: ModelHistory | None = None
-    #: the model is rebuilding the slot (`replay_work`): not stepped yet
-    replaying: bool = False
+    #: the model is rebuilding the slot (`replay_work`): not stepped until it is None
+    replay: SlotReplay | None = None
     #: the slot was opened from a session's history (a restore), not fresh
     restoring: bool = False
-    replay_started: float = 0.0
+    #: the last replay's figures once it ended (`restore_progress` reports it)
+    replayed: SlotReplay | None = None
     #: the session is told once the slot has stepped its prompt (`StageOutput` "ready")
     announce_ready: bool = False
-    #: ticks since the replay last made progress (a chunk longer than any spare time
-    #: still runs once this many ticks have passed without one)
-    replay_waited: int = 0
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
     #: the sizes of the latest appends (samples): the jitter buffer's depth follows the
@@ -70,6 +120,10 @@ class SlotState:
     response_frames: int = 0
     silence_frames: int = 0
     dropped_samples: int = 0
+
+    @property
+    def replaying(self) -> bool:
+        return self.replay is not None
 
     # ------------------------------------------------------------ input
 

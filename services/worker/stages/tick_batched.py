@@ -35,12 +35,28 @@ The model's memory (a model with `state_record_bytes`): every frame's record goe
 session's `ModelHistory` (`keep_history`), including frames whose output an abort drops
 (the model stepped them). A session restored here with a history opens its slot with
 `restore_slot`; the slot is not stepped while the model replays (`replay_pending`), and
-the replay runs a chunk at a time (`replay_work`) after each tick's step, only while the
-next frame is not due (the other slots miss no deadline for it), one slot at a time, the
-oldest restore first. A chunk longer than any tick's spare time runs anyway once
-`REPLAY_STARVED_TICKS` ticks have passed without one, so every restore ends. When the
-slot steps again, the input that arrived meanwhile is cut to its newest
-`RESTORED_INPUT_FRAMES` frames: the model goes on in real time, not seconds behind.
+the replay runs between the ticks' steps (`replay_work(slot, frames)`), scheduled by the
+time it has (`_replay`, `ReplayBudget`):
+
+- the cost of a replayed frame is measured, per restore, as it goes (each call's model-
+  thread seconds over the frames it took off `replay_pending`, smoothed); a restore
+  starts from the model's last measured cost, or with one frame when none was measured;
+- after each tick's step, the time until the next frame is due, less a margin
+  (`REPLAY_MARGIN`), is spare: each restore is asked for as many frames as fit in its
+  share (the model's `replay_chunk_frames` at most a call, and at most twice the frames
+  of its last call, so a cost measured low cannot ask for a long stall), and asked again
+  while time is left;
+- several restores (a whole worker's sessions after a failover) share the spare time in
+  equal shares, a different one first each tick; a restore with a short history ends first;
+- whatever the spare time, at least one frame is replayed each tick (of each restore in
+  turn), so every restore ends: when the live slots' steps leave no time (the machine is
+  full), the replay's frame is what makes the next tick late, and the live slots give way
+  by that one frame a tick (a restore must end: its session has no voice until it does).
+
+When the slot steps again, the input that arrived meanwhile is cut to its newest
+`RESTORED_INPUT_FRAMES` frames: the model goes on in real time, not seconds behind. A
+restore's progress (frames replayed of frames to replay, its pace against real time) is
+`restore_progress`, and the metrics' `duplex_native_restore_*`.
 """
 
 from __future__ import annotations
@@ -56,7 +72,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from services.worker.metrics import TickMetrics
-from services.worker.stages.slots import SlotState
+from services.worker.stages.slots import SlotReplay, SlotState
 from services.worker.stages.tick_clock import TickClock, TickGrid
 from shared.contracts import (
     DuplexFence,
@@ -89,8 +105,36 @@ NONFATAL_ERROR = "nonfatal_error"
 RESTORE_FAILED = "worker_lost"
 #: input a restored slot keeps of what arrived while it replayed (160 ms at 80 ms)
 RESTORED_INPUT_FRAMES = 2
-#: ticks a replay waits for spare time before its next chunk runs regardless (2 s)
-REPLAY_STARVED_TICKS = 25
+#: the part of a frame kept free after a tick's replay: what a chunk's time may exceed its
+#: estimate by before the next step starts late (measured costs drift with the history's
+#: length and with the machine's other work)
+REPLAY_MARGIN = 0.1
+#: the weight of a call's measured cost per frame in a restore's estimate
+REPLAY_COST_WEIGHT = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreProgress:
+    """How far a session's restore is (`TickBatchedStagePort.restore_progress`)."""
+
+    session_id: str
+    #: frames of history to replay, and replayed so far
+    frames: int
+    replayed: int
+    #: since the slot opened (until the replay ended, once `done`)
+    seconds: float
+    #: seconds of conversation replayed per second so far (x real time)
+    pace: float
+    done: bool
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "frames": self.frames,
+            "replayed": self.replayed,
+            "seconds": round(self.seconds, 3),
+            "pace": round(self.pace, 2),
+            "done": self.done,
+        }
 
 
 @dataclasses.dataclass
@@ -106,7 +150,12 @@ class TickCounters:
     restores: int = 0
     restored_frames: int = 0
     replay_chunks: int = 0
+    #: frames replayed (restores and prompts), and the ticks after which any were
+    replayed_frames: int = 0
+    replay_ticks: int = 0
     last_restore_s: float = 0.0
+    #: the last restore's pace: seconds of conversation replayed per second
+    last_restore_pace: float = 0.0
 
     def count(self, duration: float, silence: int) -> None:
         """One tick whose step took `duration` and stepped `silence` late frames."""
@@ -130,11 +179,6 @@ class TickBatchedStagePort(InputFedStagePort):
     ) -> None:
         if listen_after_frames < 1 or max_response_frames < 1 or max_buffered_frames < 1:
             raise ValueError("listen_after_frames, max_response_frames and buffers must be >= 1")
-        if model.state_record_bytes and type(model).interrupt_slot is FrameModel.interrupt_slot:
-            raise TypeError(
-                f"{type(model).__name__} exports its state but does not implement "
-                "interrupt_slot: a reset on every barge-in would leave its history behind"
-            )
         self.model = model
         self.listen_after_frames = listen_after_frames
         self.max_response_frames = max_response_frames
@@ -155,8 +199,12 @@ class TickBatchedStagePort(InputFedStagePort):
         self._wake = asyncio.Event()
         self._ticked = asyncio.Event()
         self.counters = TickCounters()  # since start: stats()
-        #: how long the last replay chunk took: the next is expected to take as long
-        self._chunk_estimate = 0.0
+        #: the model's last measured cost of a replayed frame: where a restore starts
+        self._replay_cost_s: float | None = None
+        #: which restore goes first in the next tick's replay (they take turns)
+        self._replay_turn = 0
+        #: releases (`cleanup`) running on: a cancelled caller does not stop its release
+        self._releases: set[asyncio.Future[None]] = set()
         if metrics is not None:
             metrics.slots.labels(model_name).set(model.slots)
             metrics.slots_active.labels(model_name).set(0)
@@ -231,8 +279,9 @@ class TickBatchedStagePort(InputFedStagePort):
                 self._thread, self.model.open_slot, slot.index, options
             )
         await asyncio.shield(slot.opening)
-        if await self._on_model(self.model.replay_pending, slot.index):
-            slot.replaying, slot.replay_started = True, self.clock.now()
+        pending = await self._on_model(self.model.replay_pending, slot.index)
+        if pending:
+            slot.replay = SlotReplay(pending, pending, self.clock.now())
         slot.opened = slot.announce_ready = True
         self._start()
         self._wake.set()
@@ -292,13 +341,30 @@ class TickBatchedStagePort(InputFedStagePort):
         await self._on_model(self.model.add_function_output, slot.index, call_id, name, output)
 
     async def cleanup(self, session_id: str) -> None:
+        """The session's slot is freed (its open in flight ends first, then `close_slot`).
+        The release runs in a task of its own: a caller cancelled meanwhile (a timeout
+        around it) is cancelled at once, as it asked, and the slot is still released."""
         self._sinks.pop(session_id, None)
         slot = self._slots.pop(session_id, None)
         if slot is not None:
             slot.generation += 1
+            slot.replay = None
+            self._set_replay_gauges()
+        release = asyncio.ensure_future(self._release(session_id, slot))
+        self._releases.add(release)
+        release.add_done_callback(self._release_done)
+        await asyncio.shield(release)
+
+    def _release_done(self, release: asyncio.Future[None]) -> None:
+        self._releases.discard(release)
+        if not release.cancelled() and (exc := release.exception()) is not None:
+            # the caller saw it, unless it was cancelled: then this is its only trace
+            log.debug("%s: a slot's release failed: %s", self.model_name, exc)
+
+    async def _release(self, session_id: str, slot: SlotState | None) -> None:
+        if slot is not None:
             if slot.opening is not None and not slot.opening.done():
-                with contextlib.suppress(BaseException):  # the open in flight ends first
-                    await asyncio.shield(slot.opening)
+                await asyncio.wait([slot.opening])  # the open in flight ends first
             if not slot.opened_in_model:
                 self._free.append(slot.index)
                 self._set_active_gauge()
@@ -342,6 +408,28 @@ class TickBatchedStagePort(InputFedStagePort):
     def slot_of(self, session_id: str) -> int | None:
         slot = self._slots.get(session_id)
         return None if slot is None else slot.index
+
+    def restore_progress(self) -> list[RestoreProgress]:
+        """Each slot's restore in progress, and each restored slot's last (until its
+        session ends): frames replayed of frames to replay, seconds, pace."""
+        now = self.clock.now()
+        progress = []
+        for slot in self._slots.values():
+            replay = slot.replay or slot.replayed
+            if replay is None or not slot.restoring:
+                continue
+            seconds = (replay.ended if replay.ended is not None else now) - replay.started
+            progress.append(
+                RestoreProgress(
+                    slot.session_id,
+                    replay.frames,
+                    replay.replayed,
+                    seconds,
+                    self._pace(replay.replayed, seconds) if replay.replayed else 0.0,
+                    replay.ended is not None,
+                )
+            )
+        return progress
 
     def stats(self) -> dict[str, Any]:
         """Counters since start, for benchmarks and tests."""
@@ -400,38 +488,73 @@ class TickBatchedStagePort(InputFedStagePort):
             await self._replay(due)
 
     async def _replay(self, due: float) -> None:
-        """Replay chunks of the oldest restore while the next frame is not due: a chunk is
-        expected to take as long as the last one did, and one that would end past `due`
-        waits for the next tick (unless its restore has waited too long for any)."""
+        """The replays' work after a tick's step, until the next frame is due (less the
+        margin): the spare time in equal shares, a different replay first each tick, each
+        asked for the frames its measured cost fits in its share; one frame at least each
+        tick whatever the time (module head)."""
+        margin = REPLAY_MARGIN * self.period_s
+        replayed = False
+        turn, self._replay_turn = self._replay_turn, self._replay_turn + 1
         while True:
-            slot = next((s for s in self._slots.values() if s.replaying), None)
-            if slot is None:
-                return
-            started = self.clock.now()
-            fits = started + self._chunk_estimate <= due
-            if not fits and slot.replay_waited < REPLAY_STARVED_TICKS:
-                slot.replay_waited += 1
-                return
-            try:
-                left = await self._on_model(self.model.replay_work, slot.index)
-            except Exception as exc:
-                log.exception("%s: replaying session %s failed", self.model_name, slot.session_id)
-                self._replay_failed(slot, f"restoring the model's state failed: {exc}")
-                return
-            self.counters.replay_chunks += 1
-            self._chunk_estimate = self.clock.now() - started
-            slot.replay_waited = 0
-            if self._slots.get(slot.session_id) is not slot:
-                continue  # closed while the chunk ran: its close ends the replay
-            if not left:
-                self._replayed(slot)
+            queue = [slot for slot in self._slots.values() if slot.replay is not None]
+            if not queue:
+                break
+            first = turn % len(queue)
+            queue = queue[first:] + queue[:first]
+            progress = False
+            for position, slot in enumerate(queue):
+                replay = slot.replay
+                if replay is None or self._slots.get(slot.session_id) is not slot:
+                    continue  # ended or closed while another replay ran
+                if replayed and replay.cost_s is None and self._replay_cost_s is None:
+                    continue  # a probe of an unknown cost is the tick's one frame only
+                spare = due - margin - self.clock.now()
+                share = spare / (len(queue) - position)
+                most = self.model.replay_chunk_frames
+                frames = replay.chunk(share, spare, most, self._replay_cost_s)
+                if not frames:
+                    if replayed:
+                        continue  # no time for this one: the next tick's turn
+                    frames = 1  # the tick's one frame, whatever the time
+                if not await self._replay_chunk(slot, replay, frames):
+                    continue
+                replayed = progress = True
+            if not progress:
+                break
+        if replayed:
+            self.counters.replay_ticks += 1
+        self._set_replay_gauges()
 
-    def _replayed(self, slot: SlotState) -> None:
+    async def _replay_chunk(self, slot: SlotState, replay: SlotReplay, frames: int) -> bool:
+        """One `replay_work` call of `frames` frames, timed; False when it failed (the
+        session ends) or its slot closed meanwhile."""
+        started = self.clock.now()
+        try:
+            left = await self._on_model(self.model.replay_work, slot.index, frames)
+        except Exception as exc:
+            log.exception("%s: replaying session %s failed", self.model_name, slot.session_id)
+            self._replay_failed(slot, f"restoring the model's state failed: {exc}")
+            return False
+        done = max(0, replay.left - left)
+        replay.account(done, self.clock.now() - started, REPLAY_COST_WEIGHT)
+        replay.left = left
+        self._replay_cost_s = replay.cost_s
+        self.counters.replay_chunks += 1
+        self.counters.replayed_frames += done
+        if self._slots.get(slot.session_id) is not slot or slot.replay is not replay:
+            return False  # closed while the chunk ran: its close ends the replay
+        if not left:
+            self._replayed(slot, replay)
+        return True
+
+    def _replayed(self, slot: SlotState, replay: SlotReplay) -> None:
         """The slot is rebuilt: it steps from the next tick, on its newest input. Counted
         as a restore when it replayed a history (a prompt prefix alone, a PersonaPlex
         `.pt` voice at an open, is not one)."""
-        slot.replaying = False
-        seconds = self.clock.now() - slot.replay_started
+        slot.replay = None
+        replay.ended = self.clock.now()
+        slot.replayed = replay
+        seconds = replay.ended - replay.started
         # the newest input, and at least what the jitter buffer holds before it takes frames
         keep = max(RESTORED_INPUT_FRAMES, -(-slot.resume_at // self.model.frame_samples))
         dropped = slot.keep_latest(keep)
@@ -446,26 +569,37 @@ class TickBatchedStagePort(InputFedStagePort):
             )
             return
         frames = slot.history.restored_frames if slot.history is not None else 0
+        pace = self._pace(replay.frames, seconds)
         counters = self.counters
         counters.restores += 1
         counters.restored_frames += frames
         counters.last_restore_s = seconds
+        counters.last_restore_pace = pace
         if self._metrics is not None:
             self._metrics.restored_frames.labels(self.model_name).inc(frames)
             self._metrics.restore_duration.labels(self.model_name).observe(seconds)
+            self._metrics.restore_pace.labels(self.model_name).observe(pace)
         log.info(
-            "%s: session %s restored (%d frames replayed in %.3f s)",
+            "%s: session %s restored (%d frames replayed in %.3f s, %.1fx real time, "
+            "%d calls, %.2f ms a frame)",
             self.model_name,
             slot.session_id,
             frames,
             seconds,
+            pace,
+            replay.calls,
+            1000 * replay.busy_s / max(replay.frames, 1),
         )
+
+    def _pace(self, frames: int, seconds: float) -> float:
+        """Seconds of conversation replayed per second (frames of `frame_ms` each)."""
+        return frames * self.period_s / seconds if seconds > 0 else float("inf")
 
     def _replay_failed(self, slot: SlotState, message: str) -> None:
         """A replay that raised: the slot can never step, so the session ends (its stream
         reads this `RESTORE_FAILED` error with no response as the end: native_stream.py);
         the slot is freed by its cleanup."""
-        slot.replaying = False
+        slot.replay = None
         slot.opened = False  # never stepped again
         sink = self._sinks.get(slot.session_id)
         if sink is not None and slot.request_id and slot.fence:
@@ -608,6 +742,13 @@ class TickBatchedStagePort(InputFedStagePort):
             slot.listen()
 
     # ------------------------------------------------------------ helpers
+
+    def _set_replay_gauges(self) -> None:
+        if self._metrics is not None:
+            replays = [slot.replay for slot in self._slots.values() if slot.replay is not None]
+            self._metrics.restores_in_progress.labels(self.model_name).set(len(replays))
+            left = sum(replay.left for replay in replays)
+            self._metrics.replay_frames_left.labels(self.model_name).set(left)
 
     def _set_active_gauge(self) -> None:
         if self._metrics is not None:

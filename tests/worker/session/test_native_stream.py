@@ -117,7 +117,7 @@ async def test_barge_in_cancels_interrupts_the_slot_and_the_next_speech_opens_a_
     slot = rig.port.slot_of(session.session_id)
     assert rig.model.interrupts[slot] == 1 and rig.model.steps[slot] > 0
     # the other session's slot was not touched
-    assert sum(rig.model.interrupts) == 1 and sum(rig.model.resets) == 0
+    assert sum(rig.model.interrupts) == 1
     await rig.say(session, tone(3))
     await rig.tick(3)
     created = (await session.until("response.created"))[-1]

@@ -226,7 +226,7 @@ async def test_abort_interrupts_one_slot_keeping_its_memory_and_the_speech_that_
     assert rig.kinds("a") == rig.kinds("b") == ["audio"]
     rig.port.feed("a", tone(4))  # buffered: the speech that interrupts the model
     await rig.port.abort([request_a])
-    assert rig.model.interrupts == [1, 0, 0, 0] and rig.model.resets == [0, 0, 0, 0]
+    assert rig.model.interrupts == [1, 0, 0, 0]
     for _ in range(3):
         rig.port.feed("b", tone(1))
         await rig.tick()
@@ -325,43 +325,6 @@ async def test_every_stepped_frame_goes_to_the_history_aborted_ones_too(rig):
     assert rig.model.interrupts[0] == 1 and rig.model.steps[0] == 5
 
 
-async def test_a_restored_slot_replays_between_ticks_and_the_others_miss_nothing(rig):
-    """A 20-frame history at 8 frames a chunk of 50 ms each, on an 80 ms frame: one chunk
-    fits after each step, so the restore takes 3 ticks; the slot already there is stepped
-    on every tick on time; the restored slot then counts on from 20."""
-    rig.model.replay_chunk_frames = 8
-    real_work = rig.model.replay_work
-
-    def slow_work(slot: int) -> int:
-        rig.clock.skew(0.05)
-        return real_work(slot)
-
-    rig.model.replay_work = slow_work
-    await rig.open("b")
-    await rig.tick()
-    history = steps_history(20)
-    await open_with_history(rig, "a", history)
-    # arrived while it replays: only the newest frames stay, as many as the jitter buffer
-    # holds before it takes frames (3: one 30-frame append is a burst, capped)
-    rig.port.feed("a", tone(30))
-    assert rig.port.stats()["slots_active"] == 2
-    await rig.tick(3)  # a chunk after each of these ticks' steps
-    assert rig.model.batches == [1, 1, 1, 1]  # b alone while a replays
-    await rig.tick()  # (the tick waits until the last chunk's tick is asleep again)
-    assert rig.port.counters.replay_chunks == 3
-    assert rig.model.batches[-1] == 2
-    stats = rig.port.stats()
-    assert stats["deadline_misses"] == 0
-    assert stats["restores"] == 1 and stats["restored_frames"] == 20
-    assert history.frames == 21  # the restored frames, and the one stepped since
-    assert rig.port.slot_of("a") is not None
-    assert rig.model.steps[rig.port.slot_of("a")] == 21
-    assert stats["dropped_input_frames"] == 27
-    text = generate_latest(rig.registry)
-    assert b'duplex_native_restored_frames_total{model="frame_echo"} 20.0' in text
-    assert b'duplex_native_restore_seconds_count{model="frame_echo"} 1.0' in text
-
-
 async def test_a_history_the_model_refuses_fails_the_open(rig):
     history = ModelHistory(4, struct.pack("<3I", 1, 2, 2))  # a repeat: not the model's
     with pytest.raises(ValueError, match="not the steps"):
@@ -369,22 +332,6 @@ async def test_a_history_the_model_refuses_fails_the_open(rig):
     bad = ModelHistory(8)
     with pytest.raises(DuplexSessionError, match="8-byte records"):
         await open_with_history(rig, "b", bad)
-
-
-async def test_a_prompt_replayed_at_an_open_is_not_counted_as_a_restore(rig):
-    """A model may replay at an open too (a PersonaPlex `.pt` voice's embeddings): the slot
-    waits for it like a restore, and the restore metrics do not count it."""
-    rig.model.on_open = lambda slot, options: rig.model._replay_left.__setitem__(slot, 16)
-    await rig.open("a")
-    assert rig.model.replay_pending(0) == 16
-    await rig.tick(2)  # the replay runs after the first tick's step (the clock stands still)
-    assert rig.model.batches == [0, 1]  # not stepped until its replay was done
-    stats = rig.port.stats()
-    assert stats["restores"] == 0 and stats["restored_frames"] == 0
-    assert rig.port.counters.replay_chunks == 2
-    text = generate_latest(rig.registry)
-    assert b'duplex_native_restored_frames_total{model="frame_echo"}' not in text
-    assert b'duplex_native_restore_seconds_count{model="frame_echo"}' not in text
 
 
 async def test_a_step_that_failed_after_the_model_advanced_still_records_its_frames(rig):
@@ -403,15 +350,15 @@ async def test_a_step_that_failed_after_the_model_advanced_still_records_its_fra
     assert history.data == steps_history(1).data + struct.pack("<I", 99)
 
 
-def test_a_model_that_exports_its_state_must_interrupt_without_resetting():
-    """A model whose records rebuild it but whose barge-in is the default reset would
-    leave its history behind at every barge-in: the stage refuses it at once."""
+def test_a_frame_model_must_interrupt_without_resetting():
+    """A barge-in keeps the model's memory (`interrupt_slot`), which every frame model
+    says itself: there is no default that would reset it and leave its history behind."""
 
     class Forgetful(EchoFrameModel):
         interrupt_slot = FrameModel.interrupt_slot
 
     with pytest.raises(TypeError, match="interrupt_slot"):
-        TickBatchedStagePort(Forgetful(2))
+        Forgetful(2)
 
 
 async def test_a_slot_is_ready_once_it_has_stepped_its_prompt(rig):

@@ -55,7 +55,7 @@ class ScriptedModel(FrameModel):
     def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
         pass
 
-    def reset_slot(self, slot: int) -> None:
+    def interrupt_slot(self, slot: int) -> None:
         pass
 
     def close_slot(self, slot: int) -> None:

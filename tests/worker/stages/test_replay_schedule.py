@@ -1,0 +1,267 @@
+"""The tick stage's replay, scheduled by the time it has (`TickBatchedStagePort._replay`):
+a restore's frames are sized to each tick's spare time by their measured cost, at least one
+frame a tick whatever the time, several restores share the time, the progress is visible,
+and a release is never held up by a caller's cancellation.
+
+On a clock the tests move (`ManualClock`): a replayed frame "costs" what the test says by
+moving the clock while the model thread replays it, so the figures are exact and no test
+depends on the machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+from prometheus_client import generate_latest
+
+from harness.frame_models import tone
+from services.worker.stages.tick_batched import REPLAY_MARGIN
+from shared.contracts import DuplexFence, StagePlan
+from tests.worker.stages.test_tick_batched import Rig, open_with_history, steps_history
+
+FRAME_S = 0.08
+#: the spare time of a tick whose step costs nothing on the manual clock
+SPARE_S = FRAME_S * (1 - REPLAY_MARGIN)
+
+
+def costed(rig: Rig, frame_s: float, step_s: float = 0.0) -> list[tuple[int, int, int]]:
+    """Replayed frames cost `frame_s` each and every step `step_s`, on the rig's clock;
+    returns the list the replay calls are logged to: (tick, frames, slot)."""
+    calls: list[tuple[int, int, int]] = []
+    real_work = rig.model.replay_work
+
+    def replay_work(slot: int, frames: int) -> int:
+        left = real_work(slot, frames)
+        done = rig.model.replay_calls[-1]
+        rig.clock.skew(frame_s * done)
+        calls.append((rig.port.ticks, done, slot))
+        return left
+
+    rig.model.replay_work = replay_work
+    if step_s:
+        rig.model.on_step = lambda: rig.clock.skew(step_s)
+    return calls
+
+
+async def replay_until_done(rig: Rig, session_id: str, limit: int = 400) -> int:
+    """Ticks until the session's slot steps again (its replay done)."""
+    for ticks in range(1, limit + 1):
+        await rig.tick()
+        await rig.clock.next_sleeper()  # the tick's replay has run
+        if not any(p.session_id == session_id and not p.done for p in rig.port.restore_progress()):
+            return ticks
+    raise AssertionError(f"{session_id} still replaying after {limit} ticks")
+
+
+@pytest.fixture
+async def rig():
+    made = Rig()
+    yield made
+    await made.port.shutdown()
+
+
+@pytest.fixture
+async def big_chunk_rig():
+    """A model whose preferred chunk (16) never fits a tick at 13 ms a frame, as
+    Nemotron's on a 2-core CPU: the case a fixed chunk and a starvation wait got wrong."""
+    made = Rig()
+    made.model.replay_chunk_frames = 16
+    yield made
+    await made.port.shutdown()
+
+
+async def test_a_restore_takes_as_many_frames_as_the_spare_time_holds(big_chunk_rig):
+    rig = big_chunk_rig
+    calls = costed(rig, frame_s=0.013)
+    await rig.open("b")
+    await rig.tick()
+    await open_with_history(rig, "a", steps_history(240))
+    ticks = await replay_until_done(rig, "a")
+    per_tick: dict[int, int] = {}
+    for tick, frames, _ in calls:
+        per_tick[tick] = per_tick.get(tick, 0) + frames
+    fits = int(SPARE_S / 0.013)  # 5 frames of 13 ms in 72 ms
+    assert sum(per_tick.values()) == 240
+    assert max(per_tick.values()) == fits  # never more than fits: no deadline risked
+    assert all(frames <= 16 for _, frames, _ in calls)
+    # the first tick starts with one frame (nothing measured yet), doubles after it, and
+    # fills the rest of the tick (13 + 26 + 26 ms of 72)
+    assert [frames for tick, frames, _ in calls if tick == calls[0][0]] == [1, 2, 2]
+    # the ceiling is `fits` frames a tick: a tick of ramp-up, then every tick at it
+    assert ticks <= -(-240 // fits) + 2
+    stats = rig.port.stats()
+    assert stats["deadline_misses"] == 0
+    assert stats["restores"] == 1 and stats["restored_frames"] == 240
+    assert stats["replay_ticks"] == ticks
+    await rig.tick()
+    assert rig.model.batches[-1] == 2  # a steps again, beside b
+
+
+async def test_the_next_restore_starts_at_the_cost_the_last_one_measured(big_chunk_rig):
+    rig = big_chunk_rig
+    calls = costed(rig, frame_s=0.013)
+    await rig.open("b")
+    await rig.tick()
+    await open_with_history(rig, "a", steps_history(40))
+    await replay_until_done(rig, "a")
+    calls.clear()
+    await rig.port.cleanup("a")
+    await open_with_history(rig, "c", steps_history(40))
+    await replay_until_done(rig, "c")
+    assert calls[0][1] == int(SPARE_S / 0.013)  # no probe: the model's cost is known
+    assert rig.port.stats()["deadline_misses"] == 0
+
+
+async def test_a_frame_is_replayed_every_tick_when_the_steps_leave_no_time(rig):
+    """The live slots' step takes nearly the whole frame (the machine is full): the
+    restore still replays a frame every tick, and ends; the live slots give way by it (the
+    tick after it starts late, and a tick that ends past its frame skips a grid point,
+    whose spare time the replay then takes)."""
+    calls = costed(rig, frame_s=0.01, step_s=0.075)
+    await rig.open("b")
+    await rig.tick()
+    first = rig.port.ticks + 1
+    await open_with_history(rig, "a", steps_history(40))
+    ticks = await replay_until_done(rig, "a", limit=60)
+    per_tick: dict[int, int] = {}
+    for tick, frames, _ in calls:
+        per_tick[tick] = per_tick.get(tick, 0) + frames
+    assert sorted(per_tick) == list(range(first, max(per_tick) + 1))  # every tick replayed
+    assert ticks <= len(per_tick)
+    assert sum(per_tick.values()) == 40
+    assert rig.port.stats()["deadline_misses"] > 0  # the live slots gave way
+    assert rig.port.stats()["restores"] == 1
+
+
+async def test_several_restores_share_the_spare_time_in_equal_shares(rig):
+    calls = costed(rig, frame_s=0.004)
+    sessions = ("a", "b", "c")
+    for session_id in sessions:
+        await open_with_history(rig, session_id, steps_history(120))
+    got: dict[str, int] = {}
+    for _ in range(100):
+        await rig.tick()
+        await rig.clock.next_sleeper()
+        got = {p.session_id: p.replayed for p in rig.port.restore_progress()}
+        # at every tick the three are within one tick's spare time of each other (the
+        # first restore's first tick ramps up from a frame; the others start at its cost)
+        assert max(got.values()) - min(got.values()) <= int(SPARE_S / 0.004)
+        if all(p.done for p in rig.port.restore_progress()):
+            break
+    assert got == {"a": 120, "b": 120, "c": 120}
+    # each tick's spare time went to all three: no tick replayed one restore alone
+    ticks_of = {}
+    for tick, _, slot in calls:
+        ticks_of.setdefault(tick, set()).add(slot)
+    last = max(ticks_of)
+    assert all(len(slots) == 3 for tick, slots in ticks_of.items() if tick != last)
+    assert rig.port.stats()["restores"] == 3
+    assert rig.port.stats()["deadline_misses"] == 0
+
+
+async def test_restores_take_turns_at_the_one_frame_of_a_full_tick(rig):
+    """No spare time at all (a step of 79 ms, a frame replayed in 1): each tick's one
+    frame goes to each restore in turn, and no tick is late."""
+    calls = costed(rig, frame_s=0.001, step_s=0.079)
+    await rig.open("live")
+    await rig.tick()
+    await open_with_history(rig, "a", steps_history(4))
+    await open_with_history(rig, "b", steps_history(4))
+    while any(not p.done for p in rig.port.restore_progress()):
+        await rig.tick()
+        await rig.clock.next_sleeper()
+    assert [frames for _, frames, _ in calls] == [1] * 8
+    assert [tick for tick, _, _ in calls] == sorted({tick for tick, _, _ in calls})  # one a tick
+    slots = [slot for _, _, slot in calls]
+    assert all(a != b for a, b in itertools.pairwise(slots))  # in turn
+    progress = {p.session_id: p for p in rig.port.restore_progress()}
+    assert progress["a"].replayed == progress["b"].replayed == 4
+    assert rig.port.stats()["deadline_misses"] == 0
+
+
+async def test_a_restores_progress_is_visible_while_it_replays_and_after(big_chunk_rig):
+    rig = big_chunk_rig
+    costed(rig, frame_s=0.013)
+    await open_with_history(rig, "a", steps_history(100))
+    await rig.clock.next_sleeper()
+    (progress,) = rig.port.restore_progress()
+    assert (progress.session_id, progress.frames, progress.done) == ("a", 100, False)
+    await rig.tick(3)
+    await rig.clock.next_sleeper()
+    (progress,) = rig.port.restore_progress()
+    assert 0 < progress.replayed < 100 and not progress.done
+    assert progress.pace == pytest.approx(progress.replayed * FRAME_S / progress.seconds)
+    text = generate_latest(rig.registry).decode()
+    assert 'duplex_native_restores_in_progress{model="frame_echo"} 1.0' in text
+    left = 100 - progress.replayed
+    assert f'duplex_native_replay_frames_left{{model="frame_echo"}} {left}.0' in text
+    await replay_until_done(rig, "a")
+    (progress,) = rig.port.restore_progress()
+    assert progress.done and progress.replayed == progress.frames == 100
+    assert progress.to_json_dict()["pace"] == round(progress.pace, 2)
+    assert progress.pace > 1  # faster than the conversation was spoken
+    text = generate_latest(rig.registry).decode()
+    assert 'duplex_native_restores_in_progress{model="frame_echo"} 0.0' in text
+    assert 'duplex_native_restore_pace_count{model="frame_echo"} 1.0' in text
+    assert 'duplex_native_restored_frames_total{model="frame_echo"} 100.0' in text
+    assert 'duplex_native_restore_seconds_count{model="frame_echo"} 1.0' in text
+
+
+async def test_a_prompt_replayed_at_an_open_is_not_a_restore(rig):
+    """A model may replay at an open too (a PersonaPlex `.pt` voice's embeddings): the slot
+    waits for it like a restore; the restore metrics and progress do not count it."""
+    rig.model.on_open = lambda slot, options: rig.model._replay_left.__setitem__(slot, 16)
+    await rig.open("a")
+    assert rig.model.replay_pending(0) == 16
+    await rig.tick(2)
+    assert rig.model.batches[0] == 0  # not stepped until its replay was done
+    while rig.model.replay_pending(0):
+        await rig.tick()
+    await rig.tick()
+    assert rig.model.batches[-1] == 1
+    stats = rig.port.stats()
+    assert stats["restores"] == 0 and stats["restored_frames"] == 0
+    assert stats["replayed_frames"] == 16
+    assert rig.port.restore_progress() == []
+    text = generate_latest(rig.registry)
+    assert b'duplex_native_restored_frames_total{model="frame_echo"}' not in text
+
+
+async def test_input_that_arrived_during_a_restore_is_cut_to_the_newest(rig):
+    await open_with_history(rig, "a", steps_history(20))
+    # one 30-frame append is a burst: the jitter buffer holds 3 frames before it takes any
+    rig.port.feed("a", tone(30))
+    await replay_until_done(rig, "a")
+    await rig.tick()
+    assert rig.model.steps[rig.port.slot_of("a")] == 21  # counts on from its history
+    assert rig.port.stats()["dropped_input_frames"] == 27
+
+
+async def test_a_cancelled_cleanup_is_cancelled_and_still_frees_the_slot(rig):
+    """A caller cancelled while the slot's open is still on the model thread (a timeout
+    around the close) is cancelled as it asked, not left running; the slot is freed once
+    the open ends, and closed in the model."""
+    gate = threading.Event()
+    rig.model.on_open = lambda slot, options: gate.wait(10)
+    fence = DuplexFence("a", 0, 0)
+    rig.port.bind("a", lambda output: None)
+    request_id = await rig.port.ensure(fence, "stage0")
+    opening = asyncio.create_task(
+        rig.port.submit_initial(StagePlan(request_id, fence, "stage0", {}))
+    )
+    await asyncio.sleep(0.01)
+    assert rig.port.free_slots == rig.model.slots - 1
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await rig.port.cleanup("a")
+    assert asyncio.current_task().cancelling() == 0  # the timeout took its cancellation back
+    gate.set()
+    await asyncio.gather(opening, return_exceptions=True)
+    for _ in range(200):
+        if rig.port.free_slots == rig.model.slots:
+            break
+        await asyncio.sleep(0.01)
+    assert rig.port.free_slots == rig.model.slots
+    assert rig.model.opened == [False] * rig.model.slots  # closed in the model too
