@@ -19,7 +19,10 @@ as kyutai's server's does.
 
 Memory: every step's output carries the slot's record (the tokens the step fed the LM:
 plugins/moshi/replay.py), so the session's history rebuilds the slot elsewhere
-(`restore_slot`, replayed in chunks by `replay_work` between steps). A barge-in
+(`restore_slot`, then `replay_work(slot, frames)` between steps: exactly the frames the
+stage asks for, at most `replay_chunk_frames`, a `.pt` prefix's and the history's counted
+alike; the call that replays the last frame also commits the row into the batch and warms
+its Mimi decoder). A barge-in
 (`interrupt_slot`) does not forget: for `interrupt_frames` frames the slot's text is forced
 to padding and its audio to the codes of silence (moshi has no interruption handling of
 its own: this is what it would have produced had it fallen silent), and it goes on from
@@ -65,7 +68,8 @@ SPEAKING_HOLD_FRAMES = 2
 #: frames a barge-in keeps the model silent (its text forced to padding, its audio to
 #: silence) before it decides again, with the interruption in its context (about 1 s)
 INTERRUPT_FRAMES = 12
-#: frames one `replay_work` call forwards (a restore spreads over the ticks in chunks)
+#: the most frames one `replay_work` call may be asked to replay (the stage asks for what
+#: fits the tick's spare time, at most this); the side replay's rings are context + this - 1
 REPLAY_CHUNK_FRAMES = 64
 #: a restored slot's last frames decoded (and thrown away) to warm its Mimi decoder
 DECODER_WARM_FRAMES = 4
@@ -338,11 +342,18 @@ class MoshiFrameModel(FrameModel):
         return replay.side.left if replay is not None else 0
 
     @torch.no_grad()
-    def replay_work(self, slot: int) -> int:
+    def replay_work(self, slot: int, frames: int) -> int:
+        """Replay exactly min(`frames`, pending) frames of the slot's prefix and history
+        (ValueError unless 1 <= `frames` <= `replay_chunk_frames`); the call that replays
+        the last one also commits the row into the batch and warms its Mimi decoder."""
+        if not 1 <= frames <= self.replay_chunk_frames:
+            raise ValueError(
+                f"replay_work takes 1..{self.replay_chunk_frames} frames a call, not {frames}"
+            )
         replay = self._replays.get(self._check(slot))
         if replay is None:
             return 0
-        left = replay.side.work()
+        left = replay.side.work(frames)
         if not left:
             self._finish_replay(slot, replay)
         return left

@@ -27,7 +27,8 @@ read; the fork's first step, at offset 0, only initializes), C its token cache a
 ([1, K, CT], CT = max delay + 3 in the fork). The fork replays E through the transformer
 alone (`LMGen.step_embeddings`, which PyPI moshi 0.2.13 lacks) and copies C back. We load it
 (checked when a session opens, kept per file) as MoshiFrameModel's `PromptPrefix`, replayed
-by its side-batch replay in chunks before the prompt frames:
+by its side-batch replay before the prompt frames (as many frames a `replay_work` call as
+the stage asks; a restored slot's prefix and history count alike, one call may span both):
 
 - positions: the fork's LMGen offset runs one ahead of its transformer (its step at offset o
   reads cache column o - 1), PyPI's LMGen runs the transformer at every step (its step at

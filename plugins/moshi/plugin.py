@@ -11,8 +11,10 @@ Worker options (strings, from `--model-dir` / `--plugin-option KEY=VALUE`):
 - `threads`: torch CPU threads (default: cores - 1, at most 8);
 - `interrupt_frames`: frames a barge-in keeps the model silent before it decides again
   (default 12, about 1 s; frame_model.py);
-- `replay_chunk_frames`: frames of a restored session's history replayed between two
-  steps (default 64; a restore spreads over as many ticks as it needs);
+- `replay_chunk_frames`: the most frames of a restored session's history (or of a `.pt`
+  voice's prefix) one `replay_work` call may replay (default 64). The worker's stage asks
+  for as many as fit a tick's spare time, at most this, so a restore spreads over as many
+  ticks as it needs; the side replay's key/value rings are the context plus this - 1;
 - `voice_prompt_dir` (personaplex): where the voice prompt files are.
 
 The model decides when it speaks: `auto_response: false` is refused (FrameClockedPlugin), and

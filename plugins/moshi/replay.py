@@ -15,8 +15,13 @@ embeddings):
   shared batch itself: a forward of more than one frame there writes every row's key/value
   ring at T positions (masked rows too: moshi's `RingKVCache.complete` scatters for all
   rows, only the offsets honour the exec mask), which corrupts a neighbour whose ring has
-  wrapped. The side ring holds context + chunk - 1 positions, so a chunk's first frames
-  still see their whole context; past the model's context, chunked forwards stay exact;
+  wrapped. Each `work(frames)` call forwards exactly the frames it is asked for (at most
+  `chunk`, the model's `replay_chunk_frames`; all that are left when fewer are), across the
+  end of one segment (a `.pt` voice's embeddings) into the next (the history's tokens): the
+  stage sizes the calls to the tick's spare time by what a frame costs. The side ring holds
+  context + chunk - 1 positions, so the first frame of any forward of at most `chunk`
+  frames still sees its whole context; past the model's context, chunked forwards of any
+  sizes stay exact;
 - `lmgen_columns` is LMGen's token cache as the last step left it.
 
 Not rebuilt: Mimi's encoder and decoder (the slot's are reset; the decoder is warmed on the
@@ -162,8 +167,9 @@ class Segment:
 
 
 class SideReplay:
-    """One slot's rebuild: its segments forwarded `chunk` frames at a time in a batch of
-    one of its own (`work`), then its row copied into the shared batch (`commit`)."""
+    """One slot's rebuild: its segments forwarded in a batch of one of its own, as many
+    frames a call as asked (`work`, at most `chunk`), then its row copied into the shared
+    batch (`commit`)."""
 
     def __init__(self, lm: LMModel, segments: Sequence[Segment], chunk: int) -> None:
         if chunk < 1:
@@ -181,9 +187,14 @@ class SideReplay:
     def left(self) -> int:
         return self.total - self.done
 
-    def work(self) -> int:
-        """Forward the next chunk; returns the frames left."""
-        if not self.left:
+    def work(self, frames: int) -> int:
+        """Forward the next min(`frames`, left) frames, the end of one segment and the start
+        of the next in one call if they fall in it (a forward each); returns the frames
+        left. `frames` is 1..`chunk` (what the side ring is sized for), else ValueError."""
+        if not 1 <= frames <= self.chunk:
+            raise ValueError(f"a replay call takes 1..{self.chunk} frames, not {frames}")
+        take = min(frames, self.left)
+        if not take:
             return 0
         lm = self.lm
         main = lm.get_streaming_state()
@@ -191,23 +202,26 @@ class SideReplay:
             self._side = self._side_state(main)
         lm.set_streaming_state(self._side)
         try:
-            segment = self.segments[self._segment]
-            end = min(self._within + self.chunk, segment.frames)
-            if segment.tokens is not None:
-                lm.forward_text(segment.tokens[:, :, self._within : end])
-            else:
-                assert segment.embeddings is not None
-                lm.transformer(segment.embeddings[:, self._within : end])
+            while take:
+                segment = self.segments[self._segment]
+                end = min(self._within + take, segment.frames)
+                if segment.tokens is not None:
+                    lm.forward_text(segment.tokens[:, :, self._within : end])
+                else:
+                    assert segment.embeddings is not None
+                    lm.transformer(segment.embeddings[:, self._within : end])
+                take -= end - self._within
+                self.done += end - self._within
+                self._within = end
+                if end == segment.frames:
+                    self._segment, self._within = self._segment + 1, 0
         finally:
             lm.set_streaming_state(main)
-        self.done += end - self._within
-        self._within = end
-        if end == segment.frames:
-            self._segment, self._within = self._segment + 1, 0
         return self.left
 
     def _side_state(self, main: dict[str, object]) -> dict[str, object]:
-        """A batch of one, its rings context + chunk - 1 long; the shared batch's state is
+        """A batch of one, its rings context + chunk - 1 long (a forward of at most `chunk`
+        frames sees each frame's whole context); the shared batch's state is
         put back as it was (the same objects: CUDA graphs captured on them stay valid)."""
         lm = self.lm
         lm.set_streaming_state({name: None for name in main})

@@ -334,7 +334,7 @@ def open_and_replay(model, options, slot: int = 0) -> int:
     model.open_slot(slot, options)
     pending = model.replay_pending(slot)
     while model.replay_pending(slot):
-        model.replay_work(slot)
+        model.replay_work(slot, model.replay_chunk_frames)
     return pending
 
 
@@ -392,7 +392,7 @@ def test_a_pt_voice_replays_then_prompts_then_speaks(pt_plugin):
     with pytest.raises(ValueError, match="replaying"):
         model.step(zeros, np.array([True, True]))
     model.step(zeros, np.array([True, False]))  # the other slot steps on meanwhile
-    assert model.replay_work(1) == 0 and model.replay_pending(1) == 0
+    assert model.replay_work(1, model.replay_chunk_frames) == 0 and model.replay_pending(1) == 0
     prompt = model.prompt_frames_left(1)
     audio = user_audio(400, prompt + 4)
     outputs = []
@@ -473,9 +473,15 @@ async def test_a_malformed_pt_voice_is_refused_at_the_open(pt_plugin, voice, mes
     assert refused.value.param == "voice"
 
 
-def test_a_restore_with_a_pt_voice_replays_the_prefix_then_the_history(pt_plugin):
+@pytest.mark.parametrize(
+    "calls", [[64], [VOICE_FRAMES, 3, 1, 5]], ids=["whole-chunks", "across-the-prefix-end"]
+)
+def test_a_restore_with_a_pt_voice_replays_the_prefix_then_the_history(pt_plugin, calls):
     """(d) A slot of a `.pt` voice restored from its history replays the prefix and then the
-    records (P + 1 + frames), beside a busy neighbour, and goes on as the slot it was."""
+    records (P + 1 + frames), beside a busy neighbour, and goes on as the slot it was; each
+    `replay_work` call replays exactly the frames it is asked for, prefix and history
+    alike, a call across the prefix's end too (the second of `calls`: its last frame and
+    the history's first two)."""
     options = {"voice": "MADE.pt", "persona": PERSONA}
     original = pt_plugin.frame_model(1)
     open_and_replay(original, options)
@@ -493,9 +499,12 @@ def test_a_restore_with_a_pt_voice_replays_the_prefix_then_the_history(pt_plugin
         step(model, neighbour, [0])
     model.restore_slot(1, options, history)
     assert model.replay_pending(1) == VOICE_FRAMES + 1 + before
-    while model.replay_pending(1):
+    index = 0
+    while pending := model.replay_pending(1):
         step(model, neighbour, [0])
-        model.replay_work(1)
+        asked = calls[index % len(calls)]
+        assert model.replay_work(1, asked) == pending - min(asked, pending)
+        index += 1
     assert model.prompt_frames_left(1) == 0
     restored, _ = drive(model, conversation[15:], AFTER, slot=1)
     for index, (mine, theirs) in enumerate(zip(restored, tokens[before:], strict=True)):

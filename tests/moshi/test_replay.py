@@ -69,13 +69,19 @@ def run_alone(make_model, seed: int, frames: int) -> tuple[bytes, list[np.ndarra
     return history, tokens
 
 
-@pytest.mark.parametrize("frames_before", [40, 260])
+@pytest.mark.parametrize(
+    "frames_before, calls",
+    [(40, [16]), (260, [16]), (260, [1, 16, 7, 3, 12])],
+    ids=["below-context", "past-context", "past-context-uneven-calls"],
+)
 def test_a_restored_slot_goes_on_as_if_never_moved_beside_a_wrapped_neighbour(
-    make_model, frames_before
+    make_model, frames_before, calls
 ):
     """K frames (below and past the context), restored in another model's slot 1 while
-    slot 0 is busy and its ring has wrapped: the next frames are the uninterrupted run's,
-    and the neighbour's are its own as if alone."""
+    slot 0 is busy and its ring has wrapped, `replay_work` asked for the frames of `calls`
+    in turn (the stage sizes each call to its tick's spare time): each call replays exactly
+    the frames it is asked for, the next frames are the uninterrupted run's, and the
+    neighbour's are its own as if alone."""
     after = 25
     total = frames_before + after
     history, reference = run_alone(make_model, seed=1, frames=total)
@@ -96,12 +102,15 @@ def test_a_restored_slot_goes_on_as_if_never_moved_beside_a_wrapped_neighbour(
     with pytest.raises(ValueError, match="replaying"):
         step(model, codes, [0, 1])
     chunks = 0
-    while model.replay_pending(1):  # a chunk between steps, the neighbour stepping on
+    while pending := model.replay_pending(1):  # a call between steps, the neighbour on
         step(model, codes, [0])
         neighbour.append(model.last_tokens[0].copy())
-        model.replay_work(1)
+        asked = calls[chunks % len(calls)]
+        assert model.replay_work(1, asked) == pending - min(asked, pending)
+        assert model.replay_pending(1) == pending - min(asked, pending)
         chunks += 1
-    assert chunks == -(-frames_before // 16)
+    if calls == [16]:
+        assert chunks == -(-frames_before // 16)
     restored = []
     for _ in range(after):
         step(model, codes, [0, 1])
@@ -189,7 +198,7 @@ def test_a_history_restored_mid_prompt_steps_the_rest_of_the_prompt(make_model):
     other.prompt_builder = lambda options: prompt
     other.restore_slot(0, {}, history)
     while other.replay_pending(0):
-        other.replay_work(0)
+        other.replay_work(0, other.replay_chunk_frames)
     assert other.prompt_frames_left(0) == 2
     assert model.prompt_frames_left(0) == 2
 
@@ -214,7 +223,7 @@ def test_a_restored_slots_decoder_is_warmed_and_its_first_step_keeps_it(make_mod
         codes = Codes(model, {0: script(6, 5)})
         model.restore_slot(0, {}, history)
         while model.replay_pending(0):
-            model.replay_work(0)
+            model.replay_work(0, model.replay_chunk_frames)
         output = step(model, codes, [0])[0]
         assert output.audio.size
         return output.audio
@@ -263,8 +272,27 @@ def test_a_replay_that_fails_leaves_the_shared_batch_as_it_was(make_model):
 
     model.lm.streaming = no_memory
     with pytest.raises(RuntimeError, match="out of memory"):
-        model.replay_work(1)
+        model.replay_work(1, model.replay_chunk_frames)
     for _ in range(3):
         step(model, codes, [0])
         tokens.append(model.last_tokens[0].copy())
     assert all(np.array_equal(a, b) for a, b in zip(tokens, alone, strict=True))
+
+
+def test_a_replay_call_takes_1_to_replay_chunk_frames_frames(make_model):
+    """`replay_work` refuses a call of no frames or of more than `replay_chunk_frames` (what
+    the side replay's rings are sized for) and replays nothing then; a call for more than
+    are left replays what is left."""
+    history, _ = run_alone(make_model, seed=10, frames=20)
+    model = make_model(1, replay_chunk_frames="16")
+    assert model.replay_chunk_frames == 16
+    model.restore_slot(0, {}, history)
+    for frames in (0, -1, 17):
+        with pytest.raises(ValueError, match=r"1\.\.16 frames"):
+            model.replay_work(0, frames)
+    assert model.replay_pending(0) == 20
+    assert model.replay_work(0, 16) == 4
+    assert model.replay_work(0, 16) == 0
+    assert model.replay_work(0, 1) == 0  # nothing pending: nothing to do
+    model.close_slot(0)
+    assert model.replay_pending(0) == 0
