@@ -83,13 +83,14 @@ def test_every_level_stepped_on_the_stage(output):
         assert 0 < row["step_ms"]["median"] <= row["step_ms"]["p99"] <= row["step_ms"]["max"]
         assert row["frame_share"] > 0
         assert {"deadline_misses", "silence_frames", "input_frames_cut"} <= set(row)
+        assert within_ticks(row["deadline_misses"], row["ticks"]), row
         assert row["graphs_enabled"] is False
         # on CPU the memory is the process's resident set, not the GPU's
         assert row["memory"]["kind"] == "rss" and row["memory"]["peak_rss_bytes"] > 0
 
 
 def test_the_restore_rows_and_the_stage_during_one(output):
-    out, _ = output
+    out, stdout = output
     restore = json.loads((out / "gpu_native.json").read_text())["restore"]
     assert restore["status"] == "ok", restore
     assert restore["mode"] == "off" and restore["chunk_frames"] == 32
@@ -100,7 +101,17 @@ def test_the_restore_rows_and_the_stage_during_one(output):
     assert stage["history_frames"] == 70 and stage["restored_frames"] == 70
     assert stage["busy"] == 2 and stage["chunks"] >= 1
     assert [p["name"] for p in stage["phases"]] == ["before", "during", "after"]
-    assert all(p["ticks"] > 0 and p["deadline_misses"] >= 0 for p in stage["phases"])
+    for phase in stage["phases"]:
+        assert phase["ticks"] > 0 and within_ticks(phase["deadline_misses"], phase["ticks"]), phase
+    # the run's log says the same misses as its JSON
+    misses = "/".join(str(p["deadline_misses"]) for p in stage["phases"])
+    assert f"misses {misses} (before/during/after)" in stdout
+
+
+def within_ticks(misses, ticks) -> bool:
+    """A window's deadline misses: a count of its ticks that ended late (the stage counts a
+    miss in the same step as the tick, at most one a tick), so an int from 0 to `ticks`."""
+    return type(misses) is int and 0 <= misses <= ticks
 
 
 def test_the_tables_and_the_plot_are_written(output):
