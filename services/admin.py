@@ -38,6 +38,24 @@ def surface_of(meta: dict[str, str]) -> str:
     return surface if isinstance(surface, str) and surface else "duplex"
 
 
+def restore_line(data: str) -> str:
+    """A restore's progress (the hash's `restore`, written by the worker replaying it) for
+    people: frames replayed of frames to replay, and its pace against real time."""
+    try:
+        progress = orjson.loads(data)
+        frames, replayed = int(progress["frames"]), int(progress["replayed"])
+        seconds, pace = float(progress["seconds"]), float(progress["pace"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return f"? ({data[:80]})"
+    if progress.get("done"):
+        return f"done: {frames} frames replayed in {seconds:.2f} s ({pace:.1f}x real time)"
+    share = 100 * replayed / frames if frames else 100.0
+    return (
+        f"replaying: {replayed} of {frames} frames ({share:.0f}%) in {seconds:.2f} s, "
+        f"{pace:.1f}x real time so far"
+    )
+
+
 def _age(ms: str | None) -> str:
     if not ms:
         return "-"
@@ -137,6 +155,8 @@ class Admin:
                 f"-- model history {self.store.keys.model_history(session_id)}: "
                 f"{size} bytes{frames}"
             )
+        if meta.get("restore"):
+            self._print(f"-- restore: {restore_line(meta['restore'])}")
         first = max(0, int(meta.get("next_seq", "0")) - last)
         self._print(f"-- last {last} events (journal from seq {first + 1})")
         for seq, data in await self.store.journal(session_id, first):

@@ -199,6 +199,33 @@ async def test_show_names_a_native_sessions_model_history(tail):
     assert f"-- model history {KEYS.model_history(SID)}: 170 bytes, 5 frames" in lines
 
 
+async def test_show_says_how_far_a_restore_is(tail):
+    """A native session being restored: its worker writes the progress to the hash
+    (`restore`, only while it owns the session), and `show` says it for people."""
+    store = tail.store
+    meta = await store.meta(SID)
+    generation = int(meta["owner_generation"])
+    progress = {"frames": 250, "replayed": 100, "seconds": 0.5, "pace": 16.0, "done": False}
+    written = await store.write_restore_progress(
+        [(SID, generation, orjson.dumps(progress)), (SID, generation + 1, b"{}")]
+    )
+    assert written == [True, False]  # another generation's writer is fenced out
+    assert await tail.admin.show(SID) == 0
+    lines = tail.out.getvalue().splitlines()
+    replaying = "replaying: 100 of 250 frames (40%) in 0.50 s, 16.0x real time so far"
+    assert f"-- restore: {replaying}" in lines
+    progress.update(replayed=250, seconds=1.25, pace=16.0, done=True)
+    await store.write_restore_progress([(SID, generation, orjson.dumps(progress))])
+    tail.out.truncate(0)
+    tail.out.seek(0)
+    assert await tail.admin.show(SID) == 0
+    lines = tail.out.getvalue().splitlines()
+    assert "-- restore: done: 250 frames replayed in 1.25 s (16.0x real time)" in lines
+    # a session that is gone is never recreated by a late report
+    assert await store.write_restore_progress([("duplex-gone", 1, b"{}")]) == [False]
+    assert not await tail.client.exists(KEYS.session("duplex-gone"))
+
+
 async def test_ls_and_show_say_which_protocol_a_session_was_opened_on(redis_client):
     store = SessionStore(redis_client, KEYS)
     for sid, surface in (("duplex-s1", None), ("duplex-s2", "moshi"), ("duplex-s3", "live")):

@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from redis import exceptions as redis_errors
 
 from services.worker.drain import DRAIN_READ_BLOCK_MS, Drain
@@ -35,6 +36,7 @@ from services.worker.session.command_marks import Mark
 from services.worker.session.command_order import Released
 from services.worker.session.manager import SessionManager
 from services.worker.session.table import SessionTable
+from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.contracts import DuplexSessionError, FrameClockedPlugin, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexCommand, DuplexErrorEvent, RealtimeProtocolError
 from shared.redis.boundary import (
@@ -59,6 +61,8 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 REPLY_TTL_S = 60
+#: how often a restore's progress goes to its session's hash (`duplex sessions show`)
+RESTORE_REPORT_S = 0.5
 #: the errors a command gets when the session is not held here
 NOT_HELD = frozenset({"unknown_session", "session_closed"})
 
@@ -114,6 +118,8 @@ class WorkerProcess:
             lambda: self.drain,
         )
         self._loops: list[SupervisedLoop] = []
+        #: a frame-clocked model's stage: its restores' progress goes to their hashes
+        self._frame_port: TickBatchedStagePort | None = None
         self._stopping = asyncio.Event()
         self._last_beat_ok = False
         self.health = (
@@ -160,6 +166,7 @@ class WorkerProcess:
         """The one tick-batched stage of a frame-clocked model; admission by its slots: the
         worker takes at most min(max_sessions, the model's slots) sessions."""
         port = await build_frame_stage(plugin, self.runtime.max_sessions, self.metrics.tick)
+        self._frame_port = port
         slots = min(self.runtime.max_sessions, port.model.slots)
         self.runtime = dataclasses.replace(self.runtime, max_sessions=slots)
         self._serve_with(
@@ -192,6 +199,12 @@ class WorkerProcess:
                 "worker-heartbeat", self.settings.heartbeat_interval_s, self._heartbeat
             ).start()
         ]
+        if self._frame_port is not None:
+            self._loops.append(
+                SupervisedLoop.every(
+                    "restore-progress", RESTORE_REPORT_S, self.report_restores
+                ).start()
+            )
         # a previous process under this id left sessions (killed, restarted within the
         # heartbeat TTL): restored before its unhandled inbox entries are read
         await self.ownership.adopt()
@@ -268,6 +281,25 @@ class WorkerProcess:
         """Placement reads `active`: keep it current between heartbeats."""
         load = WorkerRegistration.load_fields(self.table.slots_in_use)
         await self.redis.client.hset(self.keys.worker(self.worker_id), mapping=load)
+
+    async def report_restores(self) -> None:
+        """Each restore's progress into its session's hash (`restore`, JSON: frames to
+        replay, replayed, seconds, pace), every `RESTORE_REPORT_S` while it replays and
+        once when it ends, fenced on the owner generation held here. A write that fails
+        is a figure missed, not a failure: the next report writes the newer one."""
+        port = self._frame_port
+        if port is None:
+            return
+        writes = []
+        for progress in port.restore_progress(forget_done=True):
+            generation = self.table.owner_generation(progress.session_id)
+            if generation is not None:
+                data = orjson.dumps(progress.to_json_dict())
+                writes.append((progress.session_id, generation, data))
+        try:
+            await self.store.write_restore_progress(writes)
+        except redis_errors.RedisError:
+            log.warning("writing %d restores' progress failed", len(writes), exc_info=True)
 
     async def _heartbeat(self) -> None:
         """One beat (every heartbeat interval). A failed one turns readiness false and is

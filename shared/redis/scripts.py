@@ -48,6 +48,7 @@ class Scripts:
         self.inbox_append = LuaScript("inbox_append")
         self.inbox_ack = LuaScript("inbox_ack")
         self.owner_move = LuaScript("owner_move")
+        self.restore_progress = LuaScript("restore_progress")
 
     def all(self) -> list[LuaScript]:
         return [value for value in vars(self).values() if isinstance(value, LuaScript)]

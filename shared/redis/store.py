@@ -266,6 +266,35 @@ class SessionStore:
         """The new owner serves the session from now: `restored_at` (ms) in its hash."""
         await self.client.hset(self.keys.session(session_id), "restored_at", now_ms())
 
+    async def write_restore_progress(
+        self, progress: Sequence[tuple[str, int, bytes]]
+    ) -> list[bool]:
+        """Each (session, owner generation, progress JSON) into the session's hash
+        (`restore`), in one round trip (restore_progress.lua: only while that generation
+        owns it); whether each was written."""
+        if not progress:
+            return []
+        script = self.scripts.restore_progress
+        if isinstance(self.client, RedisCluster):  # no scripts in a cluster's pipelines
+            replies = await asyncio.gather(
+                *(
+                    script(self.client, [self.keys.session(sid)], [generation, data])
+                    for sid, generation, data in progress
+                )
+            )
+            return [bool(written) for written in replies]
+        for attempt in (1, 2):
+            pipeline = self.client.pipeline(transaction=False)
+            for session_id, generation, data in progress:
+                script.queue(pipeline, [self.keys.session(session_id)], [generation, data])
+            try:
+                return [bool(written) for written in await pipeline.execute()]
+            except redis_errors.NoScriptError:
+                if attempt == 2:
+                    raise
+                await script.ensure_loaded(self.client)  # a Redis that restarted or failed over
+        raise AssertionError("unreachable")
+
     async def checkpoint(self, session_id: str) -> bytes | None:
         """The session's last checkpoint (JSON), or None."""
         return await self.client.get(self.keys.checkpoint(session_id))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 
 from bench.chaos import RecordingClient, drain
 from harness.frame_models import RATE, tone
@@ -159,6 +160,15 @@ async def move_a_native_session(
         fleet.workers[owner].process.send_signal(how)
         await until(lambda: fleet.owner(sid), lambda w: w == other.encode(), 40)
         frames = await fleet.restored(other, model)
+        # the new worker says how far its restore is in the session's hash, and that it ended
+        report = await until(
+            lambda: fleet.redis.hget(fleet.keys.session(sid), "restore"),
+            lambda data: data is not None and orjson.loads(data)["done"],
+            20,
+        )
+        progress = orjson.loads(report)
+        assert progress["frames"] == progress["replayed"] == frames > 0
+        assert progress["pace"] > 0 and progress["seconds"] >= 0
         since = len(client.delivered)
         await until(
             lambda: asyncio.sleep(0, len(client.delivered)),

@@ -409,15 +409,18 @@ class TickBatchedStagePort(InputFedStagePort):
         slot = self._slots.get(session_id)
         return None if slot is None else slot.index
 
-    def restore_progress(self) -> list[RestoreProgress]:
+    def restore_progress(self, *, forget_done: bool = False) -> list[RestoreProgress]:
         """Each slot's restore in progress, and each restored slot's last (until its
-        session ends): frames replayed of frames to replay, seconds, pace."""
+        session ends, or once with `forget_done`: the worker's report writes a finished
+        one once): frames replayed of frames to replay, seconds, pace."""
         now = self.clock.now()
         progress = []
         for slot in self._slots.values():
             replay = slot.replay or slot.replayed
             if replay is None or not slot.restoring:
                 continue
+            if forget_done and replay is slot.replayed:
+                slot.replayed = None
             seconds = (replay.ended if replay.ended is not None else now) - replay.started
             progress.append(
                 RestoreProgress(
