@@ -66,23 +66,40 @@ def test_the_idle_lease_expires_idle_sessions_only():
     assert LeaseState(idle_ttl_s=None).expiry(1e9, busy=False) is None
 
 
+#: a seam's members its implementations call on themselves, not the services: each must
+#: have a caller in plugins/ (the frame models' shared shape check)
+HELPERS = {"FrameModel": {"checked_active"}}
+
+
 def test_every_hook_of_the_seams_has_a_caller_in_the_services():
-    """A hook the worker never calls is a second, dead contract: wire it or remove it."""
+    """A hook the worker never calls is a second, dead contract: wire it or remove it. For
+    FrameModel (the tick-batched stage's seam) its attributes count too: one the stage never
+    reads (`replay_chunk_frames`, `state_record_bytes`) is a promise nobody keeps."""
     import ast
     from pathlib import Path
 
-    from shared.contracts import DuplexModelPlugin, StagePort
+    from shared.contracts import DuplexModelPlugin, FrameClockedPlugin, FrameModel, StagePort
 
     root = Path(__file__).resolve().parents[2]
-    used: set[str] = set()
-    for path in (root / "services").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute):
-                used.add(node.attr)
-    for seam in (DuplexModelPlugin, StagePort):
+
+    def attributes(top: str) -> set[str]:
+        found: set[str] = set()
+        for path in (root / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute):
+                    found.add(node.attr)
+        return found
+
+    used, in_plugins = attributes("services"), attributes("plugins")
+    for seam in (DuplexModelPlugin, StagePort, FrameClockedPlugin, FrameModel):
         hooks = {
             name
             for name, value in vars(seam).items()
             if not name.startswith("_") and (callable(value) or isinstance(value, property))
         }
+        if seam is FrameModel:
+            hooks |= set(vars(seam).get("__annotations__", {}))
+        helpers = HELPERS.get(seam.__name__, set())
+        assert helpers <= hooks and helpers <= in_plugins, f"{seam.__name__}: {helpers}"
+        hooks -= helpers
         assert hooks and hooks <= used, f"{seam.__name__}: never called {sorted(hooks - used)}"
