@@ -519,9 +519,9 @@ class TickBatchedStagePort(InputFedStagePort):
                     if replayed:
                         continue  # no time for this one: the next tick's turn
                     frames = 1  # the tick's one frame, whatever the time
-                if not await self._replay_chunk(slot, replay, frames):
-                    continue
-                replayed = progress = True
+                moved = await self._replay_chunk(slot, replay, frames)
+                replayed = True  # the tick's one frame was asked for, whatever came of it
+                progress = progress or moved
             if not progress:
                 break
         if replayed:
@@ -529,8 +529,9 @@ class TickBatchedStagePort(InputFedStagePort):
         self._set_replay_gauges()
 
     async def _replay_chunk(self, slot: SlotState, replay: SlotReplay, frames: int) -> bool:
-        """One `replay_work` call of `frames` frames, timed; False when it failed (the
-        session ends) or its slot closed meanwhile."""
+        """One `replay_work` call of `frames` frames, timed; whether it replayed any (False
+        too when it failed, and the session ends, or its slot closed meanwhile): a model
+        that took none does not hold the tick in a loop."""
         started = self.clock.now()
         try:
             left = await self._on_model(self.model.replay_work, slot.index, frames)
@@ -548,7 +549,7 @@ class TickBatchedStagePort(InputFedStagePort):
             return False  # closed while the chunk ran: its close ends the replay
         if not left:
             self._replayed(slot, replay)
-        return True
+        return done > 0
 
     def _replayed(self, slot: SlotState, replay: SlotReplay) -> None:
         """The slot is rebuilt: it steps from the next tick, on its newest input. Counted

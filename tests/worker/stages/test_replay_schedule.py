@@ -265,3 +265,22 @@ async def test_a_cancelled_cleanup_is_cancelled_and_still_frees_the_slot(rig):
         await asyncio.sleep(0.01)
     assert rig.port.free_slots == rig.model.slots
     assert rig.model.opened == [False] * rig.model.slots  # closed in the model too
+
+
+async def test_a_replay_that_makes_no_progress_does_not_hold_the_tick(rig):
+    """A model whose `replay_work` takes no frame (a bug) is asked once a tick, and the
+    other sessions go on being stepped on time: the tick never loops on it."""
+    asked: list[int] = []
+
+    def stuck(slot: int, frames: int) -> int:
+        asked.append(rig.port.ticks)
+        return rig.model.replay_pending(slot)
+
+    rig.model.replay_work = stuck
+    await rig.open("b")
+    await open_with_history(rig, "a", steps_history(8))
+    await rig.tick(5)
+    await rig.clock.next_sleeper()
+    assert asked == sorted(set(asked)) and len(asked) >= 4  # once a tick
+    assert rig.model.batches[-5:] == [1] * 5  # b stepped every tick
+    assert rig.port.stats()["deadline_misses"] == 0
