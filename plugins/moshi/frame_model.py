@@ -10,12 +10,19 @@ Slots share one batch but never each other's state. Every moshi `StreamingModule
 state per batch row and honours an execution mask (`set_exec_mask`: a masked row's KV cache,
 offsets and convolution buffers are left as they were) and a reset mask (`reset_streaming`:
 only those rows start over). So an inactive slot is stepped with exec_mask False (computed,
-then thrown away) and `open_slot`/`reset_slot` reset one row. `LMGen` runs with
+then thrown away) and `open_slot` resets one row. `LMGen` runs with
 `support_out_of_sync=True`: its usual "None until the acoustic delay has passed" counts steps
 for the whole batch, while here each row has its own start; a row still in its delay gets
 `ungenerated` (-2) tokens instead, and that slot outputs empty audio. Mimi's decoder runs
 masked to the rows that have audio tokens, so a slot's decoder starts with its first tokens,
 as kyutai's server's does.
+
+Per slot, besides its rows of the batch (the LM's and Mimi's streaming state), the model
+keeps one record (`_MoshiSlot`, None while the slot is closed): the options it was opened
+with, its prompt and how far it has stepped it, its `.pt` prefix, its replay under way, and
+its barge-in, encoder and speaking counters. A step builds the masks it needs over the batch
+from the records (a handful of slots: cheap); `last_tokens` is the one batch array, the
+last step's output tokens, kept for tests and benches.
 
 Memory: every step's output carries the slot's record (the tokens the step fed the LM:
 plugins/moshi/replay.py), so the session's history rebuilds the slot elsewhere
@@ -113,6 +120,38 @@ class PromptFrame:
 
 
 @dataclasses.dataclass
+class _MoshiSlot:
+    """One open slot's state outside the batch's tensors (the LM's and Mimi's streaming
+    state, one row each): what it was opened with and where it is."""
+
+    #: the session's runtime config (`open_slot`'s options)
+    options: dict[str, Any]
+    #: the preset's prompt (PersonaPlex: voice, persona), stepped before the conversation
+    prompt: tuple[PromptFrame, ...] = ()
+    #: the prompt's frames stepped so far: `prompt[prompt_at]` is the next
+    prompt_at: int = 0
+    #: the prompt's input-embedding prefix (a `.pt` voice), replayed before its frames
+    prefix: PromptPrefix | None = None
+    #: the rebuild under way (the prefix, a restored history): the slot is not stepped
+    replay: _SlotReplay | None = None
+    #: frames it is still kept silent after a barge-in
+    silenced: int = 0
+    #: its next step is its first since it started over: Mimi's encoder resets after it
+    fresh: bool = True
+    #: frames since its last word (past the speaking hold: not speaking)
+    quiet: int = 0
+
+    @property
+    def prompting(self) -> bool:
+        return self.prompt_at < len(self.prompt)
+
+    @property
+    def prompt_previous(self) -> tuple[int, ...] | None:
+        """The model codes the last prompt frame stepped forced (None before the first)."""
+        return self.prompt[self.prompt_at - 1].model_codes if self.prompt_at else None
+
+
+@dataclasses.dataclass
 class _Forcing:
     """This step's forced tokens: `text`/`audio` apply where their mask is True."""
 
@@ -191,28 +230,20 @@ class MoshiFrameModel(FrameModel):
         #: a preset's prompt given as input embeddings (PersonaPlex `.pt` voices), replayed
         #: before the prompt frames
         self.prefix_builder: Callable[[Mapping[str, Any]], PromptPrefix | None] | None = None
-        self._prefix: list[PromptPrefix | None] = [None] * slots
-        self._replays: dict[int, _SlotReplay] = {}
-        #: frames each slot is still kept silent after a barge-in
-        self._silenced = np.zeros(slots, dtype=np.int64)
+        #: one record per slot, None while it is closed
+        self._slots: list[_MoshiSlot | None] = [None] * slots
         #: this step's text and audio tokens as LMGen's hooks saw them (after forcing)
         self._step_text: torch.Tensor | None = None
         self._step_audio: torch.Tensor | None = None
-        self._slot_prompt: list[list[PromptFrame]] = [[] for _ in range(slots)]
-        self._prompts: list[list[PromptFrame]] = [[] for _ in range(slots)]
-        self._prompt_previous: list[tuple[int, ...] | None] = [None] * slots
         self._forcing: _Forcing | None = None
         self._silent_ids = {lm.text_padding_token_id, lm.end_of_text_padding_id}
         self._vocab = tokenizer.vocab_size()
         self.mimi.streaming_forever(slots)
         self.lm_gen.streaming_forever(slots)
-        self._open = np.zeros(slots, dtype=bool)
-        #: a fresh slot's first encoded frame carries Mimi's left padding: kyutai's server
-        #: resets the encoder after it so the next frame is padded again; so do we, per slot
-        self._fresh = np.zeros(slots, dtype=bool)
-        #: frames since the slot's last word (starts past the hold: not speaking)
-        self._quiet = np.full(slots, speaking_hold_frames + 1, dtype=np.int64)
-        self.slot_options: list[Mapping[str, Any]] = [{} for _ in range(slots)]
+        #: the last step's output tokens, [slots, 1 + dep_q] (text, then audio; -2: none
+        #: yet), a row per slot of the batch (an inactive slot's row is what the step
+        #: computed and threw away). Not slot state: the step's output as one array, which
+        #: tests and benches read (`last_tokens[slot]`)
         self.last_tokens = np.full((slots, 1 + lm.dep_q), -2, dtype=np.int64)
 
     @classmethod
@@ -251,15 +282,16 @@ class MoshiFrameModel(FrameModel):
         return model
 
     def warm_up(self, frames: int = 3) -> None:
-        """A few steps on silence in every slot, then every slot reset and closed: torch's
-        first steps are slow (lazy kernels, allocations), and the first tick would be late."""
+        """A few steps on silence in every slot, then every slot's rows reset and the slot
+        closed: torch's first steps are slow (lazy kernels, allocations), and the first tick
+        would be late."""
         zeros = np.zeros((self.slots, self.frame_samples), dtype=np.float32)
         for slot in range(self.slots):
             self.open_slot(slot, {})
         for _ in range(frames):
             self.step(zeros, np.ones(self.slots, dtype=bool))
         for slot in range(self.slots):
-            self.reset_slot(slot)
+            self._restart(slot)
             self.close_slot(slot)
 
     # ------------------------------------------------------------ slots
@@ -271,51 +303,66 @@ class MoshiFrameModel(FrameModel):
         mask[slot] = True
         return mask
 
+    def _slot(self, slot: int) -> _MoshiSlot:
+        """The open slot's record (IndexError out of range, ValueError closed)."""
+        state = self._slots[self._check(slot)]
+        if state is None:
+            raise ValueError(f"slot {slot} is not open")
+        return state
+
+    def is_stepping(self, slot: int) -> bool:
+        """Whether `slot` is open and done replaying: a step may have it active."""
+        state = self._slots[self._check(slot)]
+        return state is not None and state.replay is None
+
     def _restart(self, slot: int) -> None:
+        """The open slot starts over as its open left it: its rows of the batch reset, its
+        prefix (if any) to replay and its prompt to step again."""
+        state = self._slot(slot)
         mask = self._mask(slot)
         self.lm_gen.reset_streaming(mask)
         self.mimi.reset_streaming(mask)
-        self._fresh[slot] = True
-        self._quiet[slot] = self.speaking_hold_frames + 1
-        self._silenced[slot] = 0
-        # a reset goes back to where open_slot left the slot: its prompt is stepped again
-        self._prompts[slot] = list(self._slot_prompt[slot])
-        self._prompt_previous[slot] = None
-        self._replays.pop(slot, None)
-        prefix = self._prefix[slot]
+        state.prompt_at = 0
+        state.silenced = 0
+        state.fresh = True
+        state.quiet = self.speaking_hold_frames + 1
+        state.replay = None
+        prefix = state.prefix
         if prefix is not None:
             segment = Segment(embeddings=prefix.embeddings[None])
             side = SideReplay(self.lm, [segment], self.replay_chunk_frames)
             empty = np.zeros((0, self.lm.num_codebooks), dtype=np.int64)
-            state = self.lm_gen._streaming_state
-            assert state is not None
-            length = state.cache.shape[2]
-            columns = lmgen_columns(empty, self.lm, prefix.frames, length, prefix.columns)
-            self._replays[slot] = _SlotReplay(side, empty, prefix.frames, prefix.frames, columns)
+            columns = lmgen_columns(
+                empty, self.lm, prefix.frames, self._cache_length(), prefix.columns
+            )
+            state.replay = _SlotReplay(side, empty, prefix.frames, prefix.frames, columns)
+
+    def _cache_length(self) -> int:
+        """LMGen's token cache's length (its ring of columns)."""
+        state = self.lm_gen._streaming_state
+        assert state is not None
+        return int(state.cache.shape[2])
 
     def open_slot(self, slot: int, options: Mapping[str, Any]) -> None:
         self._check(slot)
-        prompt = self.prompt_builder(options) if self.prompt_builder else []
-        self._slot_prompt[slot] = list(prompt)
-        self._prefix[slot] = self.prefix_builder(options) if self.prefix_builder else None
+        # the preset's builders first: one that refuses the options leaves the slot as it was
+        prompt = tuple(self.prompt_builder(options)) if self.prompt_builder else ()
+        prefix = self.prefix_builder(options) if self.prefix_builder else None
+        self._slots[slot] = _MoshiSlot(dict(options), prompt=prompt, prefix=prefix)
         self._restart(slot)
-        self._open[slot] = True
-        self.slot_options[slot] = dict(options)
 
     def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
         """Open the slot, then replay its history: its prefix (if any), then its records'
-        LM inputs, in chunks (`replay_work`); a history shorter than the prompt leaves the
-        rest of the prompt to step."""
+        LM inputs, as many frames a `replay_work` call as asked; a history shorter than the
+        prompt leaves the rest of the prompt to step."""
         records = decode_records(history, self.lm.num_codebooks)
         self.open_slot(slot, options)
         frames = len(records)
         if not frames:
             return
-        prompt = self._slot_prompt[slot]
-        self._prompts[slot] = list(prompt[frames:])
-        if 0 < frames <= len(prompt):
-            self._prompt_previous[slot] = prompt[frames - 1].model_codes
-        prefix = self._prefix[slot]
+        state = self._slot(slot)
+        state.prompt_at = min(frames, len(state.prompt))
+        prefix = state.prefix
         first = prefix.frames if prefix is not None else 0
         before = dict(prefix.columns) if prefix is not None else None
         inputs = lm_inputs(records, self.lm, start=first, before=before)
@@ -324,22 +371,20 @@ class MoshiFrameModel(FrameModel):
         if prefix is not None:
             segments.insert(0, Segment(embeddings=prefix.embeddings[None]))
         offset = first + frames
-        state = self.lm_gen._streaming_state
-        assert state is not None
-        self._replays[slot] = _SlotReplay(
+        state.replay = _SlotReplay(
             SideReplay(self.lm, segments, self.replay_chunk_frames),
             records,
             first,
             offset,
-            lmgen_columns(records, self.lm, offset, state.cache.shape[2], before),
+            lmgen_columns(records, self.lm, offset, self._cache_length(), before),
         )
         # the speaking state the history ends in: frames since the model's last word
         silent = [int(t) in self._silent_ids for t in records[::-1, 0]]
-        self._quiet[slot] = silent.index(False) if False in silent else len(silent)
+        state.quiet = silent.index(False) if False in silent else len(silent)
 
     def replay_pending(self, slot: int) -> int:
-        replay = self._replays.get(self._check(slot))
-        return replay.side.left if replay is not None else 0
+        state = self._slots[self._check(slot)]
+        return state.replay.side.left if state is not None and state.replay is not None else 0
 
     @torch.no_grad()
     def replay_work(self, slot: int, frames: int) -> int:
@@ -350,25 +395,27 @@ class MoshiFrameModel(FrameModel):
             raise ValueError(
                 f"replay_work takes 1..{self.replay_chunk_frames} frames a call, not {frames}"
             )
-        replay = self._replays.get(self._check(slot))
-        if replay is None:
+        state = self._slots[self._check(slot)]
+        if state is None or state.replay is None:
             return 0
-        left = replay.side.work(frames)
+        left = state.replay.side.work(frames)
         if not left:
-            self._finish_replay(slot, replay)
+            self._finish_replay(slot, state)
         return left
 
-    def _finish_replay(self, slot: int, replay: _SlotReplay) -> None:
+    def _finish_replay(self, slot: int, state: _MoshiSlot) -> None:
         """The replayed row into the batch, LMGen's offset and token cache as the last step
         left them, and Mimi's decoder warmed on the last frames (its encoder starts fresh,
         as at an open)."""
-        del self._replays[slot]
+        replay = state.replay
+        assert replay is not None
+        state.replay = None
         replay.side.commit(slot)
-        state = self.lm_gen._streaming_state
-        assert state is not None
+        lm_state = self.lm_gen._streaming_state
+        assert lm_state is not None
         for index, column in replay.columns.items():
-            state.cache[slot, :, index] = torch.from_numpy(column).to(self.device)
-        state.offsets[slot] = replay.offset
+            lm_state.cache[slot, :, index] = torch.from_numpy(column).to(self.device)
+        lm_state.offsets[slot] = replay.offset
         mask = self._mask(slot)
         tokens = torch.zeros(self.slots, self.lm.dep_q, 1, dtype=torch.long, device=self.device)
         warm_from = max(replay.first, replay.offset - DECODER_WARM_FRAMES)
@@ -384,24 +431,12 @@ class MoshiFrameModel(FrameModel):
         """Barge-in: the slot is silent for `interrupt_frames` frames (text forced to
         padding, audio to the codes of silence) and keeps its context; a slot still in its
         prompt finishes the prompt."""
-        if not self._open[self._check(slot)]:
-            raise ValueError(f"slot {slot} is not open")
-        self._silenced[slot] = self.interrupt_frames
-        self._quiet[slot] = self.speaking_hold_frames + 1
-
-    def reset_slot(self, slot: int) -> None:
-        if not self._open[self._check(slot)]:
-            raise ValueError(f"slot {slot} is not open")
-        self._restart(slot)
+        state = self._slot(slot)
+        state.silenced = self.interrupt_frames
+        state.quiet = self.speaking_hold_frames + 1
 
     def close_slot(self, slot: int) -> None:
-        self._open[self._check(slot)] = False
-        self.slot_options[slot] = {}
-        self._slot_prompt[slot] = []
-        self._prompts[slot] = []
-        self._prefix[slot] = None
-        self._replays.pop(slot, None)
-        self._silenced[slot] = 0
+        self._slots[self._check(slot)] = None
 
     def _check(self, slot: int) -> int:
         self._mask(slot)
@@ -429,27 +464,34 @@ class MoshiFrameModel(FrameModel):
     @torch.no_grad()
     def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
         active = self.checked_active(frames, active)
-        if (active & ~self._open).any():
-            raise ValueError(f"slots {np.flatnonzero(active & ~self._open).tolist()} are not open")
-        replaying = [slot for slot in self._replays if active[slot]]
+        # the step's slot records (None: inactive), and its views over the batch from them
+        on = active.tolist()
+        stepped = [state if on[slot] else None for slot, state in enumerate(self._slots)]
+        closed = [slot for slot in range(self.slots) if on[slot] and stepped[slot] is None]
+        if closed:
+            raise ValueError(f"slots {closed} are not open")
+        replaying = [slot for slot in range(self.slots) if on[slot] and not self.is_stepping(slot)]
         if replaying:
             raise ValueError(f"slots {replaying} are still replaying their history")
         if not active.any():
             return [None] * self.slots
+        fresh = np.array([s is not None and s.fresh for s in stepped])
+        prompting = np.array([s is not None and s.prompting for s in stepped])
+        silencing = np.array([s is not None and s.silenced > 0 for s in stepped]) & ~prompting
         mask = torch.from_numpy(active).to(self.device)
         audio_in = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32))
         audio_in = audio_in.to(self.device)[:, None, :]
 
         self.mimi.set_exec_mask(mask)
         codes = self.mimi.encode(audio_in)  # [slots, codebooks, 1]
-        fresh = active & self._fresh
         if fresh.any():
+            # a fresh slot's first encoded frame carries Mimi's left padding: kyutai's
+            # server resets the encoder after it so the next frame is padded again
             self._reset_encoder(torch.from_numpy(fresh).to(self.device))
-            self._fresh[fresh] = False
+            for slot in np.flatnonzero(fresh):
+                self._slot(slot).fresh = False
 
         user_codes = codes[:, : self.user_codebooks, :1]
-        prompting = np.array([bool(active[s] and self._prompts[s]) for s in range(self.slots)])
-        silencing = active & (self._silenced > 0) & ~prompting
         if prompting.any() or silencing.any():
             user_codes, self._forcing = self._forced(user_codes, prompting, silencing)
         self.lm_gen.set_exec_mask(mask)
@@ -459,7 +501,8 @@ class MoshiFrameModel(FrameModel):
             self._forcing = None
         assert tokens is not None  # support_out_of_sync: never None
         assert self._step_text is not None and self._step_audio is not None
-        self._silenced[silencing] -= 1
+        for slot in np.flatnonzero(silencing):
+            self._slot(slot).silenced -= 1
         # one copy to the host, at once: the LM has advanced, so whatever fails from here
         # on, its records go with the failure (FrameStepError), or the session's history
         # would lack a frame its model holds. Output tokens, then each slot's record (what
@@ -505,7 +548,6 @@ class MoshiFrameModel(FrameModel):
             decoded = self.mimi.decode(torch.where(audio_tokens >= 0, audio_tokens, 0))
             pcm = decoded[:, 0, :].float().cpu().numpy()
         ready_np = ready.cpu().numpy()
-        #: this step's tokens per slot [slots, 1 + dep_q] (text, then audio; -2: none yet)
         self.last_tokens = last_tokens
         text_ids = last_tokens[:, 0].tolist()
         outputs: list[FrameOutput | None] = []
@@ -518,9 +560,10 @@ class MoshiFrameModel(FrameModel):
                 # the model's acoustic delay: nothing generated for this slot yet
                 outputs.append(FrameOutput(audio=np.zeros(0, dtype=np.float32), record=record))
                 continue
+            state = self._slot(slot)
             words = "" if silencing[slot] else self.words(text_ids[slot])
-            self._quiet[slot] = 0 if words else self._quiet[slot] + 1
-            speaking = bool(self._quiet[slot] <= self.speaking_hold_frames)
+            state.quiet = 0 if words else state.quiet + 1
+            speaking = state.quiet <= self.speaking_hold_frames
             outputs.append(
                 FrameOutput(audio=pcm[slot].copy(), text=words, speaking=speaking, record=record)
             )
@@ -529,7 +572,8 @@ class MoshiFrameModel(FrameModel):
     # ------------------------------------------------------------ prompts
 
     def prompt_frames_left(self, slot: int) -> int:
-        return len(self._prompts[self._check(slot)])
+        state = self._slots[self._check(slot)]
+        return len(state.prompt) - state.prompt_at if state is not None else 0
 
     def _forced(
         self, user_codes: torch.Tensor, prompting: np.ndarray, silencing: np.ndarray
@@ -546,17 +590,19 @@ class MoshiFrameModel(FrameModel):
         audio = torch.zeros(slots, dep_q, dtype=torch.long)
         delays = self.lm.delays[1 : 1 + dep_q]
         for slot in np.flatnonzero(prompting):
-            frame = self._prompts[slot].pop(0)
+            state = self._slot(slot)
+            frame = state.prompt[state.prompt_at]
+            previous = state.prompt_previous or frame.model_codes
+            state.prompt_at += 1
             needed = user_codes.shape[1]
             user_codes[slot, :, 0] = torch.tensor(frame.user_codes[:needed], device=self.device)
             if frame.text_token is not None:
                 text_mask[slot], text[slot] = True, frame.text_token
             if frame.model_codes is not None:
-                previous = self._prompt_previous[slot] or frame.model_codes
+                assert previous is not None
                 audio_mask[slot] = True
                 for k in range(dep_q):
                     audio[slot, k] = (frame.model_codes if delays[k] == 0 else previous)[k]
-                self._prompt_previous[slot] = frame.model_codes
         for slot in np.flatnonzero(silencing):
             text_mask[slot], text[slot] = True, self.lm.text_padding_token_id
             audio_mask[slot] = True
@@ -594,7 +640,7 @@ class MoshiFrameModel(FrameModel):
         return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
 
     def close(self) -> None:
-        self._open[:] = False
+        self._slots = [None] * self.slots
 
 
 def sampling_from_config(lm_gen_config: Mapping[str, Any]) -> SamplingSettings:

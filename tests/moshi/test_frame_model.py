@@ -123,12 +123,13 @@ def test_opening_and_closing_others_mid_stream_does_not_change_a_slot(make_model
     trace2.assert_same(alone(make_model, inputs[2][: FRAMES - 3]))
 
 
-def test_reset_slot_restarts_that_slot_only(make_model, inputs):
+def test_a_slot_closed_and_opened_again_restarts_that_slot_only(make_model, inputs):
     model = make_model(2)
     model.open_slot(0, {})
     model.open_slot(1, {})
     before = run(model, [{0: inputs[0][t], 1: inputs[1][t]} for t in range(5)])
-    model.reset_slot(1)  # barge-in on slot 1
+    model.close_slot(1)  # slot 1's session ends, and another takes the slot
+    model.open_slot(1, {})
     after = run(model, [{0: inputs[0][t], 1: inputs[2][t - 5]} for t in range(5, FRAMES)])
     # slot 0 never noticed
     trace0 = Trace()
@@ -136,9 +137,9 @@ def test_reset_slot_restarts_that_slot_only(make_model, inputs):
     trace0.texts = before[0].texts + after[0].texts
     trace0.audio = before[0].audio + after[0].audio
     trace0.assert_same(alone(make_model, inputs[0]))
-    # slot 1 after its reset is a fresh slot fed the same frames
+    # slot 1 opened again is a fresh slot fed the same frames
     after[1].assert_same(alone(make_model, inputs[2][: FRAMES - 5]))
-    # and not what it would have said without the reset
+    # and not what it would have said had it gone on
     unreset = alone(make_model, np.concatenate([inputs[1][:5], inputs[2][: FRAMES - 5]]))
     assert any(
         not np.array_equal(a, b) for a, b in zip(after[1].tokens, unreset.tokens[5:], strict=True)
@@ -181,7 +182,8 @@ def test_step_refuses_a_slot_not_opened_and_bad_shapes(make_model):
     with pytest.raises(IndexError):
         model.open_slot(2, {})
     with pytest.raises(ValueError, match="not open"):
-        model.reset_slot(1)
+        model.interrupt_slot(1)
+    assert model.is_stepping(0) and not model.is_stepping(1)
 
 
 def test_speaking_follows_the_text_stream(make_model, inputs):

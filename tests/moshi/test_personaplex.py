@@ -171,7 +171,7 @@ def test_a_prompting_slot_is_silent_forced_and_leaves_the_others_alone(plugin, m
     assert plain.audio[1].shape == (1920,)
 
 
-def test_reset_steps_the_prompt_again(plugin):
+def test_a_slot_opened_again_steps_the_prompt_again(plugin):
     model = plugin.frame_model(1)
     model.open_slot(0, {"persona": PERSONA})
     total = model.prompt_frames_left(0)
@@ -179,10 +179,10 @@ def test_reset_steps_the_prompt_again(plugin):
     for frame in audio:
         model.step(frame[None], np.array([True]))
     assert model.prompt_frames_left(0) == total - 4
-    model.reset_slot(0)
-    assert model.prompt_frames_left(0) == total
     model.close_slot(0)
     assert model.prompt_frames_left(0) == 0
+    model.open_slot(0, {"persona": PERSONA})
+    assert model.prompt_frames_left(0) == total
 
 
 async def test_a_voice_too_short_to_encode_refuses_the_open_and_frees_the_slot(plex_dir):
@@ -383,7 +383,8 @@ async def test_a_pt_voice_is_the_prefix_and_the_prompt_after_it_is_silence_perso
 
 def test_a_pt_voice_replays_then_prompts_then_speaks(pt_plugin):
     """(a) A slot opened with a `.pt` voice replays its prefix (by `replay_work`, and cannot
-    step before), steps its prompt silent, then speaks; a reset replays the prefix again."""
+    step before), steps its prompt silent, then speaks; opened again, it replays the prefix
+    again."""
     model = pt_plugin.frame_model(2)
     model.open_slot(0, {})
     model.open_slot(1, {"voice": "MADE.pt", "persona": PERSONA})
@@ -401,8 +402,9 @@ def test_a_pt_voice_replays_then_prompts_then_speaks(pt_plugin):
     assert all(o.audio.size == 0 and not o.speaking for o in outputs[:prompt])
     assert all(o.audio.shape == (1920,) for o in outputs[prompt:])
     assert all(len(o.record) == model.state_record_bytes for o in outputs)
-    # a reset goes back to where the open left the slot: the prefix to replay, the prompt
-    model.reset_slot(1)
+    # opened again, the slot is where the open left it: the prefix to replay, the prompt
+    model.close_slot(1)
+    model.open_slot(1, {"voice": "MADE.pt", "persona": PERSONA})
     assert model.replay_pending(1) == VOICE_FRAMES + 1
     assert model.prompt_frames_left(1) == prompt
 

@@ -32,7 +32,7 @@ class Codes:
         real = self.real(audio)  # keeps Mimi's streaming state moving as it would
         out = torch.zeros_like(real)
         for slot, script in self.scripts.items():
-            if self.model._open[slot] and slot not in self.model._replays:
+            if self.model.is_stepping(slot):
                 at = self.cursor[slot]
                 out[slot, : script.shape[1], 0] = torch.from_numpy(script[at])
         return out
@@ -143,7 +143,7 @@ def test_the_records_are_what_the_lm_was_fed(make_model):
 def test_a_barge_in_keeps_the_context(make_model):
     """After an interrupt the slot is silent for its interrupt frames and then goes on
     from its history: its next tokens are those of a run that spoke and was silenced at
-    the same frame, not those of a fresh open; and a reset (for contrast) forgets."""
+    the same frame, not those of a fresh open; and a reopen (for contrast) forgets."""
     before, after = 30, 20
     codes_script = script(4, before + after)
 
@@ -168,13 +168,18 @@ def test_a_barge_in_keeps_the_context(make_model):
         model.silence_codes
     ] * 3
     assert not any(o.speaking for o in outputs[before : before + 3])
-    # the context is kept: the slot's offset went on, a reset's starts over
+    # the context is kept: the slot's offset went on, a reopened slot's starts over
     state = model.lm_gen._streaming_state
     assert int(state.offsets[0]) == before + after
-    reset_model, reset, _ = run(lambda m: m.reset_slot(0))
+
+    def reopen(m) -> None:
+        m.close_slot(0)
+        m.open_slot(0, {})
+
+    reset_model, reset, _ = run(reopen)
     assert int(reset_model.lm_gen._streaming_state.offsets[0]) == after
-    # the same frames before the barge-in; after it, the reset slot (a fresh open, for
-    # contrast) and the interrupted one (its history in context) part ways
+    # the same frames before the barge-in; after it, the reopened slot (a fresh
+    # conversation, for contrast) and the interrupted one (its history in context) part ways
     assert all(
         np.array_equal(a, b) for a, b in zip(interrupted[:before], reset[:before], strict=True)
     )
@@ -292,7 +297,7 @@ def test_a_replay_call_takes_1_to_replay_chunk_frames_frames(make_model):
             model.replay_work(0, frames)
     assert model.replay_pending(0) == 20
     assert model.replay_work(0, 16) == 4
-    assert model.replay_work(0, 16) == 0
+    assert model.replay_work(0, 16) == 0 and model.is_stepping(0)
     assert model.replay_work(0, 1) == 0  # nothing pending: nothing to do
     model.close_slot(0)
-    assert model.replay_pending(0) == 0
+    assert not model.is_stepping(0) and model.replay_pending(0) == 0
