@@ -20,8 +20,9 @@ exec-mask setters in `moshi.utils.compile.CUDAGraphed` whenever the model is on 
 `moshi.server` runs); "off" runs the same inside `moshi.utils.compile.no_cuda_graph()`
 (the switch the environment variable NO_CUDA_GRAPH=1 also throws).
 
-Then a restore (plugins/moshi/replay.py: `restore_slot` + `replay_work`, the slot's history
-forwarded in chunks in a side batch) of 250, 1000 and 3000 frames, timed with 8 other slots
+Then a restore (plugins/moshi/replay.py: `restore_slot` + `replay_work(slot, frames)`, the
+slot's history forwarded in a side batch, `--chunk` frames a call, the most one may take: the
+model's `replay_chunk_frames`) of 250, 1000 and 3000 frames, timed with 8 other slots
 busy (`bench.native_restore.measure_restores`), and the deadline misses of 32 busy slots on
 the real stage while one more is restored from a 3000-frame history
 (`bench.native_restore.measure_stage`). The histories are random valid tokens: a replay's
@@ -956,7 +957,8 @@ def render_restore(restore: dict[str, Any]) -> list[str]:
         return ["Restore: not run."]
     lines = [
         f"**Restore** (CUDA graphs {restore.get('mode')}; replay chunks of "
-        f"{restore.get('chunk_frames')} frames): `restore_slot` + every `replay_work` into "
+        f"{restore.get('chunk_frames')} frames, the most a `replay_work` call may take): "
+        "`restore_slot` + every `replay_work` into "
         f"one slot while {restore.get('busy')} others are busy and stepped between chunks "
         "(their steps excluded); the history is random valid tokens. *Stepping instead* is "
         "the frames times one step of a batch of one "
@@ -986,8 +988,9 @@ def render_restore(restore: dict[str, Any]) -> list[str]:
         f"**Deadline misses while one restores**: {stage['busy']} sessions on the real "
         f"stage, then one more restored from a {stage['history_frames']}-frame history "
         f"(`keep_history` + `submit_initial`): restored in {stage['restore_s'] * 1000:.0f} ms "
-        f"({stage['chunks']} chunks, run after a tick's step while the next frame is not "
-        "due).",
+        f"({stage['chunks']} `replay_work` calls, run after a tick's step while the next "
+        "frame is not due, each as many frames as the stage finds time for, at most "
+        f"{restore.get('chunk_frames')}).",
         "",
         "| phase | ticks | deadline misses | step median / max |",
         "|---|---|---|---|",
@@ -1150,7 +1153,13 @@ def main() -> None:
         default=2.0,
         help="the stage's window before and after that restore, seconds (default 2)",
     )
-    parser.add_argument("--chunk", type=int, default=64, help="replay chunk, frames (64)")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=64,
+        help="the most frames one replay_work call replays (the model's replay_chunk_frames; "
+        "the restore rows ask for this many a call), frames (64)",
+    )
     parser.add_argument(
         "--budget-s",
         type=float,
