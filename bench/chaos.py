@@ -1,7 +1,8 @@
 """Chaos: kill API pods or workers under live conversations; prove nothing was lost.
 
-    .venv/bin/python -m bench.chaos [--mode api|kill|rolling|all] [--sessions 20]
+    .venv/bin/python -m bench.chaos [--mode api|kill|rolling|native|all] [--sessions 20]
                                     [--seconds 60] [--kill-every 3]
+                                    [--native-models echo,moshi]
 
 Two API pods, echo workers (two; three in the worker modes) and a real redis-server.
 Every client is a `DuplexClient`
@@ -21,6 +22,11 @@ mode kill    every `kill-every` seconds the worker holding the most sessions is 
 mode rolling the workers are SIGTERMed and restarted one after the other, over and over
              (a rolling restart); every session moves when its worker drains: no session
              closes, no response fails, and the pause each move caused is measured.
+mode native  model-native sessions (the echo frame model; the tiny Moshi where
+             .venv-moshi/.installed exists) stream audio in real time while their
+             workers are SIGKILLed, drained and rolled; each session's model history in
+             Redis must be contiguous and equal on both sides of every move, and each
+             move's replay is timed from the new worker's log (bench/chaos_native.py).
 
 Checked for every session afterwards, from every frame the client received:
   lost        server_event_seq delivered to the application is 1..head with no gap
@@ -30,8 +36,8 @@ Checked for every session afterwards, from every frame the client received:
               for a turn a resume cut into, the echo of that turn less one run of
               appends (those in flight on the killed pod: counted as "partial", not lost)
   crashes     `Traceback` in the logs of the processes not killed on purpose
-Writes docs/reliability.md (section chaos). `run_chaos()` is also what the small chaos
-test in the suite runs (tests/e2e/test_chaos.py).
+Writes docs/reliability.md (section chaos; the native runs' block chaos-native).
+`run_chaos()` is also what the small chaos test in the suite runs (tests/e2e/test_chaos.py).
 """
 
 from __future__ import annotations
@@ -140,6 +146,8 @@ class Conversation:
     turns: int = 0
     respoken: int = 0
     ended_by: str | None = None  # "worker_lost", or an unexpected failure
+    # a native session's audio is the model's own: only its events are checked
+    audio_checked: bool = True
 
 
 async def speak(client: RecordingClient, pcm: bytes) -> None:
@@ -259,7 +267,7 @@ def check(conversation: Conversation) -> dict[str, Any]:
     duplicated += len(done_ids) - len(set(done_ids))
     mismatched = partial = 0
     for rid, status, ms in client.done:
-        if status != "completed":
+        if status != "completed" or not conversation.audio_checked:
             continue
         audio = b"".join(client.audio.get(rid, []))
         pcm = conversation.spoken.get(ms) if ms is not None else None
@@ -355,6 +363,19 @@ class ChaosReport:
     pause_ms: list[float] = dataclasses.field(default_factory=list)  # drain move pauses
     checkpoint_bytes: list[int] = dataclasses.field(default_factory=list)
     failures: list[str] = dataclasses.field(default_factory=list)
+    # native mode (bench/chaos_native.py): kills counts SIGKILLs there, drains and rolls
+    # the SIGTERMs of one worker and of all three in turn
+    model: str = ""
+    drains: int = 0
+    rolls: int = 0
+    restores: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # frames, s
+    restores_cut: int = 0  # moves whose replay never finished (its worker stopped first)
+    exact_moves: int = 0  # moves whose whole old history the sampler saw the restore read
+    bounded_moves: int = 0  # ... checked by the bound alone
+    histories_contiguous: int = 0  # sessions whose model history passed every check
+    history_problems: int = 0
+    history_frames: list[int] = dataclasses.field(default_factory=list)
+    coverage: list[float] = dataclasses.field(default_factory=list)  # frames x 80 ms / wall
 
     @property
     def ok(self) -> bool:
@@ -366,15 +387,27 @@ class ChaosReport:
                 or self.tracebacks
                 or self.closed
                 or self.failed_others
+                or self.history_problems
             )
             and not self.failures
         )
 
 
 async def run_chaos(
-    mode: str = "api", sessions: int = 20, seconds: float = 60.0, kill_every: float = 3.0
+    mode: str = "api",
+    sessions: int = 20,
+    seconds: float = 60.0,
+    kill_every: float = 3.0,
+    native_model: str = "echo",
 ) -> ChaosReport:
+    """One mode's run; `native_model` (echo or moshi) is the frame model of mode native."""
     async with watchdog(seconds + 180, f"chaos {mode}"):
+        if mode == "native":
+            from bench.chaos_native import MODELS, run_native
+
+            report = ChaosReport(mode, sessions, seconds)
+            await run_native(report, sessions, seconds, kill_every, MODELS[native_model])
+            return report
         return await _run_chaos(mode, sessions, seconds, kill_every)
 
 
@@ -467,7 +500,7 @@ def _spread(values: list[float], unit: str, digits: int = 0) -> str:
         return "-"
     ordered = sorted(values)
     median = ordered[len(ordered) // 2]
-    return f"{median:.{digits}f} / {ordered[-1]:.{digits}f} {unit}"
+    return f"{median:.{digits}f} / {ordered[-1]:.{digits}f} {unit}".rstrip()
 
 
 def render(reports: list[ChaosReport]) -> str:
@@ -492,16 +525,74 @@ def render(reports: list[ChaosReport]) -> str:
     return "\n".join(rows)
 
 
-MODES = ("api", "kill", "rolling")
+def _pace(restores: list[tuple[int, float]]) -> str:
+    """Real time replayed per second of replay, median / slowest (a replay the log's
+    milliseconds cannot time is at least frames x 80 ms / 0.5 ms)."""
+    if not restores:
+        return "-"
+    paces = sorted(
+        (frames * 0.08 / seconds, False) if seconds > 0 else (frames * 0.08 / 0.0005, True)
+        for frames, seconds in restores
+    )
+    shown = [f"{'>' if floor else ''}{pace:.0f}x" for pace, floor in paces]
+    return f"{shown[len(shown) // 2]} / {shown[0]}"
+
+
+def render_native(reports: list[ChaosReport]) -> str:
+    rows = [
+        "| model | sessions | seconds | kills / drains / rolls | moves | events checked | lost "
+        "| duplicated | sessions closed | responses cut (victims / others) "
+        "| histories contiguous | history frames (median / max) | moves checked exactly / "
+        "by the bound | replays cut | frames replayed per move (median / max) "
+        "| replay seconds (median / max) | pace against real time (median / slowest) "
+        "| move pause, drains (median / max) | tracebacks | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        verdict = "pass" if r.ok else "FAIL: " + "; ".join(r.failures[:3])
+        frames = [float(f) for f, _ in r.restores]
+        seconds = [s for _, s in r.restores]
+        rows.append(
+            f"| {r.model} | {r.sessions} | {r.seconds:.0f} | {r.kills} / {r.drains} / {r.rolls} "
+            f"| {r.moves} | {r.events} | {r.lost} | {r.duplicated} | {r.closed} "
+            f"| {r.failed_victims} / {r.failed_others} "
+            f"| {r.histories_contiguous} of {r.sessions} "
+            f"| {_spread([float(f) for f in r.history_frames], '')} "
+            f"| {r.exact_moves} / {r.bounded_moves} | {r.restores_cut} "
+            f"| {_spread(frames, '')} | {_spread(seconds, 's', 3)} | {_pace(r.restores)} "
+            f"| {_spread(r.pause_ms, 'ms')} | {r.tracebacks} | {verdict} |"
+        )
+    return "\n".join(rows)
+
+
+MODES = ("api", "kill", "rolling", "native")
 
 
 async def main(args: argparse.Namespace) -> int:
+    from bench.chaos_native import moshi_available
+
     modes = list(MODES) if args.mode == "all" else [args.mode]
-    reports = []
+    runs = []
     for mode in modes:
-        report = await run_chaos(mode, args.sessions, args.seconds, args.kill_every)
+        if mode != "native":
+            runs.append((mode, ""))
+            continue
+        for model in args.native_models.split(","):
+            if model == "moshi" and not moshi_available():
+                print("chaos native: no .venv-moshi/.installed, the tiny Moshi is left out")
+                continue
+            runs.append((mode, model))
+    reports = []
+    for mode, model in runs:
+        report = await run_chaos(mode, args.sessions, args.seconds, args.kill_every, model)
         print(report, flush=True)
         reports.append(report)
+    native = [r for r in reports if r.mode == "native"]
+    reports = [r for r in reports if r.mode != "native"]
+    if native:
+        write_native(args, native)
+    if not reports:
+        return 0 if all(r.ok for r in native) else 1
     sizes = sorted(b for r in reports for b in r.checkpoint_bytes)
     table = "\n".join(
         [
@@ -520,7 +611,27 @@ async def main(args: argparse.Namespace) -> int:
     )
     print(table)
     write_section("reliability.md", "chaos", table, "Chaos (`bench/chaos.py`)")
-    return 0 if all(r.ok for r in reports) else 1
+    return 0 if all(r.ok for r in [*reports, *native]) else 1
+
+
+def write_native(args: argparse.Namespace, reports: list[ChaosReport]) -> None:
+    """The native runs' figures: their own block of the chaos section (`chaos-native`), so
+    a native run alone keeps the other modes' figures."""
+    models = ",".join(r.model for r in reports)
+    table = "\n".join(
+        [
+            f"Measured {now_utc()} on {machine()}:",
+            f"`python -m bench.chaos --mode native --native-models {models} "
+            f"--sessions {args.sessions} --seconds {args.seconds:.0f} "
+            f"--kill-every {args.kill_every:g}`",
+            "(two API pods, three workers of the frame model, one redis-server, heartbeat",
+            "TTL 5 s; the echo frame model's replay is free, the tiny Moshi's is real).",
+            "",
+            render_native(reports),
+        ]
+    )
+    print(table)
+    write_section("reliability.md", "chaos-native", table, "Chaos, native sessions")
 
 
 if __name__ == "__main__":
@@ -529,4 +640,9 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--kill-every", type=float, default=3.0)
+    parser.add_argument(
+        "--native-models",
+        default="echo,moshi",
+        help="the frame models of mode native: echo, moshi (left out without .venv-moshi)",
+    )
     raise SystemExit(asyncio.run(main(parser.parse_args())))

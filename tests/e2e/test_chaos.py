@@ -34,3 +34,17 @@ async def test_a_rolling_restart_of_three_workers_closes_nothing_and_fails_nothi
     assert (report.failed_victims, report.failed_others) == (0, 0), report
     assert report.pause_ms, report
     assert_nothing_lost(report)
+
+
+async def test_native_sessions_keep_contiguous_histories_through_kill_drain_and_roll():
+    """Six sessions of the echo frame model streaming in real time while the busiest worker
+    is SIGKILLed, then drained, then all three rolled (bench/chaos_native.py): no event
+    lost or twice, no session closed, each model history exactly the steps 1..N, and every
+    move's restore read all its old owner had written."""
+    report = await run_chaos("native", sessions=6, seconds=3.0, kill_every=1.0)
+    assert min(report.kills, report.drains, report.rolls) >= 1, report
+    assert report.moves >= 5 and len(report.restores) >= 5, report
+    assert report.events > 0 and (report.lost, report.duplicated) == (0, 0), report.failures
+    assert (report.closed, report.failed_others, report.tracebacks) == (0, 0, 0), report
+    assert report.history_problems == 0 and report.histories_contiguous == 6, report.failures
+    assert report.failures == [], report.failures
