@@ -11,8 +11,9 @@ tiny random Moshi of harness/tiny_moshi.py (greedy, CPU), through the moshi plug
    into a slot of a model whose `--busy` other slots are open and stepped (their key/value
    rings wrapped: past the model's context) with one step of theirs between chunks, as the
    stage does. Reported: the replay's seconds (`restore_slot` and every `replay_work`, the
-   steps between them excluded), its chunks, frames per second, and the floor a restore
-   without records would cost: stepping the same N frames one by one, in a batch of one.
+   steps between them excluded; `replay_chunk_frames` a call), its chunks, frames per
+   second, and the floor a restore without records would cost: stepping the same N
+   frames one by one, in a batch of one.
 2. Deadline misses during a restore on the real stage: a `TickBatchedStagePort` on the
    real clock, `--busy` sessions fed speech in real time, then one more session restored
    from a history (`keep_history` + `submit_initial`, as a worker does for a moved
@@ -184,7 +185,7 @@ def measure_restores(
         while model.replay_pending(0):
             model.step(noise(rng, model.slots, model.frame_samples), active)
             started = time.perf_counter()
-            model.replay_work(0)
+            model.replay_work(0, model.replay_chunk_frames)
             chunk_s.append(time.perf_counter() - started)
         both = active.copy()
         both[0] = True  # the restored slot steps with the others: the restore is whole
@@ -452,8 +453,9 @@ async def main(args: argparse.Namespace) -> None:
         f"**Deadline misses during a restore, on the real stage.** A `TickBatchedStagePort` "
         f"on the real clock, {busy} sessions fed speech in real time, then one session "
         f"restored from a {stage.history_frames}-frame history (`keep_history` + "
-        f"`submit_initial`, as a worker does for a moved session); the replay runs a "
-        "chunk at a time after a tick's step while the next frame is not due. The restore "
+        f"`submit_initial`, as a worker does for a moved session); the stage replays after "
+        "each tick's step as many frames as its measured cost fits in the time before the "
+        "next frame (one at least). The restore "
         f"took {stage.restore_s * 1000:.0f} ms ({stage.chunks} chunks; "
         f"`submit_initial`, which decodes the history and opens the slot, "
         f"{stage.open_s * 1000:.1f} ms); {stage.restored_frames} frames restored. "
