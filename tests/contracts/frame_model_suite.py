@@ -227,8 +227,25 @@ def assert_same(
             if may_differ and index < may_differ.get(name, 0):
                 continue
             assert same(mine[name], value, subject.atol), (
-                f"{what}: frame {index}: {name} {mine[name]!r} != {value!r}"
+                f"{what}: frame {index}: {name} {shown(mine[name], value)}"
             )
+
+
+def shown(mine: Any, theirs: Any) -> str:
+    """Two values that differ, briefly (records are kilobytes, audio thousands of samples)."""
+    if isinstance(mine, bytes) and isinstance(theirs, bytes):
+        at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
+        at = min(len(mine), len(theirs)) if at is None else at
+        return (
+            f"of {len(mine)} and {len(theirs)} bytes differ from byte {at}: "
+            f"{mine[at : at + 8].hex()} != {theirs[at : at + 8].hex()}"
+        )
+    if isinstance(mine, np.ndarray) or isinstance(theirs, np.ndarray):
+        a, b = np.asarray(mine), np.asarray(theirs)
+        if a.shape != b.shape:
+            return f"shapes {a.shape} != {b.shape}"
+        return f"differ by up to {float(np.max(np.abs(a - b))):.3g}"
+    return f"{mine!r} != {theirs!r}"
 
 
 def differ(subject: FrameSubject, a: Sequence[Observation], b: Sequence[Observation]) -> bool:
