@@ -542,22 +542,25 @@ def render_native(reports: list[ChaosReport]) -> str:
     rows = [
         "| model | sessions | seconds | kills / drains / rolls | moves | events checked | lost "
         "| duplicated | sessions closed | responses cut (victims / others) "
-        "| histories contiguous | history frames (median / max) | moves checked exactly / "
+        "| histories contiguous | history frames (median / max) "
+        "| frames x 80 ms / wall time (median / min) | moves checked exactly / "
         "by the bound | replays cut | frames replayed per move (median / max) "
         "| replay seconds (median / max) | pace against real time (median / slowest) "
         "| move pause, drains (median / max) | tracebacks | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         verdict = "pass" if r.ok else "FAIL: " + "; ".join(r.failures[:3])
         frames = [float(f) for f, _ in r.restores]
+        cover = sorted(r.coverage)
+        coverage = f"{cover[len(cover) // 2]:.2f} / {cover[0]:.2f}" if cover else "-"
         seconds = [s for _, s in r.restores]
         rows.append(
             f"| {r.model} | {r.sessions} | {r.seconds:.0f} | {r.kills} / {r.drains} / {r.rolls} "
             f"| {r.moves} | {r.events} | {r.lost} | {r.duplicated} | {r.closed} "
             f"| {r.failed_victims} / {r.failed_others} "
             f"| {r.histories_contiguous} of {r.sessions} "
-            f"| {_spread([float(f) for f in r.history_frames], '')} "
+            f"| {_spread([float(f) for f in r.history_frames], '')} | {coverage} "
             f"| {r.exact_moves} / {r.bounded_moves} | {r.restores_cut} "
             f"| {_spread(frames, '')} | {_spread(seconds, 's', 3)} | {_pace(r.restores)} "
             f"| {_spread(r.pause_ms, 'ms')} | {r.tracebacks} | {verdict} |"

@@ -313,7 +313,7 @@ def native_stack(model: NativeModel, model_dir: Path | None) -> NativeStack:
         env |= {
             "DUPLEX_MODEL_DIR": str(model_dir),
             "DUPLEX_PLUGIN_OPTIONS": MOSHI_OPTIONS,
-            "DUPLEX_MAX_SESSIONS": "16",
+            "DUPLEX_MAX_SESSIONS": "8",
             "HF_HUB_OFFLINE": "1",
         }
         duplex = str(MOSHI_VENV / "bin" / "duplex")
