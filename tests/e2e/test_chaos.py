@@ -41,7 +41,7 @@ async def test_native_sessions_keep_contiguous_histories_through_kill_drain_and_
     is SIGKILLed, then drained, then all three rolled (bench/chaos_native.py): no event
     lost or twice, no session closed, each model history exactly the steps 1..N, and every
     move's restore read all its old owner had written."""
-    report = await run_chaos("native", sessions=6, seconds=3.0, kill_every=1.0)
+    report = await run_chaos("native", sessions=6, seconds=3.0, kill_every=0.5)
     assert min(report.kills, report.drains, report.rolls) >= 1, report
     assert report.moves >= 5 and len(report.restores) >= 5, report
     assert report.events > 0 and (report.lost, report.duplicated) == (0, 0), report.failures
