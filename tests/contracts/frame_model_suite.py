@@ -466,15 +466,20 @@ class FrameModelContract:
             assert model.replay_pending(1) == history_frames + prompt
         if prompt and subject.prompt_in_one_piece:
             assert run.replay(1, 1) == prompt  # the prompt is one forward
-            prompt = 0
-        # every size once (their sum is all but 2 of the history), then from the largest
-        # down: the call after the first pass finds fewer left than it asks for
-        sizes = itertools.chain(range(1, most + 1), itertools.cycle(range(most, 0, -1)))
         fewer = False
-        while pending := model.replay_pending(1):
-            frames = next(sizes)
+
+        def replay(frames: int) -> None:
+            nonlocal fewer
+            pending = model.replay_pending(1)
             fewer |= frames > pending
             assert run.replay(1, frames) == min(frames, pending), f"asked for {frames}"
+
+        for frames in range(1, most + 1):  # every size (their sum is all but 2 of the history)
+            replay(frames)
+        if model.replay_pending(1) % most == 0:
+            replay(1)
+        while model.replay_pending(1):  # the last call finds fewer left than it asks for
+            replay(most)
         assert fewer or most == 1
         assert model.replay_work(1, most) == 0  # nothing left: nothing taken
         run.step([1])  # done: it steps
