@@ -1,25 +1,20 @@
 """bench/native_restore.py runs from its documented command and writes its section.
 
-It needs torch and kyutai's `moshi` (`.venv-moshi`): skipped elsewhere. --quick sizes, into
-a temporary docs folder; the figures are checked to be there, not judged (bench/ is where
+It needs torch and kyutai's `moshi`: run with `.venv-moshi`'s python from any venv (skipped
+where it is not installed: tests/bench/model_venvs.py). --quick sizes, into a temporary docs
+folder; the figures are checked to be there, not judged (bench/ is where
 speed is judged, and the suite must pass on a slow machine).
 """
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
-import pytest
-
-pytest.importorskip("moshi")
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.model_venvs import ROOT, python_for
 
 
 def test_quick_run_writes_the_native_restore_section(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "bench.native_restore", "--quick", "--docs", str(tmp_path)],
+        [python_for("moshi"), "-m", "bench.native_restore", "--quick", "--docs", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -56,7 +51,7 @@ def test_it_reruns_into_the_same_section(tmp_path):
     )
     result = subprocess.run(
         [
-            sys.executable,
+            python_for("moshi"),
             "-m",
             "bench.native_restore",
             "--quick",
