@@ -117,7 +117,7 @@ async def test_a_failing_step_fails_the_response_and_the_tick_goes_on():
     assert outputs["a"][1].error_code == "runtime_data_plane_stream_failed"
 
 
-async def test_a_reset_that_raises_does_not_mute_the_stream():
+async def test_an_interrupt_that_raises_does_not_mute_the_stream():
     rig = Rig()
     try:
         session = await rig.open({"duplex_surface": "openai"})
@@ -126,9 +126,9 @@ async def test_a_reset_that_raises_does_not_mute_the_stream():
         await session.until("response.output_audio.delta")
 
         def broken(slot):
-            raise RuntimeError("reset failed")
+            raise RuntimeError("interrupt failed")
 
-        rig.model.reset_slot = broken
+        rig.model.interrupt_slot = broken
         await session.send(CancelResponse(event_id="c1"))
         await session.until("response.done")
         await rig.settle(session)
