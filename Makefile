@@ -178,6 +178,12 @@ bench: venv redis-server
 	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.native_restore"; $(MOSHI_VENV)/bin/python -m bench.native_restore)
 	@# Nemotron VoiceChat's step against the conversation's length where .venv-nemotron exists
 	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.nemotron_step"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.nemotron_step)
+	@# a moved session's restore through the tick stage, and its voice back after a move with real
+	@# processes, for each model whose venv exists (Nemotron's restore_pace: about 15 minutes)
+	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.restore_pace --model moshi"; HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m bench.restore_pace --model moshi)
+	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.native_failover --model moshi"; HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m bench.native_failover --model moshi --runs 3)
+	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.restore_pace --model nemotron"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.restore_pace --model nemotron)
+	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.native_failover --model nemotron"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.native_failover --model nemotron --runs 2)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis

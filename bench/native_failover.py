@@ -445,7 +445,7 @@ async def main(args: argparse.Namespace) -> int:
                             f"{label}, {shape} {run + 1}/{runs}: signal -> move "
                             f"{fmt(move.signal_to_move_s)}, move -> speaks "
                             f"{fmt(move.speaks_s)}; restore {move.log_frames} frames in "
-                            f"{move.log_s} s ({move.pace}x); hash {move.progress}; "
+                            f"{move.log_s} s ({move.pace or 0:.1f}x); hash {move.progress}; "
                             f"errors {move.errors or 'none'}",
                             flush=True,
                         )
