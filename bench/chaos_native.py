@@ -9,7 +9,8 @@ quiet, over and over), through two API pods, to three workers of the model:
          is the slot's step number (uint32), so a history is exactly 1..N, and its
          `restore_slot` refuses a history with a gap or a repeat (the session would close);
 - moshi  the tiny random Moshi of harness/tiny_moshi.py (`--plugin moshi`, greedy, CPU),
-         its workers run by .venv-moshi's `duplex`; 10-byte records (5 uint16 tokens).
+         its workers run by .venv-moshi's `duplex`; 12-byte records (5 uint16 tokens and
+         the barge-in's silence).
 
 The chaos cycles kill, drain, roll (each at least once, then on until the deadline, a
 pause of about `kill_every` seconds between actions): kill SIGKILLs the worker holding
@@ -22,7 +23,7 @@ What is checked for each session (`check_history`), besides bench.chaos's lost a
 duplicated events and closed sessions:
 
 - its model history (`KeySchema.model_history`) is whole records and contiguous: for the
-  echo model exactly the steps 1..N; for Moshi whole 10-byte records, no more frames than
+  echo model exactly the steps 1..N; for Moshi whole 12-byte records, no more frames than
   the clock gave ticks since the session opened (one step per 80 ms at most, plus one per
   tenure for the grids' phases);
 - append-only: a sampler reads every session's owner generation and history in one
@@ -102,8 +103,9 @@ class NativeModel:
 
 
 ECHO = NativeModel("echo", "harness.frame_models:EchoFramePlugin", "frame_echo", 4)
-#: the tiny Moshi's record: its text token, 2 model and 2 user audio codes, uint16 each
-MOSHI = NativeModel("moshi", "moshi", "moshi", 10, MOSHI_VENV, 240.0)
+#: the tiny Moshi's record: its text token, 2 model and 2 user audio codes and the
+#: barge-in's silence, uint16 each (plugins/moshi/replay.py)
+MOSHI = NativeModel("moshi", "moshi", "moshi", 12, MOSHI_VENV, 240.0)
 MODELS = {"echo": ECHO, "moshi": MOSHI}
 
 

@@ -505,7 +505,7 @@ async def run_restore(args: argparse.Namespace, results: Results) -> None:
     import numpy as np
 
     from bench.native_restore import measure_restores, measure_stage
-    from plugins.moshi.replay import encode_records
+    from plugins.moshi.replay import encode_records, record_bytes
 
     models = Models(args)
     torch = models.torch
@@ -555,7 +555,7 @@ async def run_restore(args: argparse.Namespace, results: Results) -> None:
                     flush=True,
                 )
             results.save()
-            record = models.lm.num_codebooks * 2
+            record = record_bytes(models.lm)  # the tokens and the barge-in's silence
             stage = await measure_stage(
                 models, history[: args.stage_history * record], args.stage_busy, args.window_s
             )

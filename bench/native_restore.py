@@ -303,11 +303,12 @@ def bytes_per_minute(record_bytes: int, frame_ms: float) -> float:
 def moshi_7b_layout() -> tuple[int, int, float, int]:
     """Moshi-7B's record: (codebooks, bytes, frame rate Hz, context frames), from moshi's
     published 7B config (`moshi.models.loaders._lm_kwargs`, kyutai/moshiko): text + n_q
-    audio codebooks, two bytes a token."""
+    audio codebooks and the barge-in's silence, two bytes each (plugins/moshi/replay.py)."""
     from moshi.models import loaders
 
     codebooks = 1 + int(loaders._lm_kwargs["n_q"])
-    return codebooks, 2 * codebooks, float(loaders.FRAME_RATE), int(loaders._lm_kwargs["context"])
+    record = 2 * (codebooks + 1)
+    return codebooks, record, float(loaders.FRAME_RATE), int(loaders._lm_kwargs["context"])
 
 
 def restore_table(results: list[RestoreFigures], frame_ms: float) -> list[str]:
@@ -350,7 +351,7 @@ def bytes_table(tiny_bytes: int, tiny_frame_ms: float) -> list[str]:
     for name, size, ms, how in [
         ("tiny Moshi (harness)", tiny_bytes, tiny_frame_ms, "the model's `state_record_bytes`"),
         (
-            f"Moshi-7B ({codebooks} tokens)",
+            f"Moshi-7B ({codebooks} tokens + silence)",
             record,
             frame_ms,
             "computed from moshi's published 7B config, not measured",
@@ -426,7 +427,8 @@ async def main(args: argparse.Namespace) -> None:
         f"The tiny random Moshi of `harness/tiny_moshi.py` (plugins/moshi, CPU, torch "
         f"{torch.__version__}, {args.threads} thread{'s' if args.threads != 1 else ''}, "
         f"greedy), {frame_ms:g} ms frames, "
-        f"{record_bytes}-byte records (text + {record_bytes // 2 - 1} audio codebooks), "
+        f"{record_bytes}-byte records (text + {record_bytes // 2 - 2} audio codebooks + "
+        "the barge-in's silence), "
         f"replay chunks of {chunk} frames, {busy} other slots busy.",
         "",
         "**Restore time against frames restored.** One slot stepped on noise in a batch of "
@@ -463,7 +465,7 @@ async def main(args: argparse.Namespace) -> None:
         "",
         *stage_table(stage),
         "",
-        "**Checkpoint bytes per minute of conversation**: a record (two bytes a token) "
+        "**Checkpoint bytes per minute of conversation**: a record (two bytes a field) "
         "times the frames of a minute; what the worker appends to Redis for a session, "
         "about once a second.",
         "",

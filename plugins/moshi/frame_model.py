@@ -24,16 +24,18 @@ its barge-in, encoder and speaking counters. A step builds the masks it needs ov
 from the records (a handful of slots: cheap); `last_tokens` is the one batch array, the
 last step's output tokens, kept for tests and benches.
 
-Memory: every step's output carries the slot's record (the tokens the step fed the LM:
-plugins/moshi/replay.py), so the session's history rebuilds the slot elsewhere
-(`restore_slot`, then `replay_work(slot, frames)` between steps: exactly the frames the
-stage asks for, at most `replay_chunk_frames`, a `.pt` prefix's and the history's counted
-alike; the call that replays the last frame also commits the row into the batch and warms
-its Mimi decoder). A barge-in
+Memory: every step's output carries the slot's record (the tokens the step fed the LM and
+the barge-in's silence it stepped in: plugins/moshi/replay.py), so the session's history
+rebuilds the slot elsewhere (`restore_slot`, then `replay_work(slot, frames)` between
+steps: exactly the frames the stage asks for, at most `replay_chunk_frames`, a `.pt`
+prefix's and the history's counted alike; the call that replays the last frame also
+commits the row into the batch and warms its Mimi decoder). A barge-in
 (`interrupt_slot`) does not forget: for `interrupt_frames` frames the slot's text is forced
 to padding and its audio to the codes of silence (moshi has no interruption handling of
 its own: this is what it would have produced had it fallen silent), and it goes on from
-there with the whole conversation in its context.
+there with the whole conversation in its context. Each record says how much of that silence
+was left as its step ran, so a slot restored from a history that ends inside it stays silent
+for the rest, as the original does.
 
 Batch invariance: with greedy decoding (temperatures 0) a slot's tokens do not depend on who
 shares the batch (tests/moshi prove it on the tiny model). moshi samples with torch's global
@@ -57,6 +59,7 @@ from moshi.modules.streaming import StreamingModule
 
 from plugins.moshi.checkpoint import MoshiCheckpoint
 from plugins.moshi.replay import (
+    TOKEN_LIMIT,
     Segment,
     SideReplay,
     decode_records,
@@ -64,6 +67,7 @@ from plugins.moshi.replay import (
     encode_records,
     lm_inputs,
     lmgen_columns,
+    record_bytes,
 )
 from shared.contracts.frame_model import FrameModel, FrameOutput, FrameStepError
 
@@ -200,6 +204,8 @@ class MoshiFrameModel(FrameModel):
             raise ValueError(f"slots must be at least 1, got {slots}")
         if int(mimi.sample_rate) != self.input_sample_rate_hz:
             raise ValueError(f"Mimi runs at {mimi.sample_rate} Hz, not 24000")
+        if not 0 <= interrupt_frames < TOKEN_LIMIT:  # a record's silence field is a uint16
+            raise ValueError(f"interrupt_frames is 0..{TOKEN_LIMIT - 1}, not {interrupt_frames}")
         self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer
         self.slots = slots
         self.device = lm.device
@@ -208,7 +214,7 @@ class MoshiFrameModel(FrameModel):
         self.speaking_hold_frames = speaking_hold_frames
         self.interrupt_frames = interrupt_frames
         self.replay_chunk_frames = replay_chunk_frames
-        self.state_record_bytes = 2 * lm.num_codebooks
+        self.state_record_bytes = record_bytes(lm)
         self.user_codebooks = lm.num_codebooks - lm.dep_q - 1
         self.silence_codes = self._silence_codes()
         self.lm_gen = LMGen(
@@ -354,10 +360,11 @@ class MoshiFrameModel(FrameModel):
     def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
         """Open the slot, then replay its history: its prefix (if any), then its records'
         LM inputs, as many frames a `replay_work` call as asked; a history shorter than the
-        prompt leaves the rest of the prompt to step."""
-        records = decode_records(history, self.lm.num_codebooks)
+        prompt leaves the rest of the prompt to step. A history ending inside a barge-in's
+        silence goes on silent for the frames left (its last record says how many)."""
+        tokens, silence = decode_records(history, self.lm.num_codebooks)
         self.open_slot(slot, options)
-        frames = len(records)
+        frames = len(tokens)
         if not frames:
             return
         state = self._slot(slot)
@@ -365,22 +372,48 @@ class MoshiFrameModel(FrameModel):
         prefix = state.prefix
         first = prefix.frames if prefix is not None else 0
         before = dict(prefix.columns) if prefix is not None else None
-        inputs = lm_inputs(records, self.lm, start=first, before=before)
-        tokens = torch.from_numpy(inputs)[None].to(self.device)
-        segments = [Segment(tokens=tokens)]
+        inputs = lm_inputs(tokens, self.lm, start=first, before=before)
+        segments = [Segment(tokens=torch.from_numpy(inputs)[None].to(self.device))]
         if prefix is not None:
             segments.insert(0, Segment(embeddings=prefix.embeddings[None]))
         offset = first + frames
         state.replay = _SlotReplay(
             SideReplay(self.lm, segments, self.replay_chunk_frames),
-            records,
+            tokens,
             first,
             offset,
-            lmgen_columns(records, self.lm, offset, self._cache_length(), before),
+            lmgen_columns(tokens, self.lm, offset, self._cache_length(), before),
         )
-        # the speaking state the history ends in: frames since the model's last word
-        silent = [int(t) in self._silent_ids for t in records[::-1, 0]]
-        state.quiet = silent.index(False) if False in silent else len(silent)
+        # the barge-in's silence left: the last step's, less that step if it was silenced
+        # (a step of the prompt waits for the prompt's end)
+        last = int(silence[-1])
+        state.silenced = last - 1 if last and frames > len(state.prompt) else last
+        state.quiet = self._restored_quiet(state, tokens, silence, first)
+
+    def _restored_quiet(
+        self, state: _MoshiSlot, tokens: np.ndarray, silence: np.ndarray, first: int
+    ) -> int:
+        """The speaking hold's count (`_MoshiSlot.quiet`: frames since the last word) a slot
+        whose steps made `tokens` and `silence` ended with, as far as it matters (a count
+        past the hold is past it): a step counts only once the slot outputs audio (its
+        prompt done, LMGen's acoustic delay over); its words are the text token the step
+        `max_delay` before produced (LMGen's output lags its cache); a silenced step (silence
+        > 0 outside the prompt) came after a barge-in, which put the count past the hold."""
+        hold = self.speaking_hold_frames
+        lag = self.lm_gen.max_delay - int(self.lm.delays[0])
+        after = 0  # steps counted after the one that decides
+        for index in range(len(tokens) - 1, -1, -1):
+            if index < len(state.prompt) or first + index < self.lm_gen.max_delay:
+                break  # no audio yet: the count is still the open's
+            if silence[index]:
+                return hold + 2 + after
+            source = index - lag  # before the records (a prefix's: in its prompt) no word
+            if source >= 0 and self.words(int(tokens[source, 0])):
+                return after
+            after += 1
+            if after > hold:
+                return after
+        return hold + 1 + after
 
     def replay_pending(self, slot: int) -> int:
         state = self._slots[self._check(slot)]
@@ -501,12 +534,16 @@ class MoshiFrameModel(FrameModel):
             self._forcing = None
         assert tokens is not None  # support_out_of_sync: never None
         assert self._step_text is not None and self._step_audio is not None
+        # the barge-in's silence left as each slot stepped, this step included (a slot in
+        # its prompt: the silence waiting for its end), for its record
+        silence = np.array([s.silenced if s is not None else 0 for s in stepped])
         for slot in np.flatnonzero(silencing):
             self._slot(slot).silenced -= 1
         # one copy to the host, at once: the LM has advanced, so whatever fails from here
         # on, its records go with the failure (FrameStepError), or the session's history
         # would lack a frame its model holds. Output tokens, then each slot's record (what
-        # the step fed the LM: its text and audio tokens after forcing, the user's codes)
+        # the step fed the LM: its text and audio tokens after forcing, the user's codes;
+        # then the silence it stepped in)
         fed = torch.cat(
             [tokens[:, :, 0], self._step_text[:, None], self._step_audio, user_codes[:, :, 0]],
             dim=1,
@@ -514,7 +551,9 @@ class MoshiFrameModel(FrameModel):
         host = fed.cpu().numpy()
         width = 1 + self.lm.dep_q
         records = [
-            encode_records(host[slot : slot + 1, width:]) if active[slot] else None
+            encode_records(host[slot : slot + 1, width:], silence[slot : slot + 1])
+            if active[slot]
+            else None
             for slot in range(self.slots)
         ]
         try:

@@ -4,9 +4,21 @@ What one step feeds the LM is a pure function of 17 tokens a frame (for Moshi's 
 codebooks): the text token and the 8 audio tokens the step produced (as LMGen's hooks see
 them: after any forcing, in the delayed layout LMGen caches), and the 8 user codes it was
 given. The depformer keeps nothing between frames. So a slot's record per frame is those
-tokens, as little-endian uint16 (34 bytes), and a slot's whole LM state after T steps
-follows from its T records (and whatever prefix its options give, a `.pt` voice's
-embeddings):
+tokens and one more field, the barge-in's, all little-endian uint16 (36 bytes for Moshi):
+
+    text, audio[dep_q], user[K - 1 - dep_q]   the tokens (K = the LM's codebooks)
+    silence                                   the frames of a barge-in's forced silence
+                                              left when the step ran, this step included
+                                              (0: none; a step of the prompt, which a
+                                              barge-in does not cut: the silence waiting
+                                              for the prompt's end)
+
+The silence field is never fed to the LM: it is the slot's one piece of state outside the
+LM that a restore needs (a history ending inside a barge-in's silence goes on silent for
+the frames left, as the original does; and a step with silence > 0 outside the prompt was
+a silenced one, which is what the speaking hold needs to know). A slot's whole LM state
+after T steps follows from its T records (and whatever prefix its options give, a `.pt`
+voice's embeddings):
 
 - `lm_inputs` rebuilds what LMGen fed the transformer at each step (its token cache read
   at the step's offset, initial tokens while a codebook's delay has not passed);
@@ -44,28 +56,43 @@ from moshi.modules.transformer import (
     _TransformerState,
 )
 
-#: a record's tokens are stored as uint16: every token id must be below this
+#: a record's fields are stored as uint16: every token id (and silence) must be below this
 TOKEN_LIMIT = 1 << 16
 
 
-def record_tokens(lm: LMModel) -> int:
-    """Tokens of one frame's record: text, the model's audio codebooks, the user's."""
-    return lm.num_codebooks
+def record_fields(lm: LMModel) -> int:
+    """uint16 fields of one frame's record: text, the model's audio codebooks, the user's,
+    then the barge-in's silence."""
+    return lm.num_codebooks + 1
 
 
-def encode_records(tokens: np.ndarray) -> bytes:
-    """[frames, tokens] int64 -> the records' bytes."""
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= TOKEN_LIMIT):
+def record_bytes(lm: LMModel) -> int:
+    """Bytes of one frame's record."""
+    return 2 * record_fields(lm)
+
+
+def encode_records(tokens: np.ndarray, silence: np.ndarray | None = None) -> bytes:
+    """[frames, K] int tokens and [frames] silence (None: no barge-in) -> the records'
+    bytes."""
+    tokens = np.asarray(tokens)
+    frames = tokens.shape[0]
+    silence = np.zeros(frames, np.int64) if silence is None else np.asarray(silence)
+    if silence.shape != (frames,):
+        raise ValueError(f"{frames} frames of tokens, silence of shape {silence.shape}")
+    fields = np.concatenate([tokens.reshape(frames, -1), silence[:, None]], axis=1)
+    if fields.size and (fields.min() < 0 or fields.max() >= TOKEN_LIMIT):
         raise ValueError("a record holds tokens 0..65535 only")
-    return np.ascontiguousarray(tokens, dtype="<u2").tobytes()
+    return np.ascontiguousarray(fields, dtype="<u2").tobytes()
 
 
-def decode_records(data: bytes, tokens: int) -> np.ndarray:
-    """The records' bytes -> [frames, tokens] int64."""
-    width = 2 * tokens
+def decode_records(data: bytes, codebooks: int) -> tuple[np.ndarray, np.ndarray]:
+    """The records' bytes (of an LM with `codebooks` codebooks) -> their tokens [frames, K]
+    and silence [frames], int64."""
+    width = 2 * (codebooks + 1)
     if len(data) % width:
         raise ValueError(f"a history of {len(data)} bytes is not whole {width}-byte records")
-    return np.frombuffer(data, dtype="<u2").reshape(-1, tokens).astype(np.int64)
+    fields = np.frombuffer(data, dtype="<u2").reshape(-1, codebooks + 1).astype(np.int64)
+    return fields[:, :codebooks], fields[:, codebooks]
 
 
 def lm_inputs(

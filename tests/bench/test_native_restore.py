@@ -37,9 +37,9 @@ def test_quick_run_writes_the_native_restore_section(tmp_path):
     for phase in ("before", "during", "after"):
         assert re.search(rf"^\| {phase} \| \d+ \| \d+ \| [\d.]+ / [\d.]+ ms \|$", section, re.M)
     assert "120 frames restored" in section
-    # bytes per minute: the tiny model's (10-byte records) and Moshi-7B's computed 34 B
-    assert "| 10 B | 750 | 7.5 KB |" in section
-    assert "| 34 B | 750 | 25.5 KB |" in section
+    # bytes per minute: the tiny model's (12-byte records) and Moshi-7B's computed 36 B
+    assert "| 12 B | 750 | 9.0 KB |" in section
+    assert "| 36 B | 750 | 27.0 KB |" in section
 
 
 def test_it_reruns_into_the_same_section(tmp_path):

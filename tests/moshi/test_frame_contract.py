@@ -151,7 +151,7 @@ def personaplex_dirs(tiny_dir, tmp_path_factory) -> tuple[str, str]:
     history = b"".join(
         model.step(zeros, np.array([True]))[0].record for _ in range(VOICE_FRAMES + 1)
     )
-    made = fork_voice_file(model.lm, decode_records(history, model.lm.num_codebooks))
+    made = fork_voice_file(model.lm, decode_records(history, model.lm.num_codebooks)[0])
     torch.save(made, voices / "MADE.pt")
     return str(directory), str(voices)
 
@@ -166,27 +166,5 @@ def subject(request, tiny_dir) -> FrameSubject:
     return plex
 
 
-#: why Moshi fails item 2 (the contract: "an interrupt ... keeps its memory of the
-#: conversation so far, which its next records say, so a restore interrupts where it did")
-SILENCE_NOT_RECORDED = (
-    "a barge-in silences the slot for interrupt_frames frames (text forced to padding, "
-    "audio to silence), but the frames of silence left (_MoshiSlot.silenced) are in no "
-    "record: a slot restored from a history that ends inside that window speaks at once, "
-    "where the original is still silent, and the two conversations part for good (a restore "
-    "after the window is exact)"
-)
-
-
 class TestMoshiFrameModel(FrameModelContract):
     """The tiny Moshi and PersonaPlex under the contract."""
-
-    def test_an_interrupt_keeps_the_memory(self, subject: FrameSubject):
-        """Known failure (SILENCE_NOT_RECORDED): every check before the restore passes, the
-        restore inside the interrupt's silence fails at its first frame's record; this test
-        fails once it no longer does (then drop this override)."""
-        try:
-            super().test_an_interrupt_keeps_the_memory(subject)
-        except AssertionError as failed:
-            assert str(failed).startswith("restored past the interrupt: frame 0: record")
-            pytest.xfail(SILENCE_NOT_RECORDED)
-        pytest.fail("a restore inside an interrupt's silence is exact now: drop this override")

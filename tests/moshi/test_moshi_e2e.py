@@ -96,17 +96,18 @@ async def test_a_moshi_session_keeps_its_models_memory_when_its_worker_goes(
     redis_server, tiny_dir, how
 ):
     """Two tiny-Moshi workers: the owner drained or killed mid-conversation; the other
-    replays the session's model history (its records: the LM's 5 tokens a frame here) and
-    the conversation goes on with no error (tests/e2e/native_moves.py checks it)."""
+    replays the session's model history (its records: the LM's 5 tokens and the barge-in's
+    silence a frame here, 12 bytes) and the conversation goes on with no error
+    (tests/e2e/native_moves.py checks it)."""
     written, frames = await move_a_native_session(
         redis_server.url,
         how,
         plugin="moshi",
         model="moshi",
-        record_bytes=10,
+        record_bytes=12,
         DUPLEX_MODEL_DIR=str(tiny_dir),
         DUPLEX_PLUGIN_OPTIONS=OPTIONS,
         DUPLEX_MAX_SESSIONS="2",
         HF_HUB_OFFLINE="1",
     )
-    assert frames >= 25 and len(written) > frames * 10
+    assert frames >= 25 and len(written) > frames * 12

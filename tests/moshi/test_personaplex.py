@@ -285,7 +285,7 @@ def pt_dir(plex_dir, tmp_path_factory):
     history = b"".join(
         model.step(zeros, np.array([True]))[0].record for _ in range(VOICE_FRAMES + 1)
     )
-    made = fork_voice_file(lm, decode_records(history, lm.num_codebooks))
+    made = fork_voice_file(lm, decode_records(history, lm.num_codebooks)[0])
     torch.save(made, directory / "MADE.pt")
     half = {"embeddings": made["embeddings"].bfloat16(), "cache": made["cache"]}
     torch.save(half, directory / "MADE16.pt")

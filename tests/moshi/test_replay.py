@@ -123,7 +123,8 @@ def test_a_restored_slot_goes_on_as_if_never_moved_beside_a_wrapped_neighbour(
 
 
 def test_the_records_are_what_the_lm_was_fed(make_model):
-    """A slot's history is whole records, one per active step, of the LM's codebooks."""
+    """A slot's history is whole records, one per active step, of the LM's codebooks and
+    the barge-in's silence."""
     model = make_model(2)
     model.open_slot(0, {})
     model.open_slot(1, {})
@@ -134,10 +135,11 @@ def test_the_records_are_what_the_lm_was_fed(make_model):
         frames[0] = frame
         output = model.step(frames, np.array([True, False]))[0]
         history += output.record
-    assert model.state_record_bytes == 2 * model.lm.num_codebooks
+    assert model.state_record_bytes == 2 * (model.lm.num_codebooks + 1)
     assert len(history) == 6 * model.state_record_bytes
     records = np.frombuffer(history, "<u2").reshape(6, -1)
     assert (records[:, 0] < model.lm.text_card + 1).all()
+    assert (records[:, -1] == 0).all()  # no barge-in: no silence
 
 
 def test_a_barge_in_keeps_the_context(make_model):
@@ -185,6 +187,84 @@ def test_a_barge_in_keeps_the_context(make_model):
     )
     later = zip(interrupted[before + 3 :], reset[before + 3 :], strict=True)
     assert not all(np.array_equal(a, b) for a, b in later)
+
+
+def run_interrupted(make_model, seed: int, frames: int, at: int | None, hold: int = 2):
+    """One slot stepped `frames` times on its script, interrupted before frame `at` (None:
+    never), its speaking hold `hold` frames: its history and, per frame, its output
+    (tokens, words, speaking, record)."""
+    model = make_model(1, interrupt_frames="3")
+    model.speaking_hold_frames = hold
+    model.open_slot(0, {})
+    codes = Codes(model, {0: script(seed, frames)})
+    history, seen = b"", []
+    for index in range(frames):
+        if index == at:
+            model.interrupt_slot(0)
+        output = step(model, codes, [0])[0]
+        history += output.record
+        seen.append((model.last_tokens[0].tolist(), output.text, output.speaking, output.record))
+    return history, seen
+
+
+def restored_run(
+    make_model, seed: int, frames: int, history: bytes, upto: int, at: int, hold: int = 2
+):
+    """A slot of another model restored from the first `upto` records of `history` (a
+    neighbour busy beside it), then stepped on to `frames` (interrupted before frame `at`
+    if it is still to come): its outputs as run_interrupted's."""
+    model = make_model(2, interrupt_frames="3", replay_chunk_frames="7")
+    model.speaking_hold_frames = hold
+    model.open_slot(0, {})
+    codes = Codes(model, {0: script(seed + 100, frames + upto), 1: script(seed, frames)[upto:]})
+    record = model.state_record_bytes
+    model.restore_slot(1, {}, history[: upto * record])
+    while model.replay_pending(1):
+        step(model, codes, [0])
+        model.replay_work(1, 7)
+    seen = []
+    for index in range(upto, frames):
+        if index == at:
+            model.interrupt_slot(1)
+        output = step(model, codes, [0, 1])[1]
+        seen.append((model.last_tokens[1].tolist(), output.text, output.speaking, output.record))
+    return model, seen
+
+
+def test_a_restore_inside_a_barge_ins_silence_stays_silent_for_the_rest(make_model):
+    """A history that ends inside a barge-in's silence (3 frames here) says how much of it
+    is left (each record's last field): the restored slot stays silent for exactly those
+    frames (text padding, the codes of silence, not speaking), then goes on as the original,
+    token for token, word for word; so does one restored just after the silence."""
+    at, frames = 20, 34
+    history, original = run_interrupted(make_model, seed=11, frames=frames, at=at)
+    _, plain = run_interrupted(make_model, seed=11, frames=frames, at=None)
+    assert [s[0] for s in original[at:]] != [s[0] for s in plain[at:]], "a barge-in did nothing"
+    silence = np.frombuffer(history, "<u2").reshape(frames, -1)[:, -1]
+    assert silence[at - 2 : at + 5].tolist() == [0, 0, 3, 2, 1, 0, 0]
+    for upto in (at + 1, at + 2, at + 3, at + 4):
+        model, seen = restored_run(make_model, 11, frames, history, upto, at)
+        left = max(0, at + 3 - upto)
+        records = np.frombuffer(b"".join(s[3] for s in seen), "<u2").reshape(len(seen), -1)
+        assert records[:left, 0].tolist() == [model.lm.text_padding_token_id] * left
+        assert all(tuple(r) == model.silence_codes for r in records[:left, 1 : 1 + model.lm.dep_q])
+        assert not any(s[2] for s in seen[:left])
+        for index, (mine, theirs) in enumerate(zip(seen, original[upto:], strict=True)):
+            assert mine == theirs, f"restored at {upto}: frame {upto + index}"
+
+
+def test_a_restore_keeps_the_speaking_hold(make_model):
+    """Whether the slot is speaking (its last word at most `speaking_hold_frames` ago)
+    after a restore at any frame is the original's: the words a step outputs are the text
+    token of the step before (LMGen's delay), a barge-in's silence puts it past the hold."""
+    frames, hold, at = 40, 1, 24
+    history, original = run_interrupted(make_model, seed=1, frames=frames, at=at, hold=hold)
+    assert len({s[2] for s in original}) == 2 and any(not s[1] for s in original[3:])
+    for upto in range(2, frames - 3):
+        _, seen = restored_run(make_model, 1, upto + 3, history, upto, at, hold=hold)
+        assert [s[2] for s in seen] == [s[2] for s in original[upto : upto + 3]], (
+            f"restored at {upto}"
+        )
 
 
 def test_a_history_restored_mid_prompt_steps_the_rest_of_the_prompt(make_model):
