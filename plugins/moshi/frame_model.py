@@ -62,6 +62,7 @@ from plugins.moshi.replay import (
     TOKEN_LIMIT,
     Segment,
     SideReplay,
+    check_records,
     decode_records,
     decoder_tokens,
     encode_records,
@@ -368,6 +369,11 @@ class MoshiFrameModel(FrameModel):
         if not frames:
             return
         state = self._slot(slot)
+        try:
+            check_records(tokens, silence, self.lm, len(state.prompt))
+        except ValueError:
+            self.close_slot(slot)
+            raise
         state.prompt_at = min(frames, len(state.prompt))
         prefix = state.prefix
         first = prefix.frames if prefix is not None else 0

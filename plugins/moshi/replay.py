@@ -95,6 +95,21 @@ def decode_records(data: bytes, codebooks: int) -> tuple[np.ndarray, np.ndarray]
     return fields[:, :codebooks], fields[:, codebooks]
 
 
+def check_records(tokens: np.ndarray, silence: np.ndarray, lm: LMModel, prompt: int) -> None:
+    """ValueError unless the records could be this LM's steps (the first `prompt` of them a
+    prompt's): every token within its codebook's card, and every step with silence > 0
+    past the prompt a silenced one (its text forced to padding). Bytes that are not this
+    layout's records (another version's, read in this one's width) fail it."""
+    cards = np.full(tokens.shape[1], lm.card, dtype=np.int64)
+    cards[0] = lm.text_card
+    if (tokens > cards).any():
+        frame = int(np.flatnonzero((tokens > cards).any(axis=1))[0])
+        raise ValueError(f"not this model's records: frame {frame} has a token past its card")
+    silenced = np.flatnonzero(silence[prompt:] > 0) + prompt
+    if (tokens[silenced, 0] != lm.text_padding_token_id).any():
+        raise ValueError("not this model's records: a silenced frame's text is not padding")
+
+
 def lm_inputs(
     records: np.ndarray,
     lm: LMModel,

@@ -294,6 +294,19 @@ def test_a_history_of_broken_records_is_refused(make_model):
         model.restore_slot(0, {}, b"\x01\x02\x03")
 
 
+@pytest.mark.parametrize("frames", [29, 30], ids=["not-whole", "whole-by-chance"])
+def test_an_earlier_versions_history_is_refused(make_model, frames):
+    """A history of the records before the silence field (the tokens alone: 10 bytes a
+    frame for the tiny LM) is refused, not replayed: in most lengths its bytes are not whole
+    records; where they are (every 6th length here), they are not this model's records."""
+    history, _ = run_interrupted(make_model, seed=12, frames=frames, at=10)
+    old = np.frombuffer(history, "<u2").reshape(frames, -1)[:, :-1].astype("<u2").tobytes()
+    model = make_model(1)
+    with pytest.raises(ValueError, match="records"):
+        model.restore_slot(0, {}, old)
+    assert not model.is_stepping(0) and model.replay_pending(0) == 0
+
+
 def test_a_restored_slots_decoder_is_warmed_and_its_first_step_keeps_it(make_model, monkeypatch):
     """The decoder warmed on the history's last frames is still warm at the slot's first
     step (only Mimi's encoder starts over there): the first audio differs from a cold
