@@ -96,7 +96,8 @@ class Ownership:
                 _text(state) or "gone",
             )
             return False
-        checkpoint, model_history = await self.store.restore_state(sid)
+        state = await self.store.restore_state(sid)
+        checkpoint = state.checkpoint
         if checkpoint is None:
             await self.refuse(request, "it has no checkpoint")
             return False
@@ -106,7 +107,8 @@ class Ownership:
                 checkpoint,
                 owner_generation=request.owner_generation,
                 reason=request.reason,
-                model_history=model_history,
+                model_history=state.model_history,
+                model_record_bytes=state.model_record_bytes,
             )
         except DuplexSessionError as exc:
             await self.refuse(request, f"{exc.code}: {exc.message}")

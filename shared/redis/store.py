@@ -82,6 +82,18 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclasses.dataclass(frozen=True)
+class RestoreState:
+    """What a worker restores a moved session from (`SessionStore.restore_state`)."""
+
+    checkpoint: bytes | None
+    #: the model history (b"" when none)
+    model_history: bytes
+    #: the bytes of one record as the history's writer gave them (`model_record_bytes`);
+    #: None when nothing was written: a model of another record size cannot replay it
+    model_record_bytes: int | None
+
+
 class SessionStore:
     def __init__(
         self, client: Any, keys: KeySchema | None = None, scripts: Scripts | None = None
@@ -299,13 +311,16 @@ class SessionStore:
         """The session's last checkpoint (JSON), or None."""
         return await self.client.get(self.keys.checkpoint(session_id))
 
-    async def restore_state(self, session_id: str) -> tuple[bytes | None, bytes]:
-        """The session's last checkpoint and its model history (b"" when none), read at
-        once (one MGET: the keys share the session's hash tag)."""
-        checkpoint, history = await self.client.mget(
-            self.keys.checkpoint(session_id), self.keys.model_history(session_id)
-        )
-        return checkpoint, history or b""
+    async def restore_state(self, session_id: str) -> RestoreState:
+        """The session's last checkpoint, its model history (b"" when none) and the size
+        of the history's records as its writer gave them, read at once (one round trip:
+        the keys share the session's hash tag)."""
+        pipeline = self.client.pipeline(transaction=False)
+        pipeline.get(self.keys.checkpoint(session_id))
+        pipeline.get(self.keys.model_history(session_id))
+        pipeline.hget(self.keys.session(session_id), "model_record_bytes")
+        checkpoint, history, record_bytes = await pipeline.execute()
+        return RestoreState(checkpoint, history or b"", int(record_bytes) if record_bytes else None)
 
     async def detach(
         self, session_id: str, attachment_generation: int, grace_ms: int, by: str = "client"

@@ -68,8 +68,9 @@ async def test_only_the_new_frames_are_written_each_time(redis_client):
         publisher.queue_model_writes()  # nothing new: nothing queued
         await publisher.flush()
         assert publisher.model_bytes == 100
-        _, model = await store.restore_state(sid)
-        assert model == bytes(history.data)
+        state = await store.restore_state(sid)
+        assert state.model_history == bytes(history.data)
+        assert state.model_record_bytes == 4
 
 
 async def test_a_history_that_lost_bytes_in_redis_is_written_again_from_where_it_ends(

@@ -222,6 +222,7 @@ class SessionMoves(PublishHost):
         owner_generation: int,
         reason: str,
         model_history: bytes = b"",
+        model_record_bytes: int | None = None,
     ) -> Mark:
         """Serve a session moved here from its checkpoint (and a model-native session's
         model history, which its slot is rebuilt from); returns the checkpoint's
@@ -253,7 +254,7 @@ class SessionMoves(PublishHost):
             runner = builder.runner(session, pipeline, CommandMarks(applied))
             native = runner.responses.native
             if native is not None:
-                native.restored_history(model_history)
+                native.restored_history(model_history, model_record_bytes)
                 native.responding = session.active is not None and reason == DRAINED
             try:
                 await plugin.import_session_state(

@@ -98,10 +98,28 @@ class NativeStream:
         #: a response was in flight when the session moved here: the model goes on with it
         self.responding = False
 
-    def restored_history(self, data: bytes) -> None:
-        """A restore: the history written to Redis so far (what the model replays)."""
-        if self.history is not None:
-            self.history = ModelHistory(self.history.record_bytes, data)
+    def restored_history(self, data: bytes, record_bytes: int | None = None) -> None:
+        """A restore: the history written to Redis so far (what the model replays), in
+        records of `record_bytes` as its writer said (None: this model's). A history of
+        another record size (written by a worker of another version) or not of whole
+        records is refused (`invalid_duplex_runtime_config`: the move is refused, the
+        session closes), never replayed misaligned."""
+        if self.history is None:
+            return
+        mine = self.history.record_bytes
+        if record_bytes is not None and record_bytes != mine:
+            raise DuplexSessionError(
+                "invalid_duplex_runtime_config",
+                f"the session's model history has {record_bytes}-byte records, "
+                f"this worker's {self.plugin.plugin_id} makes {mine}-byte ones",
+            )
+        if len(data) % mine:
+            raise DuplexSessionError(
+                "invalid_duplex_runtime_config",
+                f"the session's model history ({len(data)} bytes) is not whole {mine}-byte "
+                "records",
+            )
+        self.history = ModelHistory(mine, data)
 
     async def open(self) -> None:
         """Ensure and submit the stream under the session's fence (the slot opens)."""

@@ -271,6 +271,38 @@ async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_agai
         await other.manager.shutdown()
 
 
+async def test_a_history_of_another_record_size_is_refused_not_replayed(rig):
+    """A history written by a worker of another version (its records another size, as
+    Redis's `model_record_bytes` says) is refused at the move, with both sizes, never
+    replayed misaligned; so is one that is not whole records; the slot is not held."""
+    session = await rig.open()
+    await rig.say(session, tone(2))
+    await rig.tick(2)
+    checkpoint = rig.manager.moves.snapshot(session.session_id)
+    other = Rig()
+    try:
+        with pytest.raises(DuplexSessionError, match="8-byte records, .* makes 4-byte ones"):
+            await other.manager.moves.restore(
+                session.session_id,
+                checkpoint,
+                owner_generation=2,
+                reason="worker_lost",
+                model_history=bytes(16),
+                model_record_bytes=8,
+            )
+        with pytest.raises(DuplexSessionError, match="not whole 4-byte records"):
+            await other.manager.moves.restore(
+                session.session_id,
+                checkpoint,
+                owner_generation=2,
+                reason="worker_lost",
+                model_history=bytes(10),
+            )
+        assert other.port.free_slots == other.model.slots
+    finally:
+        await other.manager.shutdown()
+
+
 async def test_a_drained_session_goes_on_with_the_response_it_was_speaking(rig):
     """A drain's hand-off of a native session mid-response: no response.done on the old
     worker's side, the final checkpoint carries no input audio, and on the new worker the
