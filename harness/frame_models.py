@@ -391,13 +391,29 @@ class ManualClock(TickClock):
         heapq.heappush(self._sleepers, (self.time + seconds, next(self._order), future))
         await future
 
+    async def sleep_unless(self, seconds: float, event: asyncio.Event) -> bool:
+        if event.is_set():
+            return True
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.time + seconds, next(self._order), future))
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({future, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            future.cancel()  # woken early: no longer a sleeper (`next_sleeper` skips it)
+            waiter.cancel()
+        return event.is_set()
+
     async def next_sleeper(self) -> float:
         """The due time of the first sleeper, once one sleeps (the tick waits for its
         next frame): a test then moves time exactly there (`advance_to`)."""
         async with asyncio.timeout(SLEEPER_WAIT_S):  # a stalled tick fails the test, not hangs
-            while not self._sleepers:
+            while True:
+                while self._sleepers and self._sleepers[0][2].done():
+                    heapq.heappop(self._sleepers)  # woken early (`sleep_unless`)
+                if self._sleepers:
+                    return self._sleepers[0][0]
                 await asyncio.sleep(0.001)
-        return self._sleepers[0][0]
 
     async def advance_to(self, when: float) -> None:
         await self.advance(max(0.0, when - self.time))

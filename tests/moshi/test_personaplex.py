@@ -544,15 +544,15 @@ async def test_a_session_with_a_pt_voice_replays_on_the_stage_and_speaks(plex_di
         runner = manager.runner(session.session_id)
         await runner.settle_input()
         slot = port.slot_of(session.session_id)
-        assert model.replay_pending(slot) == VOICE_FRAMES + 1
         prompt = SILENCE_FRAMES - 1
         for command in appends(user_audio(500, prompt + 12).reshape(-1), 24_000, chunk_ms=80):
             await session.send(command)
         await runner.settle_input()
-        await tick(1)  # the replay runs after the tick's step, while the next is not due
+        # the prefix replays in the tick's wait for its frames, between their steps
         async with asyncio.timeout(30):
             while model.replay_pending(slot):
                 await asyncio.sleep(0.01)
+        assert port.stats()["replayed_frames"] == VOICE_FRAMES + 1  # all of it, on the stage
         await tick(prompt + 10)
         events = await session.until("response.output_audio.delta", timeout=30)
         assert events[-1].delta

@@ -42,7 +42,9 @@ time it has (`_replay`, `ReplayBudget`):
   thread seconds over the frames it took off `replay_pending`, smoothed); a restore
   starts from the model's last measured cost, or with one frame when none was measured;
 - after each tick's step, the time until the next frame is due, less a margin
-  (`REPLAY_MARGIN`), is spare: each restore is asked for as many frames as fit in its
+  (`REPLAY_MARGIN`), is spare (a restore that begins while the tick waits for its next
+  frame starts at once, in what is left of that wait): each restore is asked for as many
+  frames as fit in its
   share (the model's `replay_chunk_frames` at most a call, and at most twice the frames
   of its last call, so a cost measured low cannot ask for a long stall), and asked again
   while time is left;
@@ -150,9 +152,10 @@ class TickCounters:
     restores: int = 0
     restored_frames: int = 0
     replay_chunks: int = 0
-    #: frames replayed (restores and prompts), and the ticks after which any were
+    #: frames replayed (restores and prompts), and the rounds (after a step, or in the
+    #: wait for the next frame) that replayed any
     replayed_frames: int = 0
-    replay_ticks: int = 0
+    replay_rounds: int = 0
     last_restore_s: float = 0.0
     #: the last restore's pace: seconds of conversation replayed per second
     last_restore_pace: float = 0.0
@@ -197,6 +200,8 @@ class TickBatchedStagePort(InputFedStagePort):
         self._free = list(range(model.slots))
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        #: set when a replay starts: the tick's wait for its next frame gives it the time
+        self._replay_wake = asyncio.Event()
         self._ticked = asyncio.Event()
         self.counters = TickCounters()  # since start: stats()
         #: the model's last measured cost of a replayed frame: where a restore starts
@@ -282,6 +287,7 @@ class TickBatchedStagePort(InputFedStagePort):
         pending = await self._on_model(self.model.replay_pending, slot.index)
         if pending:
             slot.replay = SlotReplay(pending, pending, self.clock.now())
+            self._replay_wake.set()
         slot.opened = slot.announce_ready = True
         self._start()
         self._wake.set()
@@ -475,9 +481,8 @@ class TickBatchedStagePort(InputFedStagePort):
                 continue
             if due is None:
                 due = self.grid.first_due(self.clock.now())
-            delay = due - self.clock.now()
-            if delay > 0:
-                await self.clock.sleep(delay)
+            if due > self.clock.now():
+                await self._wait_until(due)
                 if not any(slot.opened for slot in self._slots.values()):
                     continue  # the last slot closed while the tick waited for its frame
             try:
@@ -490,14 +495,24 @@ class TickBatchedStagePort(InputFedStagePort):
             due = self._next_due(due, ended)
             await self._replay(due)
 
-    async def _replay(self, due: float) -> None:
-        """The replays' work after a tick's step, until the next frame is due (less the
-        margin): the spare time in equal shares, a different replay first each tick, each
-        asked for the frames its measured cost fits in its share; one frame at least each
-        tick whatever the time (module head)."""
+    async def _wait_until(self, due: float) -> None:
+        """Until the next frame is due. A replay that starts meanwhile (a session restored
+        while the tick waits) runs in the time left, not after the next step: a restore
+        begins at once, and a short one is over before the next frame."""
+        while (delay := due - self.clock.now()) > 0:
+            if not await self.clock.sleep_unless(delay, self._replay_wake):
+                return
+            await self._replay(due, at_least_one=False)
+    async def _replay(self, due: float, *, at_least_one: bool = True) -> None:
+        """The replays' work after a tick's step (or in its wait), until the next frame is
+        due (less the margin): the spare time in equal shares, a different replay first
+        each time, each asked for the frames its measured cost fits in its share; after a
+        step (`at_least_one`), one frame whatever the time (module head)."""
+        self._replay_wake.clear()  # every replay started so far is seen here
         margin = REPLAY_MARGIN * self.period_s
         replayed = False
         turn, self._replay_turn = self._replay_turn, self._replay_turn + 1
+        progressed = False
         while True:
             queue = [slot for slot in self._slots.values() if slot.replay is not None]
             if not queue:
@@ -509,23 +524,27 @@ class TickBatchedStagePort(InputFedStagePort):
                 replay = slot.replay
                 if replay is None or self._slots.get(slot.session_id) is not slot:
                     continue  # ended or closed while another replay ran
-                if replayed and replay.cost_s is None and self._replay_cost_s is None:
-                    continue  # a probe of an unknown cost is the tick's one frame only
                 spare = due - margin - self.clock.now()
+                unknown = replay.cost_s is None and self._replay_cost_s is None
+                # a probe of an unknown cost: the tick's one frame, or in the wait a frame
+                # while there is time at all
+                if unknown and (replayed or (not at_least_one and spare <= 0)):
+                    continue
                 share = spare / (len(queue) - position)
                 most = self.model.replay_chunk_frames
                 frames = replay.chunk(share, spare, most, self._replay_cost_s)
                 if not frames:
-                    if replayed:
+                    if replayed or not at_least_one:
                         continue  # no time for this one: the next tick's turn
                     frames = 1  # the tick's one frame, whatever the time
                 moved = await self._replay_chunk(slot, replay, frames)
                 replayed = True  # the tick's one frame was asked for, whatever came of it
                 progress = progress or moved
+                progressed = progressed or moved
             if not progress:
                 break
-        if replayed:
-            self.counters.replay_ticks += 1
+        if progressed:
+            self.counters.replay_rounds += 1
         self._set_replay_gauges()
 
     async def _replay_chunk(self, slot: SlotState, replay: SlotReplay, frames: int) -> bool:

@@ -24,6 +24,17 @@ class TickClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    async def sleep_unless(self, seconds: float, event: asyncio.Event) -> bool:
+        """Sleep `seconds`, or less if `event` is set meanwhile: True when it was."""
+        if event.is_set():
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
+
 
 @dataclasses.dataclass(frozen=True)
 class TickGrid:

@@ -234,6 +234,16 @@ async def restore_elsewhere(
     )
 
 
+async def restored(rig: Rig) -> None:
+    """Until every restore on `rig`'s stage has replayed its history (it runs in the tick's
+    wait for its next frame, the clock standing still)."""
+    async with asyncio.timeout(10):
+        while not rig.port.restore_progress() or not all(
+            p.done for p in rig.port.restore_progress()
+        ):
+            await asyncio.sleep(0.001)
+
+
 async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_again(rig):
     """Restored from its checkpoint and model history: the slot replays the history (the
     echo model counts on from it), the response the lost worker was speaking ends
@@ -281,7 +291,7 @@ async def test_a_history_of_another_record_size_is_refused_not_replayed(rig):
     checkpoint = rig.manager.moves.snapshot(session.session_id)
     other = Rig()
     try:
-        with pytest.raises(DuplexSessionError, match="8-byte records, .* makes 4-byte ones"):
+        with pytest.raises(DuplexSessionError, match=r"8-byte records, .* makes 4-byte ones"):
             await other.manager.moves.restore(
                 session.session_id,
                 checkpoint,
@@ -324,7 +334,7 @@ async def test_a_drained_session_goes_on_with_the_response_it_was_speaking(rig):
         )
         runner = other.manager.runner(session.session_id)
         await runner.settle_input()
-        await other.tick()  # the replay runs after this tick (its slot not stepped)
+        await restored(other)  # in the tick's wait: the slot steps from the next frame on
         # the user goes on talking, so the echo goes on speaking: less than its
         # listen_after_frames of quiet (its 2-frame delay starts over at a restore)
         for command in appends(tone(4), RATE, chunk_ms=80):
@@ -355,14 +365,14 @@ async def test_a_restore_whose_replay_fails_ends_the_session_and_frees_its_slot(
     assert history is not None and history.frames
     other = Rig()
 
-    def broken(slot: int) -> int:
+    def broken(slot: int, frames: int) -> int:
         raise RuntimeError("out of memory")
 
     other.model.replay_work = broken
     try:
         await restore_elsewhere(other, session.session_id, checkpoint, bytes(history.data))
         queue = other.router.queue(session.session_id)
-        await other.tick()  # the replay's first chunk runs after this tick's step, and fails
+        # the replay's first chunk runs in the tick's wait for its frame, and fails
         seen = []
         while "session.closed" not in [e.wire_type for e in seen]:
             seen.append(await asyncio.wait_for(queue.get(), 5))

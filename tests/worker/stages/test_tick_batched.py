@@ -309,6 +309,10 @@ async def open_with_history(rig, session_id: str, history: ModelHistory, respond
     request_id = await rig.port.ensure(fence, "stage0")
     rig.port.keep_history(session_id, history, responding=responding)
     await rig.port.submit_initial(StagePlan(request_id, fence, "stage0", {}))
+    # a replay starts in the tick's wait for its frame: let it, before the test moves time
+    async with asyncio.timeout(10):
+        while rig.port._replay_wake.is_set() and rig.port._task is not None:
+            await asyncio.sleep(0)
     return request_id
 
 
