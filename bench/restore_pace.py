@@ -56,6 +56,7 @@ import numpy as np
 
 from bench.common import (
     DOCS,
+    ROOT,
     add_output_arguments,
     commit,
     machine,
@@ -427,6 +428,7 @@ def plot(results: list[SizeFigures], model: str, path: Path) -> str:
         label="at the free ceiling (back to back / share free)",
     )
     ax.plot(minutes, [m * 60 for m in minutes], color="grey", lw=0.8, label="real time (1x)")
+    ax.axhline(frame_s, color="grey", ls="-.", lw=0.8, label="one frame (the wait for a tick)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("history (minutes of conversation)")
@@ -502,7 +504,7 @@ def dirty(paths: list[str]) -> str:
 
     try:
         out = subprocess.run(
-            ["git", "status", "--porcelain", "--", *paths],
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", *paths],
             capture_output=True,
             text=True,
             timeout=10,
@@ -530,6 +532,9 @@ async def main(args: argparse.Namespace) -> None:
 
     load_start = os.getloadavg()
     started = time.monotonic()
+    # the code measured is the code imported now: its commit and changes before they can move
+    measured = commit()
+    changed = dirty(["plugins", "services/worker/stages", "shared/contracts", "bench"])
     tiny = TinyModel(model_name, args.threads)
     try:
         history, base_step_s = base_history(tiny, base_frames)
@@ -561,7 +566,6 @@ async def main(args: argparse.Namespace) -> None:
     ]:
         if value is not None:
             command += f" {flag} {value}"
-    changed = dirty(["plugins", "services/worker/stages", "shared/contracts", "bench"])
     image = (
         plot(results, model_name, (docs or DOCS) / "img" / f"{section}.png")
         if not args.no_plot
@@ -570,7 +574,7 @@ async def main(args: argparse.Namespace) -> None:
     first = results[0]
     busy_p50 = statistics.median([s.busy_p50_s for s in results]) * 1000
     body = [
-        f"Measured {now_utc()} on {machine()}, commit {commit()}"
+        f"Measured {now_utc()} on {machine()}, commit {measured}"
         + (f" (uncommitted changes in: {changed})" if changed else "")
         + f": `{command}` ({elapsed:.0f} s). Load average (1 / 5 min) {load_start[0]:.2f} / "
         f"{load_start[1]:.2f} at the start, {load_end[0]:.2f} / {load_end[1]:.2f} at the end "
@@ -601,7 +605,11 @@ async def main(args: argparse.Namespace) -> None:
         "other, no stage, its sessions closed, just before. *Free ceiling*: the back-to-back "
         "pace times the share of a frame the live steps leave (1 - their median step alone / "
         f"{frame_ms:g} ms); the stage also keeps a tenth of each frame as margin, so about "
-        "90% of it is the most it can reach. *Live steps during*: the busy sessions' batched "
+        "90% of it is the most it can reach. A replay starts after the next tick's step "
+        f"(0-{frame_ms:g} ms after the open) and goes on in the ticks' spare time, so a "
+        "restore that lasts a few ticks is mostly that granularity and its ratio to the "
+        "ceiling says little of the scheduler; a restore of many ticks shows the share of "
+        "the free time the stage uses. *Live steps during*: the busy sessions' batched "
         "step, each tick of the restore; a deadline miss is a step that ended after the "
         "next frame was due (the replay before it overran).",
         "",
