@@ -381,6 +381,13 @@ def conversation(frames: int, frame_s: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def steps(restore: StageRestore) -> str:
+    """The live steps' p50 / p99 during a restore; none when it ended before a tick."""
+    if not restore.step_s:
+        return "- (ended before the next tick)"
+    return f"{restore.p50_ms:.1f} / {restore.p99_ms:.1f} ms"
+
+
 def table(results: list[SizeFigures]) -> list[str]:
     rows = [
         "| history | shape | frames replayed | restore | pace | `replay_work` calls, ms a frame "
@@ -396,7 +403,7 @@ def table(results: list[SizeFigures]) -> list[str]:
                 f"| {r.calls}, {r.ms_a_frame:.2f} ms "
                 f"| {size.b2b_s:.2f} s, {size.b2b_pace:.1f}x "
                 f"| {size.free_pace:.1f}x | **{r.pace / size.free_pace:.0%}** "
-                f"| {r.p50_ms:.1f} / {r.p99_ms:.1f} ms | {r.misses} of {r.ticks} |"
+                f"| {steps(r)} | {r.misses} of {r.ticks} |"
             )
     return rows
 
