@@ -580,6 +580,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     first = results[0]
     busy_p50 = statistics.median([s.busy_p50_s for s in results]) * 1000
+    reach = (0.9 * frame_ms - busy_p50) / (frame_ms - busy_p50)
     body = [
         f"Measured {now_utc()} on {machine()}, commit {measured}"
         + (f" (uncommitted changes in: {changed})" if changed else "")
@@ -611,12 +612,12 @@ async def main(args: argparse.Namespace) -> None:
         "by `restore_slot` + `replay_work(slot, replay_chunk_frames)` one call after the "
         "other, no stage, its sessions closed, just before. *Free ceiling*: the back-to-back "
         "pace times the share of a frame the live steps leave (1 - their median step alone / "
-        f"{frame_ms:g} ms); the stage also keeps a tenth of each frame as margin, so about "
-        "90% of it is the most it can reach. A replay starts after the next tick's step "
-        f"(0-{frame_ms:g} ms after the open) and goes on in the ticks' spare time, so a "
-        "restore that lasts a few ticks is mostly that granularity and its ratio to the "
-        "ceiling says little of the scheduler; a restore of many ticks shows the share of "
-        "the free time the stage uses. *Live steps during*: the busy sessions' batched "
+        f"{frame_ms:g} ms); the stage also keeps a tenth of the frame of each tick's spare "
+        "time as margin, so (frame - step - margin) / (frame - step) of it is the most it "
+        f"can reach ({reach:.0%} with the live steps' {busy_p50:.1f} ms). A restore begins "
+        "at once (in the tick's wait for its next frame, since a2f2178) and goes on in the "
+        "ticks' spare time; one shorter than that wait beats the ceiling, which counts the "
+        "live steps' share of every frame. *Live steps during*: the busy sessions' batched "
         "step, each tick of the restore; a deadline miss is a step that ended after the "
         "next frame was due (the replay before it overran).",
         "",
