@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as redis_async
 
+from bench.chaos_sessions import Conversation, RecordingClient, check, drain
 from bench.chaos_workers import STOP_TIMEOUT_S, WorkerChaos
 from bench.common import ROOT, Stack
 from harness.frame_models import RATE, tone
@@ -586,7 +587,6 @@ async def run_native(
     report: Any, sessions: int, seconds: float, kill_every: float, model: NativeModel
 ) -> None:
     """The native mode of bench.chaos.run_chaos: fills `report` (a ChaosReport)."""
-    from bench.chaos import Conversation, RecordingClient, check, drain
 
     report.model = model.name
     model_dir = None

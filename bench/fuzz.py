@@ -35,7 +35,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from bench import exhaustion
-from bench.chaos import SESSION, Conversation, RecordingClient, check, converse, drain
+from bench.chaos_sessions import SESSION, Conversation, RecordingClient, check, converse, drain
 from bench.common import Stack, machine, now_utc, watchdog, write_section
 from bench.fuzz_frames import frames
 from shared.protocol.duplex import ERROR_CODES

@@ -6,8 +6,8 @@ import base64
 import numpy as np
 import pytest
 
-from bench.chaos import Conversation, RecordingClient, check, expected_echo, turn_audio
 from bench.chaos_native import Restore, Snapshot, check_history, parse_restores
+from bench.chaos_sessions import Conversation, RecordingClient, check, expected_echo, turn_audio
 
 
 @pytest.fixture(autouse=True)

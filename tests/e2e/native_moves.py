@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.chaos import RecordingClient, drain
+from bench.chaos_sessions import RecordingClient, drain
 from harness.frame_models import RATE, tone
 from harness.processes import start_api, start_worker
 from harness.redis_server import free_port

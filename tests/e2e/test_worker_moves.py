@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.chaos import (
+from bench.chaos_sessions import (
     Conversation,
     RecordingClient,
     check,
