@@ -11,9 +11,9 @@
 # versions .venv-moshi tests. Wheels for CPython 3.12 on x86-64 (the image's python3);
 # WHEEL_PYTHON=3.11 fetches another.
 #
-# There, in the repository root (the device tool copies the working tree, and git-ignored
-# paths only when its `carry` list names them, so name .wheels):
-#     run(command="bash bench/gpu_native.sh", carry=[".wheels"], timeout_s=600)
+# Then, on the GPU machine, in the repository root of a checkout that has .wheels/ (copy it
+# along: it is git-ignored):
+#     OUT=/tmp/gpu-native bash bench/gpu_native.sh
 # installs the wheels with pip --no-deps --no-index into /tmp/gpu-native-site (first on
 # PYTHONPATH; the image's own packages stay as they are), then runs
 #     python3 -m bench.gpu_native --out "$OUT" [ARGS...]
