@@ -503,12 +503,15 @@ class TickBatchedStagePort(InputFedStagePort):
             if not await self.clock.sleep_unless(delay, self._replay_wake):
                 return
             await self._replay(due, at_least_one=False)
+
     async def _replay(self, due: float, *, at_least_one: bool = True) -> None:
         """The replays' work after a tick's step (or in its wait), until the next frame is
         due (less the margin): the spare time in equal shares, a different replay first
         each time, each asked for the frames its measured cost fits in its share; after a
         step (`at_least_one`), one frame whatever the time (module head)."""
         self._replay_wake.clear()  # every replay started so far is seen here
+        if not any(slot.replay is not None for slot in self._slots.values()):
+            return  # the common tick: nothing to replay, no gauge to move
         margin = REPLAY_MARGIN * self.period_s
         replayed = False
         turn, self._replay_turn = self._replay_turn, self._replay_turn + 1
