@@ -62,11 +62,11 @@ def now_utc() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
-def commit() -> str:
+def commit(tree: Path = ROOT) -> str:
     """The commit of the checkout being measured (bench runs from a checkout), short."""
     try:
         return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -74,6 +74,22 @@ def commit() -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def dirty(paths: list[str], tree: Path = ROOT) -> str:
+    """The uncommitted changes under `paths` of `tree` (the measured code may not be the
+    commit's), comma-separated; "" for none."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--", *paths],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return ", ".join(line[3:] for line in out.splitlines())
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, section: str) -> None:

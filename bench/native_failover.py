@@ -37,7 +37,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -48,7 +47,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.common import DOCS, ROOT, add_output_arguments, machine, now_utc, write_section
+from bench.common import (
+    DOCS,
+    ROOT,
+    add_output_arguments,
+    commit,
+    dirty,
+    machine,
+    now_utc,
+    write_section,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -308,23 +316,9 @@ async def one_move(
 
 
 def tree_label(path: Path) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    dirty = subprocess.run(
-        ["git", "-C", str(path), "status", "--porcelain", "--", "services", "shared", "plugins"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-    ).stdout.strip()
-    return out + (" + uncommitted changes" if dirty else "")
+    """The commit a tree's workers run, and whether their code has uncommitted changes."""
+    changed = dirty(["services", "shared", "plugins"], path)
+    return commit(path) + (" + uncommitted changes" if changed else "")
 
 
 def build_checkpoint(model: str, directory: Path) -> Path:

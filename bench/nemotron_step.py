@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from collections import deque
@@ -53,9 +52,9 @@ from typing import Any
 import numpy as np
 
 from bench.common import (
-    ROOT,
     add_output_arguments,
     commit,
+    dirty,
     machine,
     now_utc,
     percentile,
@@ -372,21 +371,6 @@ def measure_restores(
         spent, calls = restore(frames)
         results.append(Restore(frames, spent, calls, sum(step_s[:frames])))
     return results
-
-
-def dirty(paths: list[str]) -> str:
-    """The uncommitted changes under `paths` (the measured code may not be the commit's)."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", *paths],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return ", ".join(line[3:] for line in out.splitlines())
 
 
 def step_table(runs: list[Run]) -> list[str]:

@@ -56,14 +56,15 @@ import numpy as np
 
 from bench.common import (
     DOCS,
-    ROOT,
     add_output_arguments,
     commit,
+    dirty,
     machine,
     now_utc,
     percentile,
     write_section,
 )
+from bench.native_restore import feed
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -230,17 +231,6 @@ class SizeFigures:
     @property
     def free_pace(self) -> float:
         return self.b2b_pace * max(0.0, 1 - self.busy_p50_s / self.frame_s)
-
-
-async def feed(port: Any, session_id: str, audio: np.ndarray, offset: int) -> None:
-    """One frame every frame period on a fixed grid (a microphone's pace)."""
-    frame = port.model.frame_samples
-    period = frame / port.model.input_sample_rate_hz
-    position, started = offset, time.monotonic()
-    for n in range(10_000_000):
-        port.feed(session_id, np.take(audio, range(position, position + frame), mode="wrap"))
-        position = (position + frame) % len(audio)
-        await asyncio.sleep(max(0.0, started + (n + 1) * period - time.monotonic()))
 
 
 class Stage:
@@ -504,22 +494,6 @@ def verdict(results: list[SizeFigures], model: str) -> list[str]:
         f"| the live sessions' deadline misses during restores: 0 | {misses} in {ticks} ticks "
         f"| {'yes' if misses == 0 else 'no'} |",
     ]
-
-
-def dirty(paths: list[str]) -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", *paths],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return ", ".join(line[3:] for line in out.splitlines())
 
 
 async def main(args: argparse.Namespace) -> None:
