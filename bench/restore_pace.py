@@ -458,18 +458,17 @@ def gpu_estimate(model: str, cpu_ms: float) -> str:
         )
     return (
         "**On a GPU, at real size (an estimate from arithmetic, not measured):** Nemotron "
-        "VoiceChat replays one frame at a time through the whole model (perception, the "
-        "Nemotron-H LLM, the EAR-TTS backbone fed the record's codes; no codec). At batch "
-        "one each frame reads all of its weights: about 11 B parameters, 22 GB in bf16, "
-        "about 6.6 ms at an H100's 3.35 TB/s (4.6 ms at an H200's 4.8 TB/s), plus the launch "
-        "cost of a frame's several hundred small kernels: say 7-15 ms a frame, 5-11x real "
-        "time back to back, and through the stage that times the share of the 80 ms the "
-        "live steps leave (a worker stepped to half its frame: 3-6x, 10 minutes of "
-        "conversation in about 2-3 minutes). That is the same order as the tiny model's "
-        f"{cpu_ms:.1f} ms a frame on this CPU; what would change it is a replay of many "
-        "frames in one forward, as Moshi's "
-        "(the records hold every input the LLM and the speech decoder need; the "
-        "FastConformer and Mamba-2 layers take a chunk as well as a step)."
+        "VoiceChat replays a call's frames (up to `replay_chunk_frames`, 64) in one forward "
+        "of each part (the FastConformer over their audio, Nemotron-H over their positions, "
+        "the EAR-TTS backbone fed the records' codes; no sampling, no codec). In bf16 a call "
+        "reads the model's weights once, about 11 B parameters, 22 GB: about 6.6 ms at an "
+        "H100's 3.35 TB/s (4.6 ms at an H200's 4.8 TB/s), plus about 1.4 TFLOP for 64 "
+        "frames (2 x 11e9 x 64), 2-4 ms, and one forward's kernel launches: roughly 10-15 "
+        "ms a call, 0.2 ms a frame, so 10 minutes of conversation (7,500 frames) in 1-2 s "
+        "back to back; through the stage the replay gets what the live steps leave of each "
+        "80 ms (half of it, on a worker stepped to half its frame: 2-4 s for 10 minutes). "
+        f"This run's tiny model: {cpu_ms:.2f} ms a frame back to back on this CPU. The "
+        "GPU's own figures are `bench/gpu_native.py`'s (its run is still pending)."
     )
 
 

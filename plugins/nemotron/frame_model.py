@@ -23,7 +23,9 @@ its words and its tool calls.
   positions of the user channel (like the prompt), at most `max_injected_tokens` before each
   frame, so a long result never stalls the other slots.
 - **Memory**: every frame's record (records.py); `restore_slot` replays them, exactly as
-  many a `replay_work` call as the stage asks for (each one position through every part).
+  many a `replay_work` call as the stage asks for: the slot's first two frames one by one,
+  then all of a call's frames in one forward of each part (`StreamingVoiceChat.replay`:
+  every input is in the records, so nothing needs the frame before it to be stepped).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import dataclasses
 import logging
 import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -40,15 +42,17 @@ import torch
 
 from plugins.nemotron.checkpoint import NemotronCheckpoint
 from plugins.nemotron.records import NO_FUNCTION, FrameRecord, RecordLayout, decode, encode
-from plugins.nemotron.streaming import FRAME_SAMPLES, StreamingVoiceChat
+from plugins.nemotron.streaming import FRAME_SAMPLES, ReplayedFrame, StreamingVoiceChat
 from plugins.nemotron.tools import ToolCallParser, render_function_output
 from shared.contracts.frame_model import FrameModel, FrameOutput, FrameStepError
 from shared.contracts.stages import FunctionCall
 
 log = logging.getLogger(__name__)
 
-#: the most frames of a restored history one `replay_work` call may be asked to replay
-REPLAY_CHUNK_FRAMES = 16
+#: the most frames of a restored history one `replay_work` call may be asked to replay (in
+#: one forward: a call's cost is mostly fixed on a small batch, so the longer the cheaper
+#: per frame; the stage asks for what the tick's spare time holds)
+REPLAY_CHUNK_FRAMES = 64
 #: tool-result tokens fed before one frame
 MAX_INJECTED_TOKENS = 16
 #: tool-result tokens a slot holds for the model at most (a longer output is refused)
@@ -71,6 +75,32 @@ class _Pending:
 
 
 @dataclasses.dataclass
+class TokenText:
+    """Tokens decoded to text as they come, at a constant cost per token (a turn can last
+    minutes: decoding all of it again every frame grew with it). As incremental
+    detokenizers do, each token is decoded with the few before it (from `prefix`), so a
+    tokenizer that writes a token differently at the start of a text (a leading space)
+    writes it alike both times, and a split UTF-8 character waits for its end."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    #: tokens[prefix:read] were decoded last time as the context of the new ones
+    prefix: int = 0
+    read: int = 0
+
+    def add(self, token: int, decode: Callable[[list[int]], str]) -> str:
+        """The text `token` adds (nothing while it completes no character)."""
+        self.tokens.append(token)
+        before = decode(self.tokens[self.prefix : self.read])
+        after = decode(self.tokens[self.prefix :])
+        if after.endswith("\ufffd") or len(after) <= len(before) or not after.startswith(before):
+            return ""
+        # only the context is kept: the turn's earlier tokens are never decoded again
+        del self.tokens[: self.read]
+        self.prefix, self.read = 0, len(self.tokens)
+        return after[len(before) :]
+
+
+@dataclasses.dataclass
 class SlotConversation:
     """One open conversation's bookkeeping outside the model's tensors."""
 
@@ -80,10 +110,8 @@ class SlotConversation:
     prompt_left: int = 0
     injections: deque[int] = dataclasses.field(default_factory=deque)
     in_turn: bool = False
-    turn_tokens: list[int] = dataclasses.field(default_factory=list)
-    said: str = ""
-    function_tokens: list[int] = dataclasses.field(default_factory=list)
-    function_said: str = ""
+    turn_text: TokenText = dataclasses.field(default_factory=TokenText)
+    function_text: TokenText = dataclasses.field(default_factory=TokenText)
     interrupt: bool = False
 
 
@@ -206,7 +234,7 @@ class NemotronFrameModel(FrameModel):
     @staticmethod
     def _drop_call(state: SlotConversation) -> None:
         state.parser.reset()
-        state.function_tokens, state.function_said = [], ""
+        state.function_text = TokenText()
 
     def prompt_frames_left(self, slot: int) -> int:
         return self._slot(slot).prompt_left
@@ -222,7 +250,8 @@ class NemotronFrameModel(FrameModel):
     @torch.no_grad()
     def replay_work(self, slot: int, frames: int) -> int:
         """The prompt, if it is next, whole in one forward (and nothing else in this call);
-        otherwise exactly min(`frames`, pending) records of the history, one by one."""
+        otherwise exactly min(`frames`, pending) records of the history, in one forward
+        (a slot's first two frames one by one before it)."""
         if not 1 <= frames <= self.replay_chunk_frames:
             raise ValueError(
                 f"replay_work takes 1..{self.replay_chunk_frames} frames a call, not {frames}"
@@ -238,10 +267,34 @@ class NemotronFrameModel(FrameModel):
             self.engine.prefill_prompt(slot, prompt)
             state.prompt_left = 0
             return len(state.pending)
+        records = []
         for _ in range(min(frames, len(state.pending))):
             item = state.pending.popleft()
             assert item.record is not None
-            self._replay_frame(slot, item.record)
+            records.append(item.record)
+        # a slot's first two frames one by one (the encoder chunks them differently and the
+        # speech decoder starts at the first), then the rest in one forward
+        while records and not self.engine.can_replay(slot):
+            self._replay_frame(slot, records.pop(0))
+        self.engine.replay(
+            slot,
+            [
+                ReplayedFrame(
+                    audio=torch.from_numpy(record.pcm.astype(np.float32) / 32768.0),
+                    injected=record.injected,
+                    text=record.text,
+                    asr=record.asr,
+                    codes=torch.from_numpy(record.codes.astype(np.int64)),
+                )
+                for record in records
+            ],
+        )
+        for record in records:
+            if record.interrupted:
+                self._drop_call(state)
+            self._account(
+                state, record.text, None if record.function == NO_FUNCTION else record.function
+            )
         return len(state.pending)
 
     def add_function_output(self, slot: int, call_id: str, name: str, output: str) -> None:
@@ -365,14 +418,12 @@ class NemotronFrameModel(FrameModel):
         speaks (also run for replayed frames, so a restored slot's turn is as it was)."""
         words = ""
         if text == self.engine.bos:
-            state.in_turn, state.turn_tokens, state.said = True, [], ""
+            state.in_turn, state.turn_text = True, TokenText()
         elif text == self.engine.eos:
             state.in_turn = False
-            state.turn_tokens, state.said = [], ""
+            state.turn_text = TokenText()
         elif text not in self.special:
-            state.turn_tokens.append(text)
-            words = self._new_text(state.turn_tokens, state.said)
-            state.said += words
+            words = state.turn_text.add(text, self._decode)
         # a word token is speech even before its characters complete (a split UTF-8 one)
         speaking = state.in_turn or text not in self.special
         calls: tuple[FunctionCall, ...] = ()
@@ -382,21 +433,15 @@ class NemotronFrameModel(FrameModel):
             parsed = state.parser.feed(words)
             words, calls, error = parsed.text, parsed.calls, parsed.error
         elif function not in self.special:
-            state.function_tokens.append(function)
-            piece = self._new_text(state.function_tokens, state.function_said)
-            state.function_said += piece
+            piece = state.function_text.add(function, self._decode)
             parsed = state.parser.feed(piece)
             calls, error = parsed.calls, parsed.error
             if calls or error:
-                state.function_tokens, state.function_said = [], ""
+                state.function_text = TokenText()
         return words, calls, error, speaking
 
-    def _new_text(self, tokens: list[int], said: str) -> str:
-        """What `tokens` decode to beyond `said` (nothing while a UTF-8 character is split)."""
-        text = self.tokenizer.ids_to_text(tokens, remove_special_tokens=False)
-        if text.endswith("\ufffd") or not text.startswith(said):
-            return ""
-        return text[len(said) :]
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.ids_to_text(tokens, remove_special_tokens=False) if tokens else ""
 
     def close(self) -> None:
         self._slots = [None] * self.slots

@@ -111,7 +111,12 @@ class StreamingPerception:
             start = end - 2 * self.half_fft
         else:
             start = end - 2 * self.half_fft - (MEL_PER_FRAME - 1) * fb.hop_length
-        segment = y[:, start:end]
+        return self._log_mel(y[:, start:end])
+
+    def _log_mel(self, segment: Tensor) -> Tensor:
+        """FilterbankFeatures' log-mel of a pre-emphasised segment, no centring: [B, n_mels,
+        (samples - n_fft) / hop + 1]."""
+        fb = self.featurizer
         spec = torch.stft(
             segment,
             n_fft=fb.n_fft,
@@ -175,6 +180,52 @@ class StreamingPerception:
         for slot in slots:
             self.frames[slot] += 1
         return torch.stack([o for o in out if o is not None])
+
+    def can_extend(self, slot: int) -> bool:
+        """Whether `extend` may take the slot's next frames (it has passed the first two, whose
+        chunking differs: those go through `step`)."""
+        return int(self.frames[slot]) >= 2
+
+    @torch.no_grad()
+    def extend(self, slot: int, audio: Tensor) -> Tensor:
+        """`audio` [M, 1280]: the slot's next M frames in one encoder call (a replay's, known
+        in advance), equal to M `step`s: the mel of all 8M new mel frames over one STFT, and
+        one cache-aware streaming step over them (each encoder position attends to the same
+        left context through the chunk's mask, and the caches shift by M). Returns the LLM's
+        user-channel inputs [M, H]."""
+        if not self.can_extend(slot):
+            raise ValueError(f"slot {slot} is in its first two frames: step them one by one")
+        frames = audio.shape[0]
+        fb = self.featurizer
+        x = torch.cat([self.raw[slot, FRAME_SAMPLES:], audio.reshape(-1)])[None]
+        self.raw[slot] = x[0, -self.keep :]
+        y = torch.cat((x[:, :1], x[:, 1:] - fb.preemph * x[:, :-1]), dim=1) if fb.preemph else x
+        # as `_mel`: the first new frame starts at 2 * FRAME_SAMPLES in `x`; from its first
+        # mel frame's window to the last new frame's last one
+        start = 2 * FRAME_SAMPLES - self.half_fft - (MEL_PER_FRAME - 1) * fb.hop_length
+        end = (frames + 1) * FRAME_SAMPLES + self.half_fft
+        mel = self._log_mel(y[:, start:end])
+        chunk = torch.cat([self.mel[slot : slot + 1], mel], dim=2)
+        self.mel[slot] = chunk[0, :, -self.cache_mel :]
+        index = torch.tensor([slot], dtype=torch.long, device=self.device)
+        # the encoder's own forward: `cache_aware_stream_step` would keep only the first
+        # output of a "regular" context's chunk (`valid_out_len`), so its cache trim is here
+        emb, emb_len, channel, time, cache_len = self.encoder(
+            audio_signal=chunk,
+            length=torch.tensor([chunk.shape[2]], device=self.device),
+            cache_last_channel=self.cache_channel[:, index],
+            cache_last_time=self.cache_time[:, index],
+            cache_last_channel_len=self.cache_len[index],
+        )
+        keep = self.encoder.streaming_cfg.last_channel_cache_size
+        if keep > 0:
+            channel = channel[:, :, -keep:]
+        self.cache_channel[:, index] = channel
+        self.cache_time[:, index] = time
+        self.cache_len[index] = cache_len
+        adapted, _ = self.perception.modality_adapter(audio_signal=emb, length=emb_len)
+        self.frames[slot] += frames
+        return self.perception.proj(adapted.transpose(1, 2))[0, -frames:]
 
 
 # ---------------------------------------------------------------- Nemotron-H
@@ -291,6 +342,111 @@ class NemotronHStep:
         self.length[slot] = positions
         return out.last_hidden_state[0]
 
+    @torch.no_grad()
+    def extend(self, slot: int, embeds: Tensor) -> Tensor:
+        """The slot's next P positions at once (`embeds` [P, H], known in advance: a replayed
+        history's), from its state: each Mamba-2 layer's scan over the P positions in its
+        chunked (SSD) form from the slot's SSM state and convolution tail, each attention
+        layer over its cache and the P new keys. Equal to P `step`s up to float rounding.
+        Returns the final hidden states [P, H]."""
+        start = int(self.length[slot])
+        positions = embeds.shape[0]
+        self._grow(start + positions)
+        hidden = embeds.to(self.dtype)[None]
+        for i, layer in enumerate(self.layers):
+            residual = hidden
+            normed = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
+            if layer.block_type == "linear_attention":
+                mixed = self._mamba_chunk(i, layer.mixer, normed, slot)
+            elif layer.block_type == "full_attention":
+                mixed = self._attention_chunk(i, layer.mixer, normed, slot, start)
+            else:
+                mixed = layer.mixer(normed)
+            hidden = residual + mixed
+        self.length[slot] = start + positions
+        return self.llm.norm_f(hidden)[0]
+
+    def _mamba_chunk(self, i: int, mixer: Any, x: Tensor, slot: int) -> Tensor:
+        """Mamba-2 over P positions of one slot (`x` [1, P, H]) from its state. With
+        dA_t = dt_t A and h_t = exp(dA_t) h_(t-1) + dt_t B_t x_t, every h_t is the start state
+        decayed by exp(sum dA_1..t) plus each position s <= t's input decayed by
+        exp(sum dA_(s+1)..t): one masked matrix per head, no loop over positions."""
+        length = x.shape[1]
+        projected = mixer.in_proj(x)[0]
+        gate, xbc, dt = projected.split(
+            [mixer.intermediate_size, mixer.conv_dim, mixer.num_heads], dim=-1
+        )
+        tail = self.conv[i][slot]  # [conv_dim, kernel - 1]
+        window = torch.cat([tail, xbc.transpose(0, 1)], dim=-1)  # [conv_dim, kernel - 1 + P]
+        self.conv[i][slot] = window[:, -tail.shape[-1] :]
+        xbc = F.conv1d(window[None], mixer.conv1d.weight, mixer.conv1d.bias, groups=window.shape[0])
+        xbc = mixer.act(xbc[0].transpose(0, 1))  # [P, conv_dim]
+        heads, head_dim, state_size = mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
+        groups = mixer.n_groups
+        states, b, c = torch.split(
+            xbc,
+            [mixer.intermediate_size, groups * state_size, groups * state_size],
+            dim=-1,
+        )
+        states = states.view(length, heads, head_dim).float()
+        b = b.view(length, groups, 1, state_size).expand(
+            length, groups, heads // groups, state_size
+        )
+        b = b.reshape(length, heads, state_size).float()
+        c = c.view(length, groups, 1, state_size).expand(
+            length, groups, heads // groups, state_size
+        )
+        c = c.reshape(length, heads, state_size).float()
+        a = -torch.exp(mixer.A_log.float())
+        dt = F.softplus(dt + mixer.dt_bias)
+        low, high = mixer.time_step_limit
+        dt = torch.clamp(dt, low, high).float()  # [P, heads]
+        decay_step = (dt * a).transpose(0, 1)  # [heads, P]
+        # segment sums: [h, t, s] = sum of decay_step[h, s+1 .. t] for s <= t (-inf above)
+        repeated = decay_step[:, :, None].expand(heads, length, length)
+        below = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device), -1)
+        segments = torch.cumsum(repeated.masked_fill(~below, 0.0), dim=1)
+        upto = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device))
+        mix = torch.exp(segments.masked_fill(~upto, float("-inf")))  # [h, t, s]
+        start = self.ssm[i][slot].float()  # [heads, head_dim, state]
+        from_start = torch.exp(torch.cumsum(decay_step, dim=1))  # [h, t]
+        inputs = states * dt[:, :, None]  # [P, heads, head_dim]: dt_s x_s
+        scores = torch.einsum("thn,shn->hts", c, b) * mix
+        y = torch.einsum("hts,shd->thd", scores, inputs)
+        y = y + torch.einsum("thn,hdn->thd", c, start) * from_start.transpose(0, 1)[:, :, None]
+        last = mix[:, -1, :]  # [h, s]: decay from s to the chunk's last position
+        end = start * from_start[:, -1, None, None] + torch.einsum(
+            "hs,shd,shn->hdn", last, inputs, b
+        )
+        self.ssm[i][slot] = end.to(self.ssm[i].dtype)
+        y = y.to(x.dtype) + states.to(x.dtype) * mixer.D[:, None]
+        y = y.reshape(1, length, heads * head_dim)
+        y = mixer.norm(y, gate[None])
+        return mixer.out_proj(y.to(x.dtype))
+
+    def _attention_chunk(self, i: int, mixer: Any, x: Tensor, slot: int, start: int) -> Tensor:
+        length = x.shape[1]
+        query = mixer.q_proj(x).view(1, length, -1, mixer.head_dim).transpose(1, 2)
+        key = mixer.k_proj(x).view(1, length, -1, mixer.head_dim).transpose(1, 2)
+        value = mixer.v_proj(x).view(1, length, -1, mixer.head_dim).transpose(1, 2)
+        end = start + length
+        self.keys[i][slot, :, start:end] = key[0]
+        self.values[i][slot, :, start:end] = value[0]
+        keys = self.keys[i][slot : slot + 1, :, :end]
+        values = self.values[i][slot : slot + 1, :, :end]
+        groups = mixer.num_key_value_groups
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+        # position start + t sees every key up to itself
+        visible = torch.arange(end, device=x.device)[None, :] <= (
+            start + torch.arange(length, device=x.device)[:, None]
+        )
+        attended = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=visible[None, None], scale=mixer.scaling
+        )
+        return mixer.o_proj(attended.transpose(1, 2).reshape(1, length, -1))
+
     def _mamba(self, i: int, mixer: Any, x: Tensor, rows: Tensor) -> Tensor:
         """Mamba-2's recurrent form for one token (the HF mixer's own torch path), with the
         step size clamped as its chunked scan clamps it (`time_step_limit`), so a streamed
@@ -406,6 +562,21 @@ class PositionOut:
     audio: Tensor | None
 
 
+@dataclasses.dataclass
+class ReplayedFrame:
+    """One frame of a restored history, as its record gives it: what the frame heard and
+    what the model said (nothing is chosen again)."""
+
+    #: the frame's input audio [1280]
+    audio: Tensor
+    #: tool-result tokens fed as positions before the frame
+    injected: list[int]
+    text: int
+    asr: int
+    #: the speech decoder's codes [Q]
+    codes: Tensor
+
+
 class StreamingVoiceChat:
     """NemotronVoiceChat's duplex loop, one position per call, for `slots` slots."""
 
@@ -509,6 +680,80 @@ class StreamingVoiceChat:
         state.recent_text.extend([self.pad] * min(len(tokens), self.turn_threshold + 1))
         state.recent_asr.extend([self.pad] * min(len(tokens), self.turn_pad_window + 2))
 
+    def can_replay(self, slot: int) -> bool:
+        """Whether `replay` may take the slot's next frames: past its first two (the encoder
+        chunks those differently, and the speech decoder starts at the first)."""
+        return self.perception.can_extend(slot) and self.state[slot].tts_kv is not None
+
+    @torch.no_grad()
+    def replay(self, slot: int, frames: list[ReplayedFrame]) -> None:
+        """A restored history's next frames in one forward of each part, equal to stepping
+        them one by one with their tokens and codes forced (up to float rounding): every
+        input is in the records, so the perception takes the frames' audio at once, the LLM
+        every position (tool-result tokens and frames) in one `extend`, the speech decoder
+        every frame in one backbone call with the cache. Nothing is sampled, no head runs,
+        the codec decodes nothing (the slot's decoding window is refilled)."""
+        if not frames:
+            return
+        if not self.can_replay(slot):
+            raise ValueError(f"slot {slot} is in its first two frames: step them one by one")
+        state = self.state[slot]
+        audio = torch.stack([frame.audio for frame in frames]).to(self.device)
+        heard = self.perception.extend(slot, audio)  # [M, H]
+        # the LLM's positions in order: each frame's tool-result tokens, then the frame;
+        # each position reads the text and ASR tokens of the one before it
+        tokens: list[int] = []
+        token_at: list[int] = []  # per position: its index in `tokens`, or -1 (a frame)
+        frame_at: list[int] = []  # per position: its frame, or -1 (a token)
+        previous_text: list[int] = []
+        previous_asr: list[int] = []
+        for index, frame in enumerate(frames):
+            for token in frame.injected:
+                token_at.append(len(tokens))
+                frame_at.append(-1)
+                tokens.append(token)
+                previous_text.append(state.text)
+                previous_asr.append(state.asr)
+                self._said(state, self.pad, self.pad)
+            token_at.append(-1)
+            frame_at.append(index)
+            previous_text.append(state.text)
+            previous_asr.append(state.asr)
+            self._said(state, frame.text, frame.asr)
+        users = heard
+        if tokens:
+            embedded = self.stt.embed_tokens(torch.tensor(tokens, device=self.device))
+            rows = [
+                embedded[t] if t >= 0 else heard[f] for t, f in zip(token_at, frame_at, strict=True)
+            ]
+            users = torch.stack(rows)
+        x = users * self.user_weight
+        x = x + self.stt.embed_tokens(torch.tensor(previous_text, device=self.device)) * (
+            self.text_weight
+        )
+        if self.predict_asr:
+            asr = torch.tensor(previous_asr, device=self.device)
+            x = x + self.stt.embed_asr_tokens(asr) * self.asr_weight
+        self.llm.extend(slot, x)
+        codes = [frame.codes.to(self.device) for frame in frames]
+        self._tts_extend(slot, [frame.text for frame in frames], codes)
+        for code in codes:
+            state.codes.append(code)
+            while len(state.codes) > self.decode_window:
+                state.codes.popleft()
+
+    def _said(self, state: SlotTokens, text: int, asr: int) -> None:
+        """A position's tokens into the slot's state (what the next position reads, and the
+        windows forced turn taking looks back over)."""
+        state.recent_text.append(text)
+        state.recent_asr.append(asr)
+        while len(state.recent_text) > self.turn_threshold + 1:
+            state.recent_text.popleft()
+        while len(state.recent_asr) > self.turn_pad_window + 2:
+            state.recent_asr.popleft()
+        state.text, state.asr = text, asr
+        state.position += 1
+
     def _logits(self, hidden: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """DuplexSTTModel.forward's heads and inference boosts, on final hidden states."""
         cfg = self.stt.cfg
@@ -586,14 +831,7 @@ class StreamingVoiceChat:
                 asr = replay.get("asr", asr)
                 function = replay.get("function", function)
             forced_codes.append(replay.get("codes") if replay is not None else None)
-            state.recent_text.append(text)
-            state.recent_asr.append(asr)
-            while len(state.recent_text) > self.turn_threshold + 1:
-                state.recent_text.popleft()
-            while len(state.recent_asr) > self.turn_pad_window + 2:
-                state.recent_asr.popleft()
-            state.text, state.asr = text, asr
-            state.position += 1
+            self._said(state, text, asr)
             outs.append(PositionOut(text, asr, function, None, None))
         if speak:
             codes = self._speak(slots, [o.text for o in outs], forced_codes)
@@ -730,6 +968,58 @@ class StreamingVoiceChat:
         if codes is None:
             return []
         return [codes[b].view(-1) for b in range(batch)]
+
+    def _tts_extend(self, slot: int, texts: list[int], codes: list[Tensor]) -> None:
+        """The speech decoder's backbone over a replay's M frames of one slot in one call,
+        from the slot's cache: position j reads frame j's text and frame j - 1's codes (the
+        previous subword and codes of `_tts_run`, all given), so the M steps are one causal
+        forward of M positions."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+
+        tts = self.tts
+        state = self.state[slot]
+        assert state.tts_kv is not None and state.tts_code is not None
+        assert state.tts_prev_subword is not None
+        length = len(texts)
+        current = torch.tensor([texts], device=self.device)  # [1, M]
+        previous = torch.cat([state.tts_prev_subword, current[:, :-1]], dim=1)
+        given = torch.stack(codes)[None]  # [1, M, Q]
+        prev_codes = torch.cat([state.tts_code, given[:, :-1]], dim=1)
+        if tts.cfg.get("inference_force_speech_silence_on_eos", True):
+            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev_codes.shape)
+            prev_codes = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev_codes)
+        context = None
+        if tts.cfg.tts_config.context_hidden_size is not None:
+            context = tts.embed_tokens(previous)
+        past = state.tts_position
+        cache = DynamicCache(config=tts.tts_model.backbone.config)
+        for layer, (keys, values) in enumerate(state.tts_kv):
+            stored = cache.layers[layer]
+            stored.update(keys, values)
+            if isinstance(stored, DynamicSlidingWindowLayer):
+                stored.cumulative_length = past  # its tail is shorter than its past
+        outputs = tts.tts_model(
+            code=prev_codes,
+            context_hidden_state=context,
+            subword_ids=current,
+            subword_mask=torch.ones(1, length, dtype=torch.bool, device=self.device),
+            attention_mask=torch.ones(1, past + length, dtype=torch.long, device=self.device),
+            position_ids=torch.arange(past, past + length, device=self.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            guidance_enabled=self.guidance,
+            generation_config=None,
+            ignore_eos_flag_stop=True,
+        )
+        kept = []
+        for stored in outputs.past_key_values.layers:
+            take = min(past + length, stored.keys.shape[-2])
+            kept.append((stored.keys[:, :, -take:].clone(), stored.values[:, :, -take:].clone()))
+        state.tts_kv = kept
+        state.tts_position = past + length
+        state.tts_prev_subword = current[:, -1:]
+        state.tts_code = given[:, -1:]
 
     def decode(self, slots: list[int], outs: list[PositionOut]) -> None:
         """NeMo's incremental decoding of each slot's newest frame, batched by window length."""
