@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 #: the most frames of a restored history one `replay_work` call may be asked to replay (in
 #: one forward: a call's cost is mostly fixed on a small batch, so the longer the cheaper
 #: per frame; the stage asks for what the tick's spare time holds)
-REPLAY_CHUNK_FRAMES = 64
+REPLAY_CHUNK_FRAMES = 128
 #: tool-result tokens fed before one frame
 MAX_INJECTED_TOKENS = 16
 #: tool-result tokens a slot holds for the model at most (a longer output is refused)

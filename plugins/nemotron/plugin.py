@@ -8,7 +8,7 @@ Worker options (strings, from `--model-dir` / `--plugin-option KEY=VALUE`):
 - `device`: `cpu`, `cuda` or `cuda:N` (default: cuda when torch sees a GPU);
 - `threads`: torch CPU threads (default: the model's choice);
 - `replay_chunk_frames`: the most frames of a restored session's history one replay call
-  replays, in one forward of each part (default 64): the stage asks for as many as the
+  replays, in one forward of each part (default 128): the stage asks for as many as the
   tick's spare time holds, this many at most, so a restore spreads over as many ticks as it
   needs (a prompt is one forward);
 - `max_injected_tokens`: tokens of a tool's result fed to the model per frame (default 16;
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the model needs torch and NeMo: imported where it is loaded
 
 #: the most tools one session may declare (NVIDIA: the model is reliable with up to 5)
 MAX_TOOLS = 5
-REPLAY_CHUNK_FRAMES = 64
+REPLAY_CHUNK_FRAMES = 128
 MAX_INJECTED_TOKENS = 16
 
 

@@ -74,7 +74,7 @@ def test_defaults(plugin, tmp_path):
     assert plugin.plugin_id == "nemotron"
     assert (plugin.input_sample_rate_hz, plugin.output_sample_rate_hz) == (16_000, 22_050)
     assert plugin.model_dir == tmp_path and plugin.device == "cpu" and plugin.threads is None
-    assert (plugin.replay_chunk_frames, plugin.max_injected_tokens) == (64, 16)
+    assert (plugin.replay_chunk_frames, plugin.max_injected_tokens) == (128, 16)
     capabilities = plugin.capabilities(8)
     assert capabilities.chunk_period_ms == 80 and capabilities.supports_model_native_turn_policy
 
@@ -142,7 +142,7 @@ def test_the_model_is_imported_and_loaded_only_when_built(plugin, monkeypatch, t
     monkeypatch.setitem(sys.modules, "plugins.nemotron.frame_model", module)
     assert plugin.frame_model(6) == "model"
     assert loads == [
-        (str(tmp_path), 6, "cpu", None, {"replay_chunk_frames": 64, "max_injected_tokens": 16})
+        (str(tmp_path), 6, "cpu", None, {"replay_chunk_frames": 128, "max_injected_tokens": 16})
     ]
 
 

@@ -24,20 +24,72 @@ RECENT_CHUNKS = 8
 
 
 @dataclasses.dataclass
+class ReplayCost:
+    """What a `replay_work` call of n frames costs on the model thread: `fixed_s` + n x
+    `frame_s`, fitted by least squares to the calls measured so far, each call weighing
+    `1 - weight` times the one after it (the cost drifts with the history's length).
+
+    The fixed part is real: a model that replays a call's frames in one forward pays its
+    overhead once a call (on a small batch most of the call), so a call of 40 frames costs
+    far less than 40 calls of one. A cost per frame alone, measured on small calls, counted
+    that part in every frame: it asked for too few frames, then spent the tick's rest on
+    more small calls that each paid it again."""
+
+    weight: float
+    fixed_s: float = 0.0
+    frame_s: float = 0.0
+    # the weighted sums of the fit: calls, frames, frames squared, seconds, frames x seconds
+    _calls: float = 0.0
+    _frames: float = 0.0
+    _squares: float = 0.0
+    _seconds: float = 0.0
+    _products: float = 0.0
+
+    def add(self, frames: int, seconds: float) -> None:
+        keep, n = 1.0 - self.weight, float(max(frames, 1))
+        self._calls = keep * self._calls + 1.0
+        self._frames = keep * self._frames + n
+        self._squares = keep * self._squares + n * n
+        self._seconds = keep * self._seconds + seconds
+        self._products = keep * self._products + n * seconds
+        spread = self._calls * self._squares - self._frames**2
+        if spread > 1e-9 * self._calls * self._squares:  # calls of more than one size
+            slope = (self._calls * self._products - self._frames * self._seconds) / spread
+            fixed = (self._seconds - slope * self._frames) / self._calls
+            if slope > 0 and fixed >= 0:
+                self.frame_s, self.fixed_s = slope, fixed
+                return
+        # one size of call so far (or a fit the noise made senseless): all of it per frame,
+        # which over-counts a fixed part and so never asks for more than fits
+        self.frame_s, self.fixed_s = max(self._seconds / self._frames, 1e-9), 0.0
+
+    def seconds(self, frames: int) -> float:
+        return self.fixed_s + frames * self.frame_s
+
+    def fits(self, budget_s: float) -> int:
+        """The most frames one call replays within `budget_s` (0: not even one)."""
+        if budget_s <= self.fixed_s:
+            return 0
+        return int((budget_s - self.fixed_s) / self.frame_s + 1e-9)
+
+
+@dataclasses.dataclass
 class SlotReplay:
     """A slot's replay (a restore's history, a prompt given as the model's inputs): what
-    it has left and what a frame of it costs, measured as it goes (the tick stage sizes
-    its chunks by it)."""
+    it has left and what a call of it costs, measured as it goes (the tick stage sizes
+    its calls by it)."""
 
     #: frames to replay at its start
     frames: int
     #: frames still to replay (`replay_pending` after the last call)
     left: int
     started: float
-    #: seconds a replayed frame costs on the model thread (smoothed); None: not measured
-    cost_s: float | None = None
-    #: frames the last call replayed (the next asks at most twice as many)
+    #: what a call costs on the model thread (fitted to its calls); None: not measured
+    cost: ReplayCost | None = None
+    #: frames the last call replayed and its seconds (the next asks at most twice as many
+    #: frames, or what twice its time holds)
     last_frames: int = 0
+    last_s: float = 0.0
     calls: int = 0
     #: model-thread seconds spent so far
     busy_s: float = 0.0
@@ -47,32 +99,35 @@ class SlotReplay:
     def replayed(self) -> int:
         return self.frames - self.left
 
-    def chunk(self, share_s: float, spare_s: float, most: int, known_s: float | None) -> int:
+    def chunk(self, share_s: float, spare_s: float, most: int, known: ReplayCost | None) -> int:
         """Frames to ask for with `share_s` seconds for this replay and `spare_s` for
-        all of them: as many as fit in the share (one if only the spare holds one),
-        never more than `most`, twice the last call's, or what is left; 0: none fits.
-        Until it has measured its own cost, the model's last measured one (`known_s`)
+        all of them: as many as one call fits in the share (one if only the spare holds
+        one), never more than `most`, twice the last call's, or what is left; 0: none
+        fits. Until it has measured its own cost, the model's last measured one (`known`)
         stands for it; with neither, one frame tells what a frame costs."""
-        cost_s = self.cost_s if self.cost_s is not None else known_s
-        if cost_s is None:
-            fit = 1
-        else:
-            cost = max(cost_s, 1e-6)
-            fit = int(max(share_s, 0.0) / cost) or (1 if spare_s >= cost else 0)
-        # a restore that started from the model's last cost has measured nothing itself
-        ramp = 2 * self.last_frames if self.last_frames else most
+        cost = self.cost if self.cost is not None else known
+        fit = 1  # a probe
+        if cost is not None:
+            fit = cost.fits(share_s) or (1 if spare_s >= cost.seconds(1) else 0)
+        # a cost measured low cannot ask for a long stall: at most twice the last call's
+        # frames, or as many as twice its time holds (the same for a cost all per frame;
+        # far more when a call's fixed part is most of it). A restore that started from the
+        # model's last cost has measured nothing itself.
+        ramp = most
+        if self.last_frames:
+            ramp = 2 * self.last_frames
+            if self.cost is not None:
+                ramp = max(ramp, self.cost.fits(2 * self.last_s))
         return max(0, min(fit, most, ramp, self.left))
 
     def account(self, frames: int, seconds: float, weight: float) -> None:
-        """A call replayed `frames` in `seconds`: the cost per frame follows it."""
+        """A call replayed `frames` in `seconds`: the fitted cost follows it."""
         self.calls += 1
         self.busy_s += seconds
-        self.last_frames = max(frames, 1)
-        per_frame = seconds / max(frames, 1)
-        if self.cost_s is None:
-            self.cost_s = per_frame
-        else:
-            self.cost_s += weight * (per_frame - self.cost_s)
+        self.last_frames, self.last_s = max(frames, 1), seconds
+        if self.cost is None:
+            self.cost = ReplayCost(weight)
+        self.cost.add(frames, seconds)
 
 
 @dataclasses.dataclass

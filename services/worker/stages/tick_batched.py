@@ -36,18 +36,18 @@ session's `ModelHistory` (`keep_history`), including frames whose output an abor
 (the model stepped them). A session restored here with a history opens its slot with
 `restore_slot`; the slot is not stepped while the model replays (`replay_pending`), and
 the replay runs between the ticks' steps (`replay_work(slot, frames)`), scheduled by the
-time it has (`_replay`, `ReplayBudget`):
+time it has (`_replay`, `SlotReplay.chunk`):
 
-- the cost of a replayed frame is measured, per restore, as it goes (each call's model-
-  thread seconds over the frames it took off `replay_pending`, smoothed); a restore
-  starts from the model's last measured cost, or with one frame when none was measured;
+- the cost of a `replay_work` call is measured, per restore, as it goes, and fitted as a
+  fixed part and a part per frame (`ReplayCost`: a model that replays a call's frames in
+  one forward pays most of a call once, whatever its frames); a restore starts from the
+  model's last fitted cost, or with one frame when none was measured;
 - after each tick's step, the time until the next frame is due, less a margin
   (`REPLAY_MARGIN`), is spare (a restore that begins while the tick waits for its next
   frame starts at once, in what is left of that wait): each restore is asked for as many
-  frames as fit in its
-  share (the model's `replay_chunk_frames` at most a call, and at most twice the frames
-  of its last call, so a cost measured low cannot ask for a long stall), and asked again
-  while time is left;
+  frames as one call fits in its share (the model's `replay_chunk_frames` at most a call,
+  and at most twice the frames of its last call or what twice its time holds, so a cost
+  measured low cannot ask for a long stall), and asked again while time is left for a call;
 - several restores (a whole worker's sessions after a failover) share the spare time in
   equal shares, a different one first each tick; a restore with a short history ends first;
 - whatever the spare time, at least one frame is replayed each tick (of each restore in
@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -74,7 +75,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from services.worker.metrics import TickMetrics
-from services.worker.stages.slots import SlotReplay, SlotState
+from services.worker.stages.slots import ReplayCost, SlotReplay, SlotState
 from services.worker.stages.tick_clock import TickClock, TickGrid
 from shared.contracts import (
     DuplexFence,
@@ -111,8 +112,9 @@ RESTORED_INPUT_FRAMES = 2
 #: estimate by before the next step starts late (measured costs drift with the history's
 #: length and with the machine's other work)
 REPLAY_MARGIN = 0.1
-#: the weight of a call's measured cost per frame in a restore's estimate
-REPLAY_COST_WEIGHT = 0.5
+#: the weight of a restore's newest call in the fit of its cost (`ReplayCost`): the calls
+#: before it weigh 1 - this times less each (about the last five count)
+REPLAY_COST_WEIGHT = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +207,7 @@ class TickBatchedStagePort(InputFedStagePort):
         self._ticked = asyncio.Event()
         self.counters = TickCounters()  # since start: stats()
         #: the model's last measured cost of a replayed frame: where a restore starts
-        self._replay_cost_s: float | None = None
+        self._replay_cost: ReplayCost | None = None
         #: which restore goes first in the next tick's replay (they take turns)
         self._replay_turn = 0
         #: releases (`cleanup`) running on: a cancelled caller does not stop its release
@@ -528,14 +530,14 @@ class TickBatchedStagePort(InputFedStagePort):
                 if replay is None or self._slots.get(slot.session_id) is not slot:
                     continue  # ended or closed while another replay ran
                 spare = due - margin - self.clock.now()
-                unknown = replay.cost_s is None and self._replay_cost_s is None
+                unknown = replay.cost is None and self._replay_cost is None
                 # a probe of an unknown cost: the tick's one frame, or in the wait a frame
                 # while there is time at all
                 if unknown and (replayed or (not at_least_one and spare <= 0)):
                     continue
                 share = spare / (len(queue) - position)
                 most = self.model.replay_chunk_frames
-                frames = replay.chunk(share, spare, most, self._replay_cost_s)
+                frames = replay.chunk(share, spare, most, self._replay_cost)
                 if not frames:
                     if replayed or not at_least_one:
                         continue  # no time for this one: the next tick's turn
@@ -564,7 +566,8 @@ class TickBatchedStagePort(InputFedStagePort):
         done = max(0, replay.left - left)
         replay.account(done, self.clock.now() - started, REPLAY_COST_WEIGHT)
         replay.left = left
-        self._replay_cost_s = replay.cost_s
+        # the next restore starts from this fit (a copy: each restore fits its own)
+        self._replay_cost = copy.copy(replay.cost)
         self.counters.replay_chunks += 1
         self.counters.replayed_frames += done
         if self._slots.get(slot.session_id) is not slot or slot.replay is not replay:

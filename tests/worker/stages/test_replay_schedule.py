@@ -17,7 +17,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from harness.frame_models import tone
-from services.worker.stages.tick_batched import REPLAY_MARGIN
+from services.worker.stages.slots import ReplayCost
+from services.worker.stages.tick_batched import REPLAY_COST_WEIGHT, REPLAY_MARGIN
 from shared.contracts import DuplexFence, StagePlan
 from tests.worker.stages.test_tick_batched import Rig, open_with_history, steps_history
 
@@ -26,16 +27,19 @@ FRAME_S = 0.08
 SPARE_S = FRAME_S * (1 - REPLAY_MARGIN)
 
 
-def costed(rig: Rig, frame_s: float, step_s: float = 0.0) -> list[tuple[int, int, int]]:
-    """Replayed frames cost `frame_s` each and every step `step_s`, on the rig's clock;
-    returns the list the replay calls are logged to: (tick, frames, slot)."""
+def costed(
+    rig: Rig, frame_s: float, step_s: float = 0.0, call_s: float = 0.0
+) -> list[tuple[int, int, int]]:
+    """Replayed frames cost `frame_s` each, a `replay_work` call `call_s` more, and every
+    step `step_s`, on the rig's clock; returns the list the replay calls are logged to:
+    (tick, frames, slot)."""
     calls: list[tuple[int, int, int]] = []
     real_work = rig.model.replay_work
 
     def replay_work(slot: int, frames: int) -> int:
         left = real_work(slot, frames)
         done = rig.model.replay_calls[-1]
-        rig.clock.skew(frame_s * done)
+        rig.clock.skew(call_s + frame_s * done)
         calls.append((rig.port.ticks, done, slot))
         return left
 
@@ -99,6 +103,53 @@ async def test_a_restore_takes_as_many_frames_as_the_spare_time_holds(big_chunk_
     assert ticks <= stats["replay_rounds"] <= ticks + 1
     await rig.tick()
     assert rig.model.batches[-1] == 2  # a steps again, beside b
+
+
+async def test_a_call_that_costs_more_than_its_frames_is_made_once_a_tick_and_full(rig):
+    """A model whose call costs 20 ms whatever its frames, plus 1 ms a frame (one forward
+    for all of them, as Nemotron's and Moshi's replays): the stage fits that cost, so once
+    it has measured calls of two sizes each tick is one call of all the frames that fit
+    (52 in 72 ms), not many small ones each paying the 20 ms again."""
+    rig.model.replay_chunk_frames = 64
+    calls = costed(rig, frame_s=0.001, call_s=0.02)
+    await rig.open("b")
+    await rig.tick()
+    await open_with_history(rig, "a", steps_history(600))
+    await replay_until_done(rig, "a")
+    per_tick: dict[int, list[int]] = {}
+    for tick, frames, _ in calls:
+        per_tick.setdefault(tick, []).append(frames)
+    fits = int((SPARE_S - 0.02) / 0.001 + 1e-9)  # 52
+    ticks = sorted(per_tick)
+    # the ramp: a probe, then twice its frames; once a call's fixed part is known, as many
+    # frames as twice the last call's time holds (9 is all the first tick has left, then
+    # 38 in 58 ms), not twice the frames (1, 2, 4, 8, 16, 32: seven ticks to reach 52)
+    assert [per_tick[tick] for tick in ticks[:2]] == [[1, 2, 9], [38]]
+    steady = [per_tick[tick] for tick in ticks[3:-1]]  # after the ramp, before the rest
+    assert steady and all(made == [fits] for made in steady), per_tick
+    assert all(sum(made) * 0.001 + len(made) * 0.02 <= SPARE_S + 1e-9 for made in per_tick.values())
+    assert rig.port.stats()["deadline_misses"] == 0
+
+
+def test_a_replays_cost_is_fitted_as_a_fixed_part_and_a_part_per_frame():
+    cost = ReplayCost(REPLAY_COST_WEIGHT)
+    cost.add(4, 0.024)
+    # one size of call: all of it counted per frame (never more frames than fit)
+    assert (cost.fixed_s, cost.frame_s) == (0.0, pytest.approx(0.006))
+    for frames in (8, 16, 5, 32):
+        cost.add(frames, 0.02 + 0.001 * frames)
+    assert cost.fixed_s == pytest.approx(0.02) and cost.frame_s == pytest.approx(0.001)
+    assert cost.fits(0.072) == 52 and cost.fits(0.02) == 0 and cost.fits(0.0215) == 1
+    # the costs drift (a longer history): the newest calls count most
+    for frames in (10, 20, 30, 40, 50, 60) * 4:
+        cost.add(frames, 0.01 + 0.002 * frames)
+    assert cost.fixed_s == pytest.approx(0.01, rel=0.05)
+    assert cost.frame_s == pytest.approx(0.002, rel=0.05)
+    # noise that makes larger calls cheaper in total: no negative cost per frame
+    noisy = ReplayCost(REPLAY_COST_WEIGHT)
+    noisy.add(10, 0.03)
+    noisy.add(20, 0.02)
+    assert noisy.fixed_s == 0.0 and noisy.frame_s > 0
 
 
 async def test_the_next_restore_starts_at_the_cost_the_last_one_measured(big_chunk_rig):
