@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -291,23 +292,36 @@ class NemotronHStep:
                 new[:, :, :capacity] = old
                 store[i] = new
 
+    def _layers(
+        self,
+        hidden: Tensor,
+        mamba: Callable[[int, Any, Tensor], Tensor],
+        attention: Callable[[int, Any, Tensor], Tensor],
+    ) -> Tensor:
+        """Every layer over `hidden` [B, T, H] (pre-norm, residual), its Mamba-2 and attention
+        mixers the caller's (a step's or a chunk's, each with its slots' state)."""
+        for i, layer in enumerate(self.layers):
+            normed = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
+            if layer.block_type == "linear_attention":
+                mixed = mamba(i, layer.mixer, normed)
+            elif layer.block_type == "full_attention":
+                mixed = attention(i, layer.mixer, normed)
+            else:
+                mixed = layer.mixer(normed)
+            hidden = hidden + mixed
+        return hidden
+
     @torch.no_grad()
     def step(self, slots: list[int], embeds: Tensor) -> Tensor:
         """`embeds` [B, H]: one position per slot; returns the final hidden state [B, H]."""
         rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         positions = self.length[slots].to(self.device)
         self._grow(int(positions.max()) + 1)
-        hidden = embeds.to(self.dtype).unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            residual = hidden
-            normed = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
-            if layer.block_type == "linear_attention":
-                mixed = self._mamba(i, layer.mixer, normed, rows)
-            elif layer.block_type == "full_attention":
-                mixed = self._attention(i, layer.mixer, normed, rows, positions)
-            else:
-                mixed = layer.mixer(normed)
-            hidden = residual + mixed
+        hidden = self._layers(
+            embeds.to(self.dtype).unsqueeze(1),
+            lambda i, mixer, x: self._mamba(i, mixer, x, rows),
+            lambda i, mixer, x: self._attention(i, mixer, x, rows, positions),
+        )
         for slot in slots:
             self.length[slot] += 1
         return self.llm.norm_f(hidden)[:, 0]
@@ -352,17 +366,11 @@ class NemotronHStep:
         start = int(self.length[slot])
         positions = embeds.shape[0]
         self._grow(start + positions)
-        hidden = embeds.to(self.dtype)[None]
-        for i, layer in enumerate(self.layers):
-            residual = hidden
-            normed = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
-            if layer.block_type == "linear_attention":
-                mixed = self._mamba_chunk(i, layer.mixer, normed, slot)
-            elif layer.block_type == "full_attention":
-                mixed = self._attention_chunk(i, layer.mixer, normed, slot, start)
-            else:
-                mixed = layer.mixer(normed)
-            hidden = residual + mixed
+        hidden = self._layers(
+            embeds.to(self.dtype)[None],
+            lambda i, mixer, x: self._mamba_chunk(i, mixer, x, slot),
+            lambda i, mixer, x: self._attention_chunk(i, mixer, x, slot, start),
+        )
         self.length[slot] = start + positions
         return self.llm.norm_f(hidden)[0]
 
