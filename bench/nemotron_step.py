@@ -583,10 +583,11 @@ def main(args: argparse.Namespace) -> None:
         "",
         f"**Restore.** The 1-slot run's first N records restored into a fresh slot "
         f"(`restore_slot` + `replay_work` until done, {chunk} frames a call; after an "
-        f"untimed {WARM_RESTORE_FRAMES}-frame restore): every frame is replayed one position "
-        "at a time (perception, LLM, the speech decoder fed the record's codes, no codec "
-        "decoding, nothing sampled). *Stepping the same frames* is what the live steps of "
-        "those frames took.",
+        f"untimed {WARM_RESTORE_FRAMES}-frame restore): the first two frames one by one, "
+        "then each call's frames in one forward of each part (perception over their "
+        "audio, the LLM over their positions, the speech decoder fed the records' codes; "
+        "no codec decoding, nothing sampled). *Stepping the same frames* is what the live "
+        "steps of those frames took.",
         "",
         *restore_table(restores),
         "",
