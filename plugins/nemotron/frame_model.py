@@ -78,25 +78,25 @@ class _Pending:
 class TokenText:
     """Tokens decoded to text as they come, at a constant cost per token (a turn can last
     minutes: decoding all of it again every frame grew with it). As incremental
-    detokenizers do, each token is decoded with the few before it (from `prefix`), so a
+    detokenizers do, each token is decoded with the few said before it, so a
     tokenizer that writes a token differently at the start of a text (a leading space)
     writes it alike both times, and a split UTF-8 character waits for its end."""
 
+    #: the tokens not yet said, after the context they are decoded with
     tokens: list[int] = dataclasses.field(default_factory=list)
-    #: tokens[prefix:read] were decoded last time as the context of the new ones
-    prefix: int = 0
+    #: tokens[:read] were said: the context of the new ones
     read: int = 0
 
     def add(self, token: int, decode: Callable[[list[int]], str]) -> str:
         """The text `token` adds (nothing while it completes no character)."""
         self.tokens.append(token)
-        before = decode(self.tokens[self.prefix : self.read])
-        after = decode(self.tokens[self.prefix :])
+        before = decode(self.tokens[: self.read])
+        after = decode(self.tokens)
         if after.endswith("\ufffd") or len(after) <= len(before) or not after.startswith(before):
             return ""
         # only the context is kept: the turn's earlier tokens are never decoded again
         del self.tokens[: self.read]
-        self.prefix, self.read = 0, len(self.tokens)
+        self.read = len(self.tokens)
         return after[len(before) :]
 
 

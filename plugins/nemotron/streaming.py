@@ -42,6 +42,9 @@ from torch import Tensor
 FRAME_SAMPLES = 1280
 #: mel frames per input frame (10 ms hop)
 MEL_PER_FRAME = 8
+#: the most positions of a slot one forward of `NemotronHStep.extend` takes (a Mamba-2
+#: layer's chunked scan holds [heads, P, P]: 128 heads x 256 x 256 floats is 32 MB)
+EXTEND_POSITIONS = 256
 
 
 # ---------------------------------------------------------------- perception
@@ -250,6 +253,8 @@ class NemotronHStep:
         self.keys: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
         self.length = torch.zeros(slots, dtype=torch.long)
+        #: the most positions one forward of `extend` takes
+        self.extend_positions = EXTEND_POSITIONS
         for i, layer in enumerate(self.layers):
             mixer = layer.mixer
             if layer.block_type == "linear_attention":
@@ -359,10 +364,20 @@ class NemotronHStep:
     @torch.no_grad()
     def extend(self, slot: int, embeds: Tensor) -> Tensor:
         """The slot's next P positions at once (`embeds` [P, H], known in advance: a replayed
-        history's), from its state: each Mamba-2 layer's scan over the P positions in its
+        history's), from its state: each Mamba-2 layer's scan over the positions in its
         chunked (SSD) form from the slot's SSM state and convolution tail, each attention
-        layer over its cache and the P new keys. Equal to P `step`s up to float rounding.
-        Returns the final hidden states [P, H]."""
+        layer over its cache and the new keys. Equal to P `step`s up to float rounding.
+        At most `extend_positions` a forward (a replay call's frames with their tool-result
+        tokens can be thousands of positions, and a Mamba-2 layer's scan holds a
+        [heads, P, P] matrix). Returns the final hidden states [P, H]."""
+        return torch.cat(
+            [
+                self._extend(slot, embeds[begin : begin + self.extend_positions])
+                for begin in range(0, embeds.shape[0], self.extend_positions)
+            ]
+        )
+
+    def _extend(self, slot: int, embeds: Tensor) -> Tensor:
         start = int(self.length[slot])
         positions = embeds.shape[0]
         self._grow(start + positions)

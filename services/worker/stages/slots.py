@@ -59,9 +59,16 @@ class ReplayCost:
             if slope > 0 and fixed >= 0:
                 self.frame_s, self.fixed_s = slope, fixed
                 return
-        # one size of call so far (or a fit the noise made senseless): all of it per frame,
-        # which over-counts a fixed part and so never asks for more than fits
-        self.frame_s, self.fixed_s = max(self._seconds / self._frames, 1e-9), 0.0
+        size, call_s = self._frames / self._calls, self._seconds / self._calls
+        if 0 < self.fixed_s < call_s:
+            # calls of one size lately (full ones), or a fit the noise made senseless: the
+            # fixed part found before stays, the part per frame follows the calls' cost
+            # (all of it per frame would ask a smaller call for more than fits)
+            self.frame_s = (call_s - self.fixed_s) / size
+            return
+        # one size of call so far: all of it per frame, which over-counts a fixed part and
+        # so never asks a call as large or larger for more than fits
+        self.frame_s, self.fixed_s = max(call_s / size, 1e-9), 0.0
 
     def seconds(self, frames: int) -> float:
         return self.fixed_s + frames * self.frame_s
@@ -120,10 +127,13 @@ class SlotReplay:
                 ramp = max(ramp, self.cost.fits(2 * self.last_s))
         return max(0, min(fit, most, ramp, self.left))
 
-    def account(self, frames: int, seconds: float, weight: float) -> None:
-        """A call replayed `frames` in `seconds`: the fitted cost follows it."""
+    def account(self, frames: int, seconds: float, weight: float, fitted: bool = True) -> None:
+        """A call replayed `frames` in `seconds`: the fitted cost follows it (unless not
+        `fitted`: a prompt taken whole, whose cost is not its positions')."""
         self.calls += 1
         self.busy_s += seconds
+        if not fitted:
+            return
         self.last_frames, self.last_s = max(frames, 1), seconds
         if self.cost is None:
             self.cost = ReplayCost(weight)

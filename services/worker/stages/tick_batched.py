@@ -50,6 +50,9 @@ time it has (`_replay`, `SlotReplay.chunk`):
   measured low cannot ask for a long stall), and asked again while time is left for a call;
 - several restores (a whole worker's sessions after a failover) share the spare time in
   equal shares, a different one first each tick; a restore with a short history ends first;
+  where an equal share would not pay twice a call's fixed part, the restore whose turn it
+  is takes the spare time, the others theirs in the next ticks; a call that took more than
+  it was asked (a prompt taken whole) is left out of the cost's fit;
 - whatever the spare time, at least one frame is replayed each tick (of each restore in
   turn), so every restore ends: when the live slots' steps leave no time (the machine is
   full), the replay's frame is what makes the next tick late, and the live slots give way
@@ -536,6 +539,11 @@ class TickBatchedStagePort(InputFedStagePort):
                 if unknown and (replayed or (not at_least_one and spare <= 0)):
                     continue
                 share = spare / (len(queue) - position)
+                cost = replay.cost or self._replay_cost
+                if cost is not None and share < 2 * cost.fixed_s:
+                    # an equal share would go mostly to calls' fixed parts (many restores
+                    # after a failover): this one takes the spare, the next ones their turn
+                    share = spare
                 most = self.model.replay_chunk_frames
                 frames = replay.chunk(share, spare, most, self._replay_cost)
                 if not frames:
@@ -564,10 +572,13 @@ class TickBatchedStagePort(InputFedStagePort):
             self._replay_failed(slot, f"restoring the model's state failed: {exc}")
             return False
         done = max(0, replay.left - left)
-        replay.account(done, self.clock.now() - started, REPLAY_COST_WEIGHT)
+        # a call that took more than it was asked took a prompt whole (one forward of its
+        # positions): it says nothing of what frames cost, and is left out of the fit
+        replay.account(done, self.clock.now() - started, REPLAY_COST_WEIGHT, fitted=done <= frames)
         replay.left = left
-        # the next restore starts from this fit (a copy: each restore fits its own)
-        self._replay_cost = copy.copy(replay.cost)
+        if replay.cost is not None:
+            # the next restore starts from this fit (a copy: each restore fits its own)
+            self._replay_cost = copy.copy(replay.cost)
         self.counters.replay_chunks += 1
         self.counters.replayed_frames += done
         if self._slots.get(slot.session_id) is not slot or slot.replay is not replay:

@@ -131,6 +131,90 @@ async def test_a_call_that_costs_more_than_its_frames_is_made_once_a_tick_and_fu
     assert rig.port.stats()["deadline_misses"] == 0
 
 
+async def test_a_prompt_taken_whole_is_not_a_frames_cost(rig):
+    """A prompt replayed at an open is one forward of all its positions (200 here, in one
+    20 ms call, though 1 was asked): counted as 200 frames it would say a frame costs
+    0.1 ms, and the next restore's first call would ask for 64 frames that cost 84 ms (20
+    ms a call, 1 ms a frame). Left out of the fit, the restore probes its cost."""
+    rig.model.replay_chunk_frames = 64
+    calls = costed(rig, frame_s=0.001, call_s=0.02)
+    costed_work = rig.model.replay_work
+    prompts: set[int] = set()
+
+    def replay_work(slot: int, frames: int) -> int:
+        if slot in prompts:  # the prompt, whole, whatever was asked
+            prompts.discard(slot)
+            pending = rig.model._replay_left[slot]
+            rig.model._replay_left[slot] = 0
+            rig.clock.skew(0.02)
+            rig.model.replay_calls.append(pending)
+            return 0
+        return costed_work(slot, frames)
+
+    rig.model.replay_work = replay_work
+
+    def with_prompt(slot: int, options: object) -> None:
+        prompts.add(slot)
+        rig.model._replay_left[slot] = 200
+
+    rig.model.on_open = with_prompt
+    await rig.open("b")
+    while rig.model.replay_pending(0):
+        await rig.tick()
+    assert rig.model.replay_calls == [200]  # the prompt, in one call
+    rig.model.on_open = None
+    await open_with_history(rig, "a", steps_history(300))
+    await replay_until_done(rig, "a")
+    assert calls[0][1] == 1  # a probe: nothing measured said what a frame costs
+    per_tick: dict[int, list[int]] = {}
+    for tick, frames, _ in calls:
+        per_tick.setdefault(tick, []).append(frames)
+    assert all(sum(made) * 0.001 + len(made) * 0.02 <= SPARE_S + 1e-9 for made in per_tick.values())
+    assert rig.port.stats()["deadline_misses"] == 0
+
+
+async def test_restores_whose_shares_cannot_pay_a_call_take_the_spare_in_turn(rig):
+    """Four restores at once (a failover), 20 ms a call and 1 ms a frame, 72 ms spare: a
+    quarter of it (18 ms) pays no call, so equal shares would be a frame each (4 a tick).
+    Each tick one of them takes the spare instead, a different one each tick."""
+    rig.model.replay_chunk_frames = 64
+    calls = costed(rig, frame_s=0.001, call_s=0.02)
+    await rig.open("z")
+    await rig.tick()
+    # the model's cost known from an earlier restore
+    await open_with_history(rig, "w", steps_history(200))
+    await replay_until_done(rig, "w")
+    await rig.port.cleanup("w")
+    calls.clear()
+    for name in ("a", "b", "c"):
+        await open_with_history(rig, name, steps_history(300))
+    ticks = await replay_until_done(rig, "c", limit=100)
+    for name in ("a", "b"):
+        await replay_until_done(rig, name, limit=100)
+    per_tick: dict[int, list[tuple[int, int]]] = {}
+    for tick, frames, slot in calls:
+        per_tick.setdefault(tick, []).append((slot, frames))
+    assert sum(frames for _, frames, _ in calls) == 900
+    # a frame each per tick would take 300 ticks; taking the spare in turn, about 18
+    assert ticks <= 30, per_tick
+    full = [made for made in per_tick.values() if max(frames for _, frames in made) >= 40]
+    assert len({made[0][0] for made in full}) == 3  # each took the spare in its turn
+    assert rig.port.stats()["deadline_misses"] == 0
+
+
+def test_a_fit_keeps_its_fixed_part_when_its_calls_are_all_one_size():
+    """Full calls of one size for a long time: the fit cannot tell the fixed part from the
+    frames' any more, and keeps the one it found (counted all per frame instead, a smaller
+    call later, when another restore halves the share, would be asked for too many)."""
+    cost = ReplayCost(REPLAY_COST_WEIGHT)
+    for frames in (1, 2, 9, 38):
+        cost.add(frames, 0.02 + 0.001 * frames)
+    for _ in range(200):
+        cost.add(52, 0.02 + 0.001 * 52)
+    assert cost.fixed_s == pytest.approx(0.02) and cost.frame_s == pytest.approx(0.001)
+    assert cost.seconds(cost.fits(0.036)) <= 0.036 + 1e-9
+
+
 def test_a_replays_cost_is_fitted_as_a_fixed_part_and_a_part_per_frame():
     cost = ReplayCost(REPLAY_COST_WEIGHT)
     cost.add(4, 0.024)
