@@ -140,8 +140,11 @@ async def test_a_reader_waits_only_past_its_bound_of_unsent_appends(redis_client
         await sender.send("w", "duplex-a", 1, append(n))
     assert sender.unsent == 3 and await redis_client.xlen(KEYS.inbox("w")) == 0
     fourth = asyncio.create_task(sender.send("w", "duplex-a", 1, append(3)))
-    await asyncio.sleep(0.05)
-    assert not fourth.done()  # the reader waits: nothing was written yet
+    async with asyncio.timeout(5):  # until it is queued: past the bound, it waits there
+        while sender.unsent < 4:
+            await asyncio.sleep(0)
+    # the reader waits for the oldest's write, which the 60 s linger holds back
+    assert not fourth.done() and await redis_client.xlen(KEYS.inbox("w")) == 0
     flush = await sender.send("w", "duplex-a", 1, Heartbeat(event_id="h"))
     assert flush is not None
     await asyncio.wait_for(asyncio.gather(fourth, flush), 5)

@@ -73,8 +73,9 @@ async def test_abort_stops_generation_inside_the_stage():
     await port.submit_initial(
         StagePlan(request_id, fence, "stage0", EchoRequest(audio, 16000, 24000, "echo 3000 ms"))
     )
-    while not outputs:
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while not outputs:
+            await asyncio.sleep(0.01)
     await port.abort([request_id])
     count = len(outputs)
     assert port.running_requests() == []
@@ -92,8 +93,9 @@ async def test_fast_pace_streams_everything_with_done_last():
     request_id = await port.ensure(fence, "stage0")
     request = EchoRequest(np.full(16000, 0.1, np.float32), 16000, 24000, "echo 1000 ms", pace=0)
     await port.submit_initial(StagePlan(request_id, fence, "stage0", request))
-    while not outputs or outputs[-1].kind != "done":
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while not outputs or outputs[-1].kind != "done":
+            await asyncio.sleep(0.01)
     audio = [o for o in outputs if o.kind == "audio"]
     assert len(audio) == 10 and all(len(o.audio) == 2400 for o in audio)
     assert "".join(o.text for o in audio) == outputs[-1].text == "echo 1000 ms"

@@ -132,12 +132,14 @@ async def test_a_fenced_session_is_dropped_mid_response_and_nothing_of_it_stays(
     for command in appends(sine(16_000, 1.0), 16_000):
         await worker.manager.submit(sid, command)
     await worker.manager.submit(sid, Commit(create_response=True))
-    while not any("response.created" in call.get(sid, []) for call in worker.store.calls):
-        await worker.publisher.flush()
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while not any("response.created" in call.get(sid, []) for call in worker.store.calls):
+            await worker.publisher.flush()
+            await asyncio.sleep(0.01)
     worker.store.fence.add(sid)
-    while sid in worker.table.live_ids():  # its next delta is refused: dropped
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while sid in worker.table.live_ids():  # its next delta is refused: dropped
+            await asyncio.sleep(0.01)
     await worker.settled()
     assert records(worker.table) == [] and worker.manager.slots_in_use == 0
 
@@ -219,8 +221,9 @@ async def test_a_restore_in_flight_holds_a_slot_and_a_refused_open_publishes_its
     restoring = asyncio.create_task(
         worker.manager.moves.restore(sid, data, owner_generation=2, reason="drain")
     )
-    while sid not in worker.table:
-        await asyncio.sleep(0)
+    async with asyncio.timeout(10):
+        while sid not in worker.table:
+            await asyncio.sleep(0)
     assert worker.table.get(sid).phase is Phase.RESERVED and worker.manager.slots_in_use == 1
     with pytest.raises(DuplexSessionError) as twice:
         await worker.manager.open({}, session_id=sid)
