@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as redis_async
 
-from bench.chaos_sessions import Conversation, RecordingClient, check, drain
+from bench.chaos_sessions import ENDINGS, Conversation, RecordingClient, check, drain, ended_by
 from bench.chaos_workers import STOP_TIMEOUT_S, WorkerChaos
 from bench.common import ROOT, Stack
 from harness.frame_models import RATE, tone
@@ -329,8 +329,6 @@ def native_stack(model: NativeModel, model_dir: Path | None) -> NativeStack:
 async def talk(conversation: Any, stop: asyncio.Event) -> None:
     """A microphone: 80 ms appends at real-time pace (the pace is the microphone's, not an
     ordering of events), a tone of the session's own pitch then quiet, until `stop`."""
-    from shared.client.duplex_client import DuplexClientError
-
     client = conversation.client
     speech = np.concatenate(
         [tone(5, freq_hz=300.0 + 40 * (conversation.index % 8)), np.zeros(RATE // 2, np.float32)]
@@ -350,12 +348,8 @@ async def talk(conversation: Any, stop: asyncio.Event) -> None:
                 delay = started + sent * FRAME_S - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-    except DuplexClientError as exc:
-        conversation.ended_by = exc.code
-    except TimeoutError:
-        conversation.ended_by = client.ended or "a send never completed"
-    except ConnectionError as exc:
-        conversation.ended_by = f"connection: {exc}"
+    except ENDINGS as exc:
+        conversation.ended_by = ended_by(exc, client)
 
 
 def worker_lost_responses(client: Any) -> list[str]:

@@ -148,12 +148,21 @@ async def converse(
             else:
                 conversation.ended_by = f"turn of {duration} ms never answered"
                 return
-    except DuplexClientError as exc:
-        conversation.ended_by = exc.code
-    except TimeoutError:
-        conversation.ended_by = client.ended or "a send never completed"
-    except ConnectionError as exc:
-        conversation.ended_by = f"connection: {exc}"
+    except ENDINGS as exc:
+        conversation.ended_by = ended_by(exc, client)
+
+
+#: what ends a conversation's client early (`ended_by` says it)
+ENDINGS = (DuplexClientError, TimeoutError, ConnectionError)
+
+
+def ended_by(exc: BaseException, client: RecordingClient) -> str:
+    """Why a conversation ended early, from what its client raised (one of `ENDINGS`)."""
+    if isinstance(exc, DuplexClientError):
+        return exc.code
+    if isinstance(exc, TimeoutError):
+        return client.ended or "a send never completed"
+    return f"connection: {exc}"
 
 
 def disruptions_of(client: RecordingClient) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from plugins.nemotron.checkpoint import NemotronCheckpoint
+from plugins.nemotron.defaults import MAX_INJECTED_TOKENS, REPLAY_CHUNK_FRAMES
 from plugins.nemotron.records import NO_FUNCTION, FrameRecord, RecordLayout, decode, encode
 from plugins.nemotron.streaming import FRAME_SAMPLES, ReplayedFrame, StreamingVoiceChat
 from plugins.nemotron.tools import ToolCallParser, render_function_output
@@ -49,12 +50,6 @@ from shared.contracts.stages import FunctionCall
 
 log = logging.getLogger(__name__)
 
-#: the most frames of a restored history one `replay_work` call may be asked to replay (in
-#: one forward: a call's cost is mostly fixed on a small batch, so the longer the cheaper
-#: per frame; the stage asks for what the tick's spare time holds)
-REPLAY_CHUNK_FRAMES = 128
-#: tool-result tokens fed before one frame
-MAX_INJECTED_TOKENS = 16
 #: tool-result tokens a slot holds for the model at most (a longer output is refused)
 MAX_RESULT_TOKENS = 2048
 #: frames of codes the codec decodes each frame over (NeMo's incremental decoding window)

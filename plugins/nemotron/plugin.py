@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plugins.nemotron.defaults import MAX_INJECTED_TOKENS, REPLAY_CHUNK_FRAMES
 from plugins.nemotron.tools import render_system_prompt
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin
@@ -42,8 +43,6 @@ if TYPE_CHECKING:  # the model needs torch and NeMo: imported where it is loaded
 
 #: the most tools one session may declare (NVIDIA: the model is reliable with up to 5)
 MAX_TOOLS = 5
-REPLAY_CHUNK_FRAMES = 128
-MAX_INJECTED_TOKENS = 16
 
 
 def _count(options: Mapping[str, Any], key: str, minimum: int) -> int | None:

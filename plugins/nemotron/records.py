@@ -17,8 +17,8 @@ what its N steps were fed, so a record holds exactly that (little-endian):
 Nemotron's input is continuous audio features, not discrete codes like Moshi's, so the
 audio itself is the record's bulk: 2,702 bytes a frame with the published checkpoint's 31
 quantizers and K = 16, about 34 kB per second of conversation (a 10-minute session: 20 MB
-in Redis). A restore replays every frame's step without sampling (the tokens and codes are
-given): its cost is about one frame step per frame of history (see docs/models.md).
+in Redis). A restore replays the frames without sampling (the tokens and codes are given),
+a call's frames in one forward of each part (see docs/models.md).
 """
 
 from __future__ import annotations

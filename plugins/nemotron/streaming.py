@@ -907,6 +907,22 @@ class StreamingVoiceChat:
             out.append(code)
         return out
 
+    def _tts_inputs(
+        self, current: Tensor, previous: Tensor, prev_codes: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """The speech decoder's inputs besides the words (`current` [B, T]): the previous
+        codes [B, T, Q] silenced where the word is EOS (NeMo's
+        `inference_force_speech_silence_on_eos`), and the previous words' embeddings as
+        context where the decoder takes them (else None)."""
+        tts = self.tts
+        if tts.cfg.get("inference_force_speech_silence_on_eos", True):
+            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev_codes.shape)
+            prev_codes = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev_codes)
+        context = None
+        if tts.cfg.tts_config.context_hidden_size is not None:
+            context = tts.embed_tokens(previous)
+        return prev_codes, context
+
     def _tts_run(self, slots: list[int], texts: list[int], generate: bool = True) -> list[Tensor]:
         """One step of the speech decoder's backbone for `slots` in one batch (their caches
         left-padded to one length, each row at its own position), generating codes (else
@@ -920,12 +936,7 @@ class StreamingVoiceChat:
         current = torch.tensor([[t] for t in texts], device=self.device)
         previous = torch.cat([st.tts_prev_subword for st in states], dim=0)  # type: ignore[misc]
         prev_codes = torch.cat([st.tts_code for st in states], dim=0)  # type: ignore[misc]
-        if tts.cfg.get("inference_force_speech_silence_on_eos", True):
-            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev_codes.shape)
-            prev_codes = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev_codes)
-        context = None
-        if tts.cfg.tts_config.context_hidden_size is not None:
-            context = tts.embed_tokens(previous)
+        prev_codes, context = self._tts_inputs(current, previous, prev_codes)
         # the batch's cache, every slot's keys and values left-padded per layer: a
         # full-attention layer holds a slot's every position, a sliding-window one only its
         # last window - 1 (as HF's own cache keeps them), so lengths differ per layer
@@ -1009,12 +1020,7 @@ class StreamingVoiceChat:
         previous = torch.cat([state.tts_prev_subword, current[:, :-1]], dim=1)
         given = torch.stack(codes)[None]  # [1, M, Q]
         prev_codes = torch.cat([state.tts_code, given[:, :-1]], dim=1)
-        if tts.cfg.get("inference_force_speech_silence_on_eos", True):
-            silence = tts.codec_silence_tokens.view(1, 1, -1).expand(prev_codes.shape)
-            prev_codes = torch.where(current.unsqueeze(-1) == tts.text_eos_id, silence, prev_codes)
-        context = None
-        if tts.cfg.tts_config.context_hidden_size is not None:
-            context = tts.embed_tokens(previous)
+        prev_codes, context = self._tts_inputs(current, previous, prev_codes)
         past = state.tts_position
         cache = DynamicCache(config=tts.tts_model.backbone.config)
         for layer, (keys, values) in enumerate(state.tts_kv):

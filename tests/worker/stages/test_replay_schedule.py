@@ -49,6 +49,23 @@ def costed(
     return calls
 
 
+#: a model that replays a call's frames in one forward (Nemotron's, Moshi's): each call
+#: costs CALL_S whatever its frames, plus PER_FRAME_S a frame
+CALL_S, PER_FRAME_S = 0.02, 0.001
+
+
+def one_forward(rig: Rig) -> list[tuple[int, int, int]]:
+    """The rig's model costs as one that replays a call in one forward, 64 frames a call
+    at most; returns the calls' log (`costed`)."""
+    rig.model.replay_chunk_frames = 64
+    return costed(rig, frame_s=PER_FRAME_S, call_s=CALL_S)
+
+
+def calls_cost(frames: list[int]) -> float:
+    """What calls of these frames cost such a model."""
+    return sum(frames) * PER_FRAME_S + len(frames) * CALL_S
+
+
 async def replay_until_done(rig: Rig, session_id: str, limit: int = 400) -> int:
     """Ticks until the session's slot steps again (its replay done)."""
     for ticks in range(limit + 1):
@@ -110,8 +127,7 @@ async def test_a_call_that_costs_more_than_its_frames_is_made_once_a_tick_and_fu
     for all of them, as Nemotron's and Moshi's replays): the stage fits that cost, so once
     it has measured calls of two sizes each tick is one call of all the frames that fit
     (52 in 72 ms), not many small ones each paying the 20 ms again."""
-    rig.model.replay_chunk_frames = 64
-    calls = costed(rig, frame_s=0.001, call_s=0.02)
+    calls = one_forward(rig)
     await rig.open("b")
     await rig.tick()
     await open_with_history(rig, "a", steps_history(600))
@@ -119,7 +135,7 @@ async def test_a_call_that_costs_more_than_its_frames_is_made_once_a_tick_and_fu
     per_tick: dict[int, list[int]] = {}
     for tick, frames, _ in calls:
         per_tick.setdefault(tick, []).append(frames)
-    fits = int((SPARE_S - 0.02) / 0.001 + 1e-9)  # 52
+    fits = int((SPARE_S - CALL_S) / PER_FRAME_S + 1e-9)  # 52
     ticks = sorted(per_tick)
     # the ramp: a probe, then twice its frames; once a call's fixed part is known, as many
     # frames as twice the last call's time holds (9 is all the first tick has left, then
@@ -127,7 +143,7 @@ async def test_a_call_that_costs_more_than_its_frames_is_made_once_a_tick_and_fu
     assert [per_tick[tick] for tick in ticks[:2]] == [[1, 2, 9], [38]]
     steady = [per_tick[tick] for tick in ticks[3:-1]]  # after the ramp, before the rest
     assert steady and all(made == [fits] for made in steady), per_tick
-    assert all(sum(made) * 0.001 + len(made) * 0.02 <= SPARE_S + 1e-9 for made in per_tick.values())
+    assert all(calls_cost(made) <= SPARE_S + 1e-9 for made in per_tick.values())
     assert rig.port.stats()["deadline_misses"] == 0
 
 
@@ -136,8 +152,7 @@ async def test_a_prompt_taken_whole_is_not_a_frames_cost(rig):
     20 ms call, though 1 was asked): counted as 200 frames it would say a frame costs
     0.1 ms, and the next restore's first call would ask for 64 frames that cost 84 ms (20
     ms a call, 1 ms a frame). Left out of the fit, the restore probes its cost."""
-    rig.model.replay_chunk_frames = 64
-    calls = costed(rig, frame_s=0.001, call_s=0.02)
+    calls = one_forward(rig)
     costed_work = rig.model.replay_work
     prompts: set[int] = set()
 
@@ -146,7 +161,7 @@ async def test_a_prompt_taken_whole_is_not_a_frames_cost(rig):
             prompts.discard(slot)
             pending = rig.model._replay_left[slot]
             rig.model._replay_left[slot] = 0
-            rig.clock.skew(0.02)
+            rig.clock.skew(CALL_S)
             rig.model.replay_calls.append(pending)
             return 0
         return costed_work(slot, frames)
@@ -169,7 +184,7 @@ async def test_a_prompt_taken_whole_is_not_a_frames_cost(rig):
     per_tick: dict[int, list[int]] = {}
     for tick, frames, _ in calls:
         per_tick.setdefault(tick, []).append(frames)
-    assert all(sum(made) * 0.001 + len(made) * 0.02 <= SPARE_S + 1e-9 for made in per_tick.values())
+    assert all(calls_cost(made) <= SPARE_S + 1e-9 for made in per_tick.values())
     assert rig.port.stats()["deadline_misses"] == 0
 
 
@@ -177,8 +192,7 @@ async def test_restores_whose_shares_cannot_pay_a_call_take_the_spare_in_turn(ri
     """Four restores at once (a failover), 20 ms a call and 1 ms a frame, 72 ms spare: a
     quarter of it (18 ms) pays no call, so equal shares would be a frame each (4 a tick).
     Each tick one of them takes the spare instead, a different one each tick."""
-    rig.model.replay_chunk_frames = 64
-    calls = costed(rig, frame_s=0.001, call_s=0.02)
+    calls = one_forward(rig)
     await rig.open("z")
     await rig.tick()
     # the model's cost known from an earlier restore
