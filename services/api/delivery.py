@@ -106,6 +106,7 @@ class SessionView:
         self.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S
         self.defaults = InputAudioDefaults()  # sets self.context too
         self._pending: PendingUpdate | None = None  # only while a format change is in flight
+        self._in_answer = False  # while `answer` waits
 
     @property
     def defaults(self) -> InputAudioDefaults:
@@ -152,6 +153,7 @@ class SessionView:
         pending = self._pending
         if pending is None:
             return True
+        self._in_answer = True
         try:
             async with asyncio.timeout(timeout_s):
                 await pending.answered.wait()
@@ -159,8 +161,18 @@ class SessionView:
         except TimeoutError:
             return False
         finally:
+            self._in_answer = False
             if self._pending is pending:
                 self._pending = None
+
+    @property
+    def awaiting_answer(self) -> bool:
+        """True while the connection waits in `answer` for the worker's answer to an update
+        (the client's next frame is not read meanwhile); False before the wait began and from
+        the moment the answer came or `settle` ran. It exists for the tests of that wait:
+        they wait for it to be True, not a fixed sleep that hopes the reader got there, and
+        see that an event which is not the answer leaves it True."""
+        return self._in_answer and self._pending is not None
 
     def refused(self, event_id: str | None) -> None:
         """An error delivered: the refusal of the awaited update when it names the update's

@@ -76,6 +76,21 @@ async def written(parts, count: int) -> None:
             await asyncio.sleep(0.001)
 
 
+async def held(conn: RealtimeConnection) -> None:
+    """Until the reader waits for the worker's answer to the update (so the appends after it
+    would have crossed by now if nothing held them)."""
+    async with asyncio.timeout(10):
+        while not conn.view.awaiting_answer:
+            await asyncio.sleep(0.001)
+
+
+async def delivered(conn: RealtimeConnection, count: int) -> list[str]:
+    """The types of the next `count` events queued for the client: the pump has routed them,
+    so the view has seen each (it reads an event before queueing it)."""
+    async with asyncio.timeout(10):
+        return [(await conn.delivery.get()).wire_type for _ in range(count)]
+
+
 def worker_says(conn: RealtimeConnection, event: dict) -> None:
     conn.delivery.feed.push(orjson.dumps(event))
 
@@ -116,8 +131,7 @@ async def test_a_refused_session_update_leaves_the_appends_after_it_in_the_old_f
 async def test_appends_right_after_an_accepted_update_wait_for_it_and_use_its_format(parts, conn):
     """Sent before session.updated came back, they cross after it, in the new format."""
     reading = asyncio.create_task(reader(conn, update(AT_24K, "u1"), append("a1")))
-    await written(parts, 1)
-    await asyncio.sleep(0.01)
+    await held(conn)
     assert crossed(parts) == ["session.update"]  # held until the worker answers
     worker_says(conn, {"type": "session.updated", "session": AT_24K})
     await asyncio.wait_for(reading, 5)
@@ -135,11 +149,12 @@ async def test_only_the_updates_own_answer_releases_the_appends(parts, conn):
     """An earlier command's error, or an earlier update's session.updated (still the old
     format), is not the answer: the appends wait for the refusal that names the update."""
     reading = asyncio.create_task(reader(conn, update(AT_24K, "u2"), append("a1")))
-    await written(parts, 1)
+    await held(conn)
     worker_says(conn, refusal("response_not_active", "c1"))
     worker_says(conn, {"type": "session.updated", "session": {"instructions": "earlier"}})
     worker_says(conn, refusal("conversation_already_has_active_response", None))
-    await asyncio.sleep(0.01)
+    assert await delivered(conn, 3) == ["error", "session.updated", "error"]
+    assert conn.view.awaiting_answer  # none of them was the answer
     assert crossed(parts) == ["session.update"]
     worker_says(conn, refusal("invalid_session_config", "u2"))
     await asyncio.wait_for(reading, 5)
