@@ -78,6 +78,10 @@ class AssistantStagePort(TaskStagePort):
         if self.text_port is not None:
             await self.text_port.cleanup(session_id)
 
+    def held_sessions(self) -> frozenset[str]:
+        held = super().held_sessions()
+        return held if self.text_port is None else held | self.text_port.held_sessions()
+
     async def shutdown(self) -> None:
         if self.text_port is not None:
             await self.text_port.shutdown()

@@ -137,6 +137,12 @@ class StagePort(abc.ABC):
         """Abort whatever `session_id` still runs and release its reserved ids.
         Raises `StageCleanupError` when it could not; the caller retries."""
 
+    @abc.abstractmethod
+    def held_sessions(self) -> frozenset[str]:
+        """The sessions the stage keeps anything of (a sink, a reserved id, a slot, a slot
+        still closing): none once each has been cleaned up (the session-table tests hold
+        every stage to it)."""
+
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources when the worker stops."""
 

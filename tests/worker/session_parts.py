@@ -62,7 +62,10 @@ class RecordingPort(StagePort):
         self.aborted += list(request_ids)
 
     async def cleanup(self, session_id: str) -> None:
-        pass
+        self.sinks.pop(session_id, None)
+
+    def held_sessions(self) -> frozenset[str]:
+        return frozenset(self.sinks)
 
 
 class LoudnessVad(VadBackend):

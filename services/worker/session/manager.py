@@ -321,7 +321,22 @@ class SessionManager(SessionHost):
         for record in self.table:
             if record.phase in (Phase.LEAVING, Phase.GONE) and not record.stage_clean:
                 await self.builder.cleanup(record)
+        await self._cleanup_strays()
         return due
+
+    async def _cleanup_strays(self) -> None:
+        """What the stage holds of a session with no record here is a leak (a record goes
+        only once its stage is clean: `SessionBuilder.cleanup`): it is cleaned up, and said,
+        so a slot is never lost to a bug until the worker restarts."""
+        known = {record.session_id for record in self.table}
+        for session_id in sorted(self.port.held_sessions() - known):
+            if session_id in self.table:
+                continue  # opened or restored here while an earlier stray was cleaned up
+            log.warning("stage held session %s with no record here: cleaning it up", session_id)
+            try:
+                await self.port.cleanup(session_id)
+            except Exception:
+                log.exception("stage cleanup of stray session %s failed", session_id)
 
     async def _reap(self) -> None:
         await self.reap_once()  # looked up at each tick, so a test may replace reap_once

@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from shared.contracts import DuplexFence, ModelHistory
+from shared.contracts import DuplexFence, ModelHistory, OutputSink
 
 #: the jitter buffer is never deeper than this (240 ms at Moshi's 80 ms frames)
 MAX_JITTER_FRAMES = 3
@@ -142,13 +142,23 @@ class SlotReplay:
 
 @dataclasses.dataclass
 class SlotState:
-    """One session's slot. Written on the event loop only (the tick, ensure, feed)."""
+    """One session's slot: everything the stage keeps of the session, from its `bind`
+    (the sink) to the end of its slot's `close_slot`. Written on the event loop only (the
+    tick, ensure, feed, cleanup)."""
 
-    index: int
+    #: the model's slot (a row of the batch); None: bound, no slot taken yet (`ensure`)
+    index: int | None
     session_id: str
     frame_samples: int
     #: input beyond this is cut back (oldest first): a client far ahead of the clock
     max_buffered_samples: int
+    #: where the session's outputs go (`bind`); None once its cleanup began
+    sink: OutputSink | None = None
+    #: the session let go of the slot (`cleanup`): no step, no output; the slot goes back
+    #: to the free list once its `close_slot` ran (a failed one is tried again)
+    closing: bool = False
+    #: the slot's `close_slot` in flight: a second cleanup meanwhile awaits the same one
+    close_call: asyncio.Future[None] | None = None
     request_id: str | None = None
     fence: DuplexFence | None = None
     #: `open_slot` ran: the slot is stepped as active

@@ -197,11 +197,11 @@ class TickBatchedStagePort(InputFedStagePort):
         self.max_buffered_samples = max_buffered_frames * model.frame_samples
         self._metrics = metrics
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-frame-model")
-        self._sinks: dict[str, OutputSink] = {}
+        #: each session's one record here, from its `bind` to its `cleanup`
         self._slots: dict[str, SlotState] = {}
-        self._closing: dict[str, int] = {}  # session -> slot whose close_slot failed
-        #: session -> its close_slot in flight: a second cleanup meanwhile awaits the same
-        self._close_calls: dict[str, asyncio.Future[None]] = {}
+        #: slots their sessions let go of, by index, until their `close_slot` ran (a failed
+        #: one is tried again by the session's next cleanup)
+        self._closing: dict[int, SlotState] = {}
         self._free = list(range(model.slots))
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -239,25 +239,28 @@ class TickBatchedStagePort(InputFedStagePort):
     # ------------------------------------------------------------ InputFedStagePort
 
     def bind(self, session_id: str, sink: OutputSink) -> None:
-        self._sinks[session_id] = sink
+        """The session's record here starts with its sink; its slot is taken at `ensure`."""
+        slot = self._slots.get(session_id)
+        if slot is None:
+            slot = self._slots[session_id] = self._new_slot(session_id)
+        slot.sink = sink
+
+    def _new_slot(self, session_id: str) -> SlotState:
+        return SlotState(None, session_id, self.model.frame_samples, self.max_buffered_samples)
 
     async def ensure(self, fence: DuplexFence, role: str) -> str:
         """A slot for the session at its first ensure; a newer epoch re-stamps it."""
         slot = self._slots.get(fence.session_id)
-        if slot is None:
+        if slot is None or slot.index is None:
             if not self._free:
                 raise DuplexSessionError(
                     "resource_exhausted",
                     f"duplex_session_capacity_exhausted: limit={self.model.slots} "
                     f"(every slot of {self.model_name} is held)",
                 )
-            slot = SlotState(
-                self._free.pop(0),
-                fence.session_id,
-                self.model.frame_samples,
-                self.max_buffered_samples,
-            )
-            self._slots[fence.session_id] = slot
+            if slot is None:
+                slot = self._slots[fence.session_id] = self._new_slot(fence.session_id)
+            slot.index = self._free.pop(0)
             self._set_active_gauge()
         request_id = stage_request_id(fence, role)
         if slot.fence is None or fence.epoch > slot.fence.epoch:
@@ -266,7 +269,7 @@ class TickBatchedStagePort(InputFedStagePort):
 
     async def submit_initial(self, plan: StagePlan) -> None:
         """The session's stream: open its slot in the model (`plan.payload`: its options)."""
-        if (slot := self._slots.get(plan.fence.session_id)) is None:
+        if (slot := self._slots.get(plan.fence.session_id)) is None or slot.index is None:
             raise DuplexSessionError("unknown_session", f"no slot for {plan.fence.session_id}")
         if plan.fence.epoch >= (slot.fence.epoch if slot.fence else 0):
             slot.fence, slot.request_id = plan.fence, plan.request_id
@@ -300,8 +303,8 @@ class TickBatchedStagePort(InputFedStagePort):
     def feed(self, session_id: str, samples: np.ndarray) -> None:
         """The session's converted input (mono float32 at the model's input rate)."""
         slot = self._slots.get(session_id)
-        if slot is None:
-            return  # closed meanwhile: nothing to step it for
+        if slot is None or slot.index is None:
+            return  # closed meanwhile (or no slot yet): nothing to step it for
         dropped = slot.feed(samples)
         if dropped:
             self.counters.dropped_input_frames += dropped / self.model.frame_samples
@@ -313,7 +316,7 @@ class TickBatchedStagePort(InputFedStagePort):
     def keep_history(self, session_id: str, history: ModelHistory, *, responding: bool) -> None:
         """Between the session's `ensure` and its `submit_initial`."""
         slot = self._slots.get(session_id)
-        if slot is None:
+        if slot is None or slot.index is None:
             raise DuplexSessionError("unknown_session", f"no slot for {session_id}")
         if history.record_bytes != self.model.state_record_bytes:
             raise DuplexSessionError(
@@ -355,9 +358,9 @@ class TickBatchedStagePort(InputFedStagePort):
         """The session's slot is freed (its open in flight ends first, then `close_slot`).
         The release runs in a task of its own: a caller cancelled meanwhile (a timeout
         around it) is cancelled at once, as it asked, and the slot is still released."""
-        self._sinks.pop(session_id, None)
         slot = self._slots.pop(session_id, None)
         if slot is not None:
+            slot.sink = None  # nothing reaches the session from here on
             slot.generation += 1
             slot.replay = None
             self._set_replay_gauges()
@@ -373,31 +376,45 @@ class TickBatchedStagePort(InputFedStagePort):
             log.debug("%s: a slot's release failed: %s", self.model_name, exc)
 
     async def _release(self, session_id: str, slot: SlotState | None) -> None:
-        if slot is not None:
+        if slot is not None and slot.index is not None:
             if slot.opening is not None and not slot.opening.done():
                 await asyncio.wait([slot.opening])  # the open in flight ends first
             if not slot.opened_in_model:
                 self._free.append(slot.index)
                 self._set_active_gauge()
                 return
-            self._closing[session_id] = slot.index
-        index = self._closing.get(session_id)
-        if index is None:
-            return
-        call = self._close_calls.get(session_id)
-        if call is None:  # one close_slot, whoever else cleans the session up meanwhile
-            call = asyncio.get_running_loop().run_in_executor(
+            slot.closing = True
+            self._closing[slot.index] = slot
+        # the session's slots still to close: this one, and one whose close failed before
+        failed: StageCleanupError | None = None
+        for closing in [s for s in self._closing.values() if s.session_id == session_id]:
+            try:
+                await self._close(closing)
+            except StageCleanupError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    async def _close(self, slot: SlotState) -> None:
+        """The slot's `close_slot` (one call, whoever else cleans the session up meanwhile);
+        the slot is free again once it ran."""
+        index = slot.index
+        call = slot.close_call
+        if call is None:
+            call = slot.close_call = asyncio.get_running_loop().run_in_executor(
                 self._thread, self.model.close_slot, index
             )
-            self._close_calls[session_id] = call
         try:
             await asyncio.shield(call)
         except Exception as exc:
-            raise StageCleanupError(f"close_slot({index}) of {session_id} failed: {exc}") from exc
+            raise StageCleanupError(
+                f"close_slot({index}) of {slot.session_id} failed: {exc}"
+            ) from exc
         finally:
-            if call.done() and self._close_calls.get(session_id) is call:
-                del self._close_calls[session_id]  # a failed one is tried again by the next
-        if self._closing.pop(session_id, None) is not None:
+            if call.done() and slot.close_call is call:
+                slot.close_call = None  # a failed one is tried again by the next cleanup
+        if index is not None and self._closing.get(index) is slot:
+            del self._closing[index]
             self._free.append(index)
             self._set_active_gauge()
 
@@ -415,6 +432,9 @@ class TickBatchedStagePort(InputFedStagePort):
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+    def held_sessions(self) -> frozenset[str]:
+        return frozenset(self._slots) | {slot.session_id for slot in self._closing.values()}
 
     def slot_of(self, session_id: str) -> int | None:
         slot = self._slots.get(session_id)
@@ -641,7 +661,7 @@ class TickBatchedStagePort(InputFedStagePort):
         the slot is freed by its cleanup."""
         slot.replay = None
         slot.opened = False  # never stepped again
-        sink = self._sinks.get(slot.session_id)
+        sink = slot.sink
         if sink is not None and slot.request_id and slot.fence:
             sink(
                 StageOutput(
@@ -709,7 +729,7 @@ class TickBatchedStagePort(InputFedStagePort):
     def _ready(self, slot: SlotState) -> None:
         """The slot has stepped its prompt: its session hears the next frame's input."""
         slot.announce_ready = False
-        sink = self._sinks.get(slot.session_id)
+        sink = slot.sink
         if sink is not None and slot.request_id is not None and slot.fence is not None:
             sink(StageOutput(slot.request_id, slot.fence, "ready"))
 
@@ -727,7 +747,7 @@ class TickBatchedStagePort(InputFedStagePort):
         # a frame that calls a tool is speech: it opens a response if none is open
         speaking = bool(output.speaking) or bool(calls)
         send, ends = slot.on_frame(speaking, self.listen_after_frames, self.max_response_frames)
-        sink = self._sinks.get(slot.session_id)
+        sink = slot.sink
         if sink is None or slot.request_id is None or slot.fence is None:
             return
         if slot.request_id == slot.aborted_request_id:
@@ -768,7 +788,7 @@ class TickBatchedStagePort(InputFedStagePort):
     def _fail(self, stepped: list[tuple[SlotState, int]], message: str) -> None:
         """A failed step fails the responses in progress; the slots listen again."""
         for slot, _ in stepped:
-            sink = self._sinks.get(slot.session_id)
+            sink = slot.sink
             if slot.responding and sink is not None and slot.request_id and slot.fence:
                 sink(
                     StageOutput(
@@ -792,7 +812,7 @@ class TickBatchedStagePort(InputFedStagePort):
 
     def _set_active_gauge(self) -> None:
         if self._metrics is not None:
-            held = len(self._slots) + len(self._closing)
+            held = self.model.slots - len(self._free)
             self._metrics.slots_active.labels(self.model_name).set(held)
 
     async def _on_model(self, method: Callable[..., T], *args: Any) -> T:

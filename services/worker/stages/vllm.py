@@ -102,7 +102,7 @@ class VllmStagePort(TaskStagePort):
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Abort inside the engine; each request's reader then gets vLLM's final "abort"
         output and ends by itself (cancelled only if that never comes)."""
-        self._aborted.update(request_ids)  # from now on nothing of theirs is emitted
+        self._mark_aborted(request_ids)  # from now on nothing of theirs is emitted
         tasks = [self._tasks[rid] for rid in request_ids if rid in self._tasks]
         if not tasks:
             return

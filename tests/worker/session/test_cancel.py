@@ -39,7 +39,7 @@ class LateOutputPort(EchoStagePort):
             late = StageOutput(
                 request_id, fence, "audio", audio=sine(24000, 0.1), sample_rate_hz=24000
             )
-            self._sinks[fence.session_id](late)
+            self._sessions[fence.session_id].sink(late)
             self.late_outputs += 1
         self.aborted += list(request_ids)
         await asyncio.sleep(0.02)  # a slow abort: the mailbox receives the late output meanwhile

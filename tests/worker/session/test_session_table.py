@@ -1,18 +1,22 @@
 """One record per session (`services/worker/session/table.py`): every path a session leaves
 a worker by removes all of it, and only once nothing of it is left to do (its last events
-published, its stage slot cleaned up, a drain's kept-back messages sent on)."""
+published, its stage slot cleaned up, a drain's kept-back messages sent on). The stage
+keeps nothing of it either (`StagePort.held_sessions`): the echo plugin's task stage, and
+the tick stage of a frame-clocked model (its slot state) on every path at the end."""
 
 import asyncio
 
 import orjson
 import pytest
 
+from harness.frame_models import EchoFramePlugin, ManualClock
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.session.manager import SessionManager
 from services.worker.session.table import Phase, SessionTable
-from shared.contracts import DuplexSessionError, SessionRuntimeConfig
+from services.worker.stages.tick_batched import TickBatchedStagePort
+from shared.contracts import DuplexFence, DuplexSessionError, SessionRuntimeConfig
 from shared.protocol.duplex import Commit, DuplexErrorEvent, SessionHeartbeatAck
 
 
@@ -43,23 +47,32 @@ class Store:
 class Worker:
     """A manager and the Redis publisher on one table, as `WorkerProcess` composes them."""
 
-    def __init__(self, max_sessions: int = 2) -> None:
+    def __init__(self, max_sessions: int = 2, *, frames: bool = False) -> None:
         self.store = Store()
         self.table = SessionTable(max_sessions)
         self.publisher = RedisEventPublisher(
             self.store, self.table, max_bytes=1 << 20, ttl_s=60, closed_ttl_s=60
         )
-        self.manager = SessionManager(
-            EchoPlugin(),
-            SessionRuntimeConfig(max_sessions=max_sessions),
-            self.publisher,
-            table=self.table,
-        )
+        runtime = SessionRuntimeConfig(max_sessions=max_sessions)
+        self.frames = frames
+        if frames:  # a frame-clocked model on a clock that never moves: slots open, no tick
+            plugin = EchoFramePlugin()
+            port = TickBatchedStagePort.for_plugin(
+                plugin, plugin.frame_model(max_sessions), clock=ManualClock()
+            )
+            self.manager = SessionManager(
+                plugin, runtime, self.publisher, table=self.table, port=port
+            )
+        else:
+            self.manager = SessionManager(EchoPlugin(), runtime, self.publisher, table=self.table)
         self.publisher.serve(self.manager.moves)
         self.publisher.start()
 
     async def open(self, **extra) -> str:
-        opened = await self.manager.open({"extra_body": {"pace": 0, **extra}})
+        if self.frames:
+            opened = await self.manager.open({"duplex_surface": "openai", **extra})
+        else:
+            opened = await self.manager.open({"extra_body": {"pace": 0, **extra}})
         return opened.session_id
 
     async def settled(self) -> None:
@@ -73,8 +86,17 @@ class Worker:
         await self.publisher.stop()
 
 
+@pytest.fixture(params=["echo", "frames"])
+async def worker(request):
+    """Each path runs on the echo plugin's task stage and on a frame model's tick stage."""
+    w = Worker(frames=request.param == "frames")
+    yield w
+    await w.stop()
+
+
 @pytest.fixture
-async def worker():
+async def echo_worker():
+    """For the paths that need the echo plugin's own responses and options."""
     w = Worker()
     yield w
     await w.stop()
@@ -82,6 +104,13 @@ async def worker():
 
 def records(table: SessionTable) -> list[str]:
     return [r.session_id for r in table]
+
+
+def nothing_left(worker: Worker) -> bool:
+    """No record, no slot, and nothing of any session in the stage."""
+    port = worker.manager.port
+    held = port.held_sessions()
+    return records(worker.table) == [] and not held and not worker.manager.slots_in_use
 
 
 async def test_a_close_removes_the_record_once_session_closed_is_published(worker):
@@ -96,7 +125,7 @@ async def test_a_close_removes_the_record_once_session_closed_is_published(worke
     assert worker.manager.slots_in_use == 0  # the slot is free already: the stage is clean
     worker.store.gate.set()
     await worker.settled()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
     assert worker.store.calls[-1][sid][-1] == "session.closed"
 
 
@@ -117,31 +146,31 @@ async def test_a_failed_batch_keeps_the_record_until_its_retry_lands(worker):
     await worker.manager.close(sid)
     assert sid in worker.table  # its session.closed is not in Redis yet
     await worker.settled()
-    assert failures == 2 and records(worker.table) == []
+    assert failures == 2 and nothing_left(worker)
 
 
 async def test_an_expiry_removes_the_record(worker):
     sid = await worker.open()
     await worker.manager.expire(sid, "idle_timeout")
     await worker.settled()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
 
 
-async def test_a_fenced_session_is_dropped_mid_response_and_nothing_of_it_stays(worker):
-    sid = await worker.open(pace=1)  # real time: the response stays in flight
+async def test_a_fenced_session_is_dropped_mid_response_and_nothing_of_it_stays(echo_worker):
+    sid = await echo_worker.open(pace=1)  # real time: the response stays in flight
     for command in appends(sine(16_000, 1.0), 16_000):
-        await worker.manager.submit(sid, command)
-    await worker.manager.submit(sid, Commit(create_response=True))
+        await echo_worker.manager.submit(sid, command)
+    await echo_worker.manager.submit(sid, Commit(create_response=True))
     async with asyncio.timeout(10):
-        while not any("response.created" in call.get(sid, []) for call in worker.store.calls):
-            await worker.publisher.flush()
+        while not any("response.created" in call.get(sid, []) for call in echo_worker.store.calls):
+            await echo_worker.publisher.flush()
             await asyncio.sleep(0.01)
-    worker.store.fence.add(sid)
+    echo_worker.store.fence.add(sid)
     async with asyncio.timeout(10):
-        while sid in worker.table.live_ids():  # its next delta is refused: dropped
+        while sid in echo_worker.table.live_ids():  # its next delta is refused: dropped
             await asyncio.sleep(0.01)
-    await worker.settled()
-    assert records(worker.table) == [] and worker.manager.slots_in_use == 0
+    await echo_worker.settled()
+    assert nothing_left(echo_worker)
 
 
 async def test_a_hand_off_keeps_the_record_while_a_drain_holds_messages_back(worker):
@@ -156,7 +185,7 @@ async def test_a_hand_off_keeps_the_record_while_a_drain_holds_messages_back(wor
     assert worker.manager.slots_in_use == 0
     record.kept_back = None  # sent on to the new worker (`Drain._let_go`)
     assert worker.table.settle(record)
-    assert records(worker.table) == []
+    assert nothing_left(worker)
 
 
 async def test_a_close_that_lands_while_a_hand_off_settles_leaves_nothing(worker):
@@ -171,7 +200,7 @@ async def test_a_close_that_lands_while_a_hand_off_settles_leaves_nothing(worker
     record.kept_back = None
     worker.table.settle(record)
     await worker.settled()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
 
 
 @pytest.mark.parametrize("step", ["checkpoint", "plugin", "stage"])
@@ -200,7 +229,7 @@ async def test_a_restore_refused_at_any_step_leaves_no_record(worker, monkeypatc
         monkeypatch.setattr(worker.manager.port, "ensure", stage_away)
     with pytest.raises(DuplexSessionError):
         await worker.manager.moves.restore(sid, data, owner_generation=2, reason="worker_lost")
-    assert records(worker.table) == [] and worker.manager.slots_in_use == 0
+    assert nothing_left(worker)
 
 
 async def test_a_restore_in_flight_holds_a_slot_and_a_refused_open_publishes_its_error(worker):
@@ -237,7 +266,7 @@ async def test_a_restore_in_flight_holds_a_slot_and_a_refused_open_publishes_its
     refused = "duplex-refused"
     worker.publisher.emit_unowned(refused, DuplexErrorEvent.for_code("bad_event", "no"))
     await worker.settled()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
     assert [call[refused] for call in worker.store.calls if refused in call] == [["error"]]
 
 
@@ -246,7 +275,7 @@ async def test_shutdown_leaves_an_empty_table(worker):
         await worker.open()
     await worker.manager.shutdown()
     await worker.publisher.flush()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
 
 
 # ---------------------------------------------------------------- records replaced, late replies
@@ -274,7 +303,7 @@ async def test_an_open_over_a_refusal_still_being_published_is_a_fresh_session(w
     assert records(worker.table) == [sid] and worker.manager.slots_in_use == 1  # still held
     worker.manager.port.cleanup = cleanup  # type: ignore[method-assign]
     await worker.manager.reap_once()  # the reaper's retry gives the slot back
-    assert records(worker.table) == [] and worker.manager.slots_in_use == 0
+    assert nothing_left(worker)
 
 
 async def test_a_failed_batch_of_a_given_up_record_does_not_hide_the_next_one(worker):
@@ -299,7 +328,7 @@ async def test_a_failed_batch_of_a_given_up_record_does_not_hide_the_next_one(wo
     worker.publisher.emit_unowned(sid, DuplexErrorEvent.for_code("bad_event", "second"))
     worker.store.gate.set()
     await worker.settled()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
     published = [call[sid] for call in worker.store.calls[1:] if sid in call]
     assert sum(len(types) for types in published) == 2  # both refusals went out
 
@@ -331,7 +360,7 @@ async def test_a_handed_off_record_waits_for_its_final_checkpoint(worker):
     assert records(worker.table) == [sid]  # its final checkpoint is still to be written
     assert await worker.publisher.write_checkpoint(sid, checkpoint)
     await worker.settled()
-    assert records(worker.table) == []
+    assert nothing_left(worker)
 
 
 async def test_a_failed_removal_from_the_worker_set_does_not_publish_the_batch_again(worker):
@@ -345,4 +374,67 @@ async def test_a_failed_removal_from_the_worker_set_does_not_publish_the_batch_a
     await worker.manager.close(sid)
     await worker.settled()
     closed = [call[sid] for call in worker.store.calls if "session.closed" in call.get(sid, [])]
-    assert len(closed) == 1 and records(worker.table) == []
+    assert len(closed) == 1 and nothing_left(worker)
+
+
+# ---------------------------------------------------------------- the tick stage's slot state
+
+
+@pytest.fixture
+async def frame_worker():
+    w = Worker(frames=True)
+    yield w
+    await w.stop()
+
+
+async def test_a_slot_whose_close_failed_is_held_until_the_reaper_closes_it(frame_worker):
+    """The session's slot state (`SlotState`, closing) is all the stage keeps of it: while
+    its `close_slot` fails, the slot is neither free nor stepped, the record waits for a
+    clean stage, and the reaper's retry frees both."""
+    worker = frame_worker
+    port = worker.manager.port
+    model = port.model
+    sid = await worker.open()
+    async with asyncio.timeout(10):  # its stream opened the slot in the model
+        while (slot := port.slot_of(sid)) is None or not model.opened[slot]:
+            await asyncio.sleep(0.01)
+    close_slot = model.close_slot
+    failures = []
+
+    def fails_once(slot):
+        if not failures:
+            failures.append(slot)
+            raise RuntimeError("the device is busy")
+        close_slot(slot)
+
+    model.close_slot = fails_once
+    await worker.manager.close(sid)
+    await worker.settled()
+    assert failures and port.held_sessions() == {sid} and port.free_slots == model.slots - 1
+    assert records(worker.table) == [sid]  # the record waits for a clean stage
+    await worker.manager.reap_once()
+    await worker.settled()
+    assert nothing_left(worker) and port.free_slots == model.slots
+
+
+async def test_the_reaper_cleans_up_what_the_stage_holds_of_a_session_with_no_record(worker):
+    """A leak (the stage holding a session the table does not know) does not hold a slot
+    until the worker restarts: the reaper's sweep cleans it up."""
+    live = await worker.open()
+    port = worker.manager.port
+    port.bind("duplex-stray", lambda output: None)
+    await port.ensure(DuplexFence("duplex-stray", 1, 1), worker.manager.plugin.stage_roles[0])
+    assert port.held_sessions() == {live, "duplex-stray"}
+    await worker.manager.reap_once()
+    assert port.held_sessions() == {live}  # the live session keeps its slot
+
+
+async def test_a_session_bound_but_never_given_a_slot_leaves_nothing(frame_worker):
+    """A restore refused before its slot was taken: the stage's record of it (its sink
+    alone) goes with its cleanup."""
+    worker = frame_worker
+    port = worker.manager.port
+    port.bind("duplex-bound", lambda output: None)
+    assert port.held_sessions() == {"duplex-bound"} and port.slot_of("duplex-bound") is None
+    await port.cleanup("duplex-bound")
+    assert not port.held_sessions() and port.free_slots == port.model.slots

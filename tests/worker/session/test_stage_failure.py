@@ -9,7 +9,7 @@ class FailingPort(EchoStagePort):
     async def submit_initial(self, plan):
         await super().submit_initial(plan)
         await self.abort([plan.request_id])
-        self._sinks[plan.fence.session_id](
+        self._sessions[plan.fence.session_id].sink(
             StageOutput(
                 plan.request_id,
                 plan.fence,
