@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # bench/gpu_native.sh: bench/gpu_native.py on a GPU machine that reaches no package registry.
 #
-# Here, once, on a machine that reaches PyPI:
+# First, once, on any machine that reaches PyPI:
 #     bench/gpu_native.sh fetch
-# downloads into .wheels/ (git-ignored, about 1.6 MB) what the program imports beyond the
-# device image's packages (which has torch, numpy, einops, safetensors, sentencepiece,
+# downloads into .wheels/ (git-ignored, about 1.6 MB) what the program imports beyond what a
+# CUDA image with PyTorch already has (torch, numpy, einops, safetensors, sentencepiece,
 # matplotlib, httpx, prometheus-client, requests, pyyaml...): kyutai's moshi==0.2.13 and
-# huggingface_hub 0.36.2 (moshi's loaders import it; the image's 1.x is not what moshi was
+# huggingface_hub 0.36.2 (moshi's loaders import it; a newer 1.x is not what moshi was
 # tested with), and orjson, soxr, msgspec, redis, PyJWT (duplex-serve's own imports), at the
-# versions .venv-moshi tests. Wheels for CPython 3.12 on x86-64 (the image's python3);
-# WHEEL_PYTHON=3.11 fetches another.
+# versions .venv-moshi tests. Wheels for CPython 3.12 on x86-64 by default; match the GPU
+# machine's python3 with WHEEL_PYTHON (WHEEL_PYTHON=3.11 fetches 3.11's).
 #
-# Then, on the GPU machine, in the repository root of a checkout that has .wheels/ (copy it
-# along: it is git-ignored):
+# Then, on the machine with the GPU (an H100 or H200; it needs no package registry), in the
+# repository root of a checkout that has .wheels/ (copy it along: it is git-ignored):
 #     OUT=/tmp/gpu-native bash bench/gpu_native.sh
 # installs the wheels with pip --no-deps --no-index into /tmp/gpu-native-site (first on
-# PYTHONPATH; the image's own packages stay as they are), then runs
+# PYTHONPATH; the machine's own packages stay as they are), then runs
 #     python3 -m bench.gpu_native --out "$OUT" [ARGS...]
 # under `timeout` (GPU_NATIVE_TIMEOUT_S, default 540 s; the program keeps to its own
 # --budget-s, 420 s by default, and writes what it has measured as it goes). Into $OUT:
@@ -45,7 +45,7 @@ shopt -s nullglob
 wheels=("$WHEELS"/*.whl)
 if ((${#wheels[@]} == 0)); then
     echo "no wheels in $WHEELS/: run 'bench/gpu_native.sh fetch' where PyPI is reachable," \
-         "and name $WHEELS in the device run's carry list" >&2
+         "and carry $WHEELS/ to this machine with the checkout (it is git-ignored)" >&2
     exit 2
 fi
 SITE=${GPU_NATIVE_SITE:-/tmp/gpu-native-site}
