@@ -10,7 +10,7 @@ import pytest
 from services.admin import Admin
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
-from shared.redis.store import ModelAppend, PublishItem, SessionStore, token_digest
+from shared.redis.store import ModelAppend, PublishItem, SessionStore, SessionWrite, token_digest
 
 SID = "duplex-tail1"
 KEYS = KeySchema()
@@ -188,11 +188,10 @@ async def test_show_names_a_native_sessions_model_history(tail):
     """`duplex sessions show` says where the model history is and how many frames it holds
     (what a restore would replay)."""
     await tail.store.publish_many(
-        {SID: []},
+        [SessionWrite(SID, [], model_append=ModelAppend(0, bytes(34 * 5), 34))],
         max_bytes=1 << 20,
         ttl_ms=60_000,
         closed_ttl_ms=60_000,
-        model_appends={SID: ModelAppend(0, bytes(34 * 5), 34)},
     )
     assert await tail.admin.show(SID) == 0
     lines = tail.out.getvalue().splitlines()

@@ -77,3 +77,68 @@ def test_a_session_error_names_its_field_as_param_not_as_an_extra():
     error = DuplexSessionError("invalid_session_config", "bad voice", param="voice", hint=1)
     assert (error.param, error.extra) == ("voice", {"hint": 1})
     assert error.to_event().param == "voice"
+
+
+#: module constants that equal a code by coincidence: they are not error codes
+NOT_CODES = {("shared/ids.py", "EXPIRED_CLOSE_REASON")}  # a close reason, "timeout"
+
+
+def _coded_classes(trees: list[ast.Module]) -> set[str]:
+    """The names of every class that takes a code: CodedError and its subclasses."""
+    names = {"CodedError"}
+    grew = True
+    while grew:
+        grew = False
+        for tree in trees:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and node.name not in names:
+                    bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                    if bases & names:
+                        names.add(node.name)
+                        grew = True
+    return names
+
+
+def _code_arguments(call: ast.Call, coded: set[str]) -> list[ast.expr]:
+    """The arguments of a call that name an error code: the first of a coded error's
+    constructor or of `for_code`, and any `error_code=`."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    named = [k.value for k in call.keywords if k.arg == "error_code"]
+    takes_code = name in coded or name == "for_code"
+    return ([call.args[0]] if takes_code and call.args else []) + named
+
+
+def test_error_codes_come_from_the_table_only():
+    """Every code the services write as a string is one of the table's (a typo is not a
+    new code), and a code a module names as a constant is named in errors.py only (one
+    "worker_lost", not one per module)."""
+    unknown, constants = [], []
+    paths = [
+        path for top in ("shared", "services", "plugins") for path in (ROOT / top).rglob("*.py")
+    ]
+    trees = {path: ast.parse(path.read_text()) for path in paths}
+    coded = _coded_classes(list(trees.values()))
+    assert {"DuplexSessionError", "RealtimeProtocolError", "SessionStoreError"} <= coded
+    for path, tree in trees.items():
+        where = str(path.relative_to(ROOT))
+        if path.parent.name == "client":
+            continue  # the client library's own codes (its reconnect's) are not sent
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                for arg in _code_arguments(node, coded):
+                    literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                    if literal and arg.value not in ERROR_CODES:
+                        unknown.append(f"{where}:{node.lineno}: {arg.value}")
+        if path.name == "errors.py":
+            continue
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and node.value.value in ERROR_CODES
+            ):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and (where, target.id) not in NOT_CODES:
+                        constants.append(f"{where}:{node.lineno}: {target.id}")
+    assert unknown == [] and constants == []

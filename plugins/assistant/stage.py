@@ -32,6 +32,7 @@ from plugins.assistant.tool_text import ToolCallText
 from plugins.paced import CHUNK_MS, split_text
 from shared.contracts import (
     FunctionCall,
+    OutputKind,
     OutputSink,
     StageOutput,
     StagePlan,
@@ -110,7 +111,7 @@ class AssistantStagePort(TaskStagePort):
             log.exception("assistant response %s failed", plan.request_id)
             self._fail(plan, exc)
             return
-        self._emit(StageOutput(plan.request_id, plan.fence, "done", text=speaker.spoken))
+        self._emit(StageOutput(plan.request_id, plan.fence, OutputKind.DONE, text=speaker.spoken))
 
     async def _speak_generated(
         self, plan: StagePlan, request: AssistantRequest, speaker: _Speaker
@@ -132,10 +133,10 @@ class AssistantStagePort(TaskStagePort):
             calls = ToolCallText(request.tools) if request.tools else None
             while True:
                 output = await queue.get()
-                if output.kind == "error":
+                if output.kind is OutputKind.ERROR:
                     raise RuntimeError(output.message or output.error_code or "text stage failed")
                 text = output.text
-                if output.kind == "done":
+                if output.kind is OutputKind.DONE:
                     # "done" carries the whole text again (the vLLM stage): only what the
                     # deltas did not bring is new
                     text = text[len(received) :] if text.startswith(received) else ""
@@ -144,7 +145,7 @@ class AssistantStagePort(TaskStagePort):
                 done, pending = sentences(pending)
                 for sentence in done:
                     await speaker.say(sentence)
-                if output.kind == "done":
+                if output.kind is OutputKind.DONE:
                     break
             if calls is not None:
                 pending += calls.finish()
@@ -157,7 +158,9 @@ class AssistantStagePort(TaskStagePort):
             await self.text_port.abort([text_id])  # cancelled mid-generation (else a no-op)
 
     def _call(self, plan: StagePlan, call: FunctionCall) -> None:
-        self._emit(StageOutput(plan.request_id, plan.fence, "function_call", function_call=call))
+        self._emit(
+            StageOutput(plan.request_id, plan.fence, OutputKind.FUNCTION_CALL, function_call=call)
+        )
 
 
 class _Speaker:
@@ -181,7 +184,9 @@ class _Speaker:
         if not self.speak:
             self.spoken += spoken_text
             self.port._emit(
-                StageOutput(self.plan.request_id, self.plan.fence, "text", text=spoken_text)
+                StageOutput(
+                    self.plan.request_id, self.plan.fence, OutputKind.TEXT, text=spoken_text
+                )
             )
             await asyncio.sleep(0)  # one sentence at a time: an abort lands between them
             return
@@ -199,7 +204,7 @@ class _Speaker:
                 StageOutput(
                     self.plan.request_id,
                     self.plan.fence,
-                    "audio",
+                    OutputKind.AUDIO,
                     audio=piece.astype(np.float32),
                     sample_rate_hz=self.port.rate_hz,
                     text=piece_text,

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from plugins.paced import split_text
-from shared.contracts import StageOutput, StagePlan, TaskStagePort
+from shared.contracts import OutputKind, StageOutput, StagePlan, TaskStagePort
 from shared.protocol.duplex import StreamingResampler
 
 
@@ -27,9 +27,13 @@ class EchoStagePort(TaskStagePort):
     async def _run(self, plan: StagePlan) -> None:
         request = plan.payload
         if not request.speak or request.audio.size == 0:
-            text = StageOutput(plan.request_id, plan.fence, "text", text=request.transcript)
+            text = StageOutput(
+                plan.request_id, plan.fence, OutputKind.TEXT, text=request.transcript
+            )
             self._emit(text)
-            self._emit(StageOutput(plan.request_id, plan.fence, "done", text=request.transcript))
+            self._emit(
+                StageOutput(plan.request_id, plan.fence, OutputKind.DONE, text=request.transcript)
+            )
             return
         try:
             audio = await asyncio.to_thread(
@@ -54,10 +58,12 @@ class EchoStagePort(TaskStagePort):
                 StageOutput(
                     plan.request_id,
                     plan.fence,
-                    "audio",
+                    OutputKind.AUDIO,
                     audio=piece,
                     sample_rate_hz=request.output_rate_hz,
                     text=texts[index],
                 )
             )
-        self._emit(StageOutput(plan.request_id, plan.fence, "done", text=request.transcript))
+        self._emit(
+            StageOutput(plan.request_id, plan.fence, OutputKind.DONE, text=request.transcript)
+        )

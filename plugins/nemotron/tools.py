@@ -36,12 +36,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.contracts import FunctionCall
+from shared.protocol.duplex.errors import NEMOTRON_PARSE_ERROR
 
 OPEN, CLOSE = "<TOOLCALL>", "</TOOLCALL>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<TOOL_RESPONSE>", "</TOOL_RESPONSE>"
 #: the longest `<TOOLCALL>` block (its characters between the tags); a longer one is an error
 MAX_BLOCK_CHARS = 8 * 1024
-PARSE_ERROR = "nemotron_function_call_parse_error"
 
 TOOLS_PREAMBLE = "You can use the following tools to assist the user if required:\n"
 TOOLS_PROTOCOL = (
@@ -105,7 +105,7 @@ class ParsedFrame:
     #: the calls of the blocks that closed in this piece, in order (`call_id` None: the
     #: worker names them)
     calls: tuple[FunctionCall, ...] = ()
-    #: (PARSE_ERROR, message) for the first block of the piece that was not a valid call
+    #: (NEMOTRON_PARSE_ERROR, message) for the piece's first block that was not a valid call
     error: tuple[str, str] | None = None
 
 
@@ -172,7 +172,7 @@ class ToolCallParser:
                     break
                 if end < 0 or end > self.max_block_chars:
                     error = error or (
-                        PARSE_ERROR,
+                        NEMOTRON_PARSE_ERROR,
                         f"a tool call block is longer than {self.max_block_chars} characters",
                     )
                     self._mode = _SKIP
@@ -180,7 +180,7 @@ class ToolCallParser:
                 try:
                     calls.extend(self._parse(buffer[:end]))
                 except ValueError as bad:
-                    error = error or (PARSE_ERROR, str(bad))
+                    error = error or (NEMOTRON_PARSE_ERROR, str(bad))
                 buffer = buffer[end + len(CLOSE) :]
                 self._mode = _TEXT
             else:  # _SKIP: the rest of an overlong block, up to its end tag
@@ -241,7 +241,6 @@ __all__ = [
     "CLOSE",
     "MAX_BLOCK_CHARS",
     "OPEN",
-    "PARSE_ERROR",
     "ParsedFrame",
     "ToolCallParser",
     "render_function_output",

@@ -35,6 +35,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from shared.protocol.duplex.errors import WORKER_LOST
 from shared.redis.boundary import (
     FORWARDED_KINDS,
     ControlNotice,
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 #: the session states a failover moves (opening: the opener's; closed: nothing to move)
 MOVABLE_STATES = frozenset({"active", "detached"})
-WHY = "worker_lost"
 
 Fields = dict[bytes, bytes]
 #: a notice on a live channel (the pod's `LiveHub.publish`: SPUBLISH on a cluster)
@@ -129,14 +129,14 @@ class Failover:
         # that took the session back meanwhile (`adopt`) keeps it
         expected = int(meta["owner_generation"]) if meta.get("owner_generation") else None
         generation = await self.store.move_owner(
-            session_id, loss.dead, target, WHY, expected_generation=expected
+            session_id, loss.dead, target, WORKER_LOST, expected_generation=expected
         )
         if not generation:
             return Outcome.LEFT  # another sweep (or a newer owner) moved it first
         loss.placed[target] += 1
         loss.moved[session_id] = target
         await self.client.sadd(self.keys.worker_sessions(target), session_id)
-        restore = RestoreRequest(session_id, generation, WHY, loss.dead)
+        restore = RestoreRequest(session_id, generation, WORKER_LOST, loss.dead)
         await self.store.inbox_append(target, restore.to_fields())
         entries = loss.entries.pop(session_id, [])
         await self.store.inbox_forward(target, entries)

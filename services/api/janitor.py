@@ -42,6 +42,7 @@ from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
+from shared.protocol.duplex.errors import WORKER_LOST
 from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import stamps_seq
@@ -236,11 +237,11 @@ class Janitor:
         """error{worker_lost} + session.closed{worker_lost}, fenced on the owner generation
         read with `meta`: a session another sweep moved meanwhile is not closed (False)."""
         error = DuplexErrorEvent.for_code(
-            "worker_lost",
+            WORKER_LOST,
             f"worker {dead} stopped answering and no worker could take the session; "
             "open a new session",
         )
-        closed = SessionClosed(session_id=session_id, reason="worker_lost")
+        closed = SessionClosed(session_id=session_id, reason=WORKER_LOST)
         items = [PublishItem(e.to_json(), e.wire_type) for e in (error, closed)]
         owner = meta.get("owner_generation")
         seqs = await self.store.publish(

@@ -34,6 +34,7 @@ from services.worker.publisher import RedisEventPublisher
 from services.worker.session.moves import SessionMoves
 from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed
+from shared.protocol.duplex.errors import WORKER_LOST
 from shared.redis.boundary import ControlNotice, RestoreRequest
 from shared.redis.keys import INBOX_GROUP
 from shared.redis.live_message import stamps_seq
@@ -41,7 +42,6 @@ from shared.redis.store import PublishItem, SessionStore
 
 log = logging.getLogger(__name__)
 
-WORKER_LOST = "worker_lost"
 
 
 def _text(value: bytes | str | None) -> str:

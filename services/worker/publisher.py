@@ -49,7 +49,7 @@ from services.worker.session.table import FinalCheckpoint, SessionRecord, Sessio
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.protocol.duplex import DuplexEvent, dumps
-from shared.redis.store import ModelAppend, PublishItem, SessionStore
+from shared.redis.store import ModelAppend, PublishItem, SessionStore, SessionWrite
 from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
@@ -315,22 +315,11 @@ class RedisEventPublisher(SessionEventSink):
     async def _send(self, rounds: list[_Round]) -> None:
         if not rounds:
             return
-        batch = {r.record.session_id: r.items for r in rounds}
         replies = await self.store.publish_many(
-            batch,
+            [round_.write() for round_ in rounds],
             max_bytes=self.max_bytes,
             ttl_ms=self.ttl_ms,
             closed_ttl_ms=self.closed_ttl_ms,
-            owners={
-                r.record.session_id: r.record.owner_generation
-                for r in rounds
-                if r.record.owner_generation
-            },
-            checkpoints={
-                r.record.session_id: r.checkpoint for r in rounds if r.checkpoint is not None
-            },
-            unstamped={r.record.session_id for r in rounds if r.record.unstamped},
-            model_appends={r.record.session_id: r.model for r in rounds if r.model is not None},
         )
         closed = []
         for round_ in rounds:
@@ -431,3 +420,15 @@ class _Round:
     final: FinalCheckpoint | None
     #: what of the session's model history to append, or None
     model: ModelAppend | None = None
+
+    def write(self) -> SessionWrite:
+        """This round as the store writes it: fenced on the record's owner generation."""
+        record = self.record
+        return SessionWrite(
+            record.session_id,
+            self.items,
+            owner_generation=record.owner_generation or None,
+            checkpoint=self.checkpoint or b"",
+            stamp_seq=not record.unstamped,
+            model_append=self.model,
+        )

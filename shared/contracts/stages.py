@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import base64
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -63,26 +64,41 @@ class FunctionCall:
     call_id: str | None = None
 
 
+class OutputKind(enum.StrEnum):
+    """What a `StageOutput` is, and which of its fields it carries (the union's tag: the
+    session runner handles each in one `match`, `handlers.on_stage_output`)."""
+
+    #: mono float32 `audio` at `sample_rate_hz`, optional `text` for its transcript
+    AUDIO = "audio"
+    #: words without audio: a text response's text, or in an audio response a transcript
+    #: piece with no sound of its own
+    TEXT = "text"
+    #: the model decided not to speak (in a model-native stream: its response is over)
+    LISTEN = "listen"
+    #: `function_call`: the response calls a tool; the request still ends with DONE, or in
+    #: a model-native stream with LISTEN
+    FUNCTION_CALL = "function_call"
+    #: the request's turn is complete
+    DONE = "done"
+    #: `error_code`, `message`: the response fails
+    ERROR = "error"
+    #: `error_code`, `message`: an `error` event for the client, of no response: the
+    #: response in progress and the session go on (a frame-clocked model's
+    #: `FrameOutput.error`)
+    NONFATAL_ERROR = "nonfatal_error"
+    #: a frame-clocked stage's slot has stepped its prompt: the model hears the session
+    #: from now on (part of no response)
+    READY = "ready"
+
+
 @dataclasses.dataclass
 class StageOutput:
-    """One output of a stage request, delivered to the owning session's mailbox.
-
-    `kind`: "audio" (mono float32 `audio` at `sample_rate_hz`, optional `text`
-    for its transcript), "text" (words without audio: a text response's text, or in an
-    audio response a transcript piece with no sound of its own), "listen" (the model
-    decided not to speak),
-    "function_call" (`function_call`: the response calls a tool; the request still ends
-    with "done", or in a model-native stream with "listen"), "done" (the request's turn is
-    complete), "error" (`error_code`, `message`: the response fails), "nonfatal_error"
-    (`error_code`, `message`: an `error` event for the client, of no response: the response
-    in progress and the session go on; a frame-clocked model's `FrameOutput.error`) or
-    "ready" (a frame-clocked stage's slot has stepped its prompt: the model hears the
-    session from now on; not part of any response).
-    """
+    """One output of a stage request, delivered to the owning session's mailbox; `kind`
+    says what it is and which fields it carries (`OutputKind`)."""
 
     request_id: str
     fence: DuplexFence
-    kind: str
+    kind: OutputKind
     audio: np.ndarray | None = None
     sample_rate_hz: int | None = None
     text: str = ""
@@ -90,6 +106,9 @@ class StageOutput:
     message: str = ""
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     function_call: FunctionCall | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = OutputKind(self.kind)  # an unknown kind fails where it is made
 
 
 OutputSink = Callable[[StageOutput], None]
@@ -220,6 +239,7 @@ __all__ = [
     "FunctionCall",
     "InputFedStagePort",
     "ModelHistory",
+    "OutputKind",
     "OutputSink",
     "StageCleanupError",
     "StageOutput",

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from shared.contracts.stages import (
     DuplexFence,
+    OutputKind,
     OutputSink,
     StageOutput,
     StagePlan,
@@ -125,7 +126,7 @@ class TaskStagePort(StagePort):
             StageOutput(
                 plan.request_id,
                 plan.fence,
-                "error",
+                OutputKind.ERROR,
                 error_code="runtime_data_plane_stream_failed",
                 message=str(exc),
             )

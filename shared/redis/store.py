@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -61,6 +61,21 @@ class ModelAppend:
     offset: int
     data: bytes
     record_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionWrite:
+    """One session's part of a publish call: its events, the owner generation the call is
+    fenced on (None: not fenced), the checkpoint stored after them (b"": none), whether its
+    JSON carries `server_event_seq` (`stamp_seq`: False on the openai surface), and what it
+    appends to the model history."""
+
+    session_id: str
+    items: Sequence[PublishItem]
+    owner_generation: int | None = None
+    checkpoint: bytes = b""
+    stamp_seq: bool = True
+    model_append: ModelAppend | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,17 +142,10 @@ class SessionStore:
             raise SessionStoreError(str(exc).split()[0], str(exc)) from None
 
     def _publish_call(
-        self,
-        session_id: str,
-        items: Sequence[PublishItem],
-        max_bytes: int,
-        ttl_ms: int,
-        closed_ttl_ms: int,
-        owner_generation: int | None = None,
-        checkpoint: bytes = b"",
-        stamp_seq: bool = True,
-        model_append: ModelAppend | None = None,
+        self, write: SessionWrite, max_bytes: int, ttl_ms: int, closed_ttl_ms: int
     ) -> tuple[list[str], list[Any]]:
+        session_id, items, model_append = write.session_id, write.items, write.model_append
+        owner_generation, stamp_seq = write.owner_generation, write.stamp_seq
         args: list[Any] = [
             self.keys.live(session_id),
             max_bytes,
@@ -146,7 +154,7 @@ class SessionStore:
             closed_ttl_ms,
             _notice_event_id(),
             "" if owner_generation is None else owner_generation,
-            checkpoint,
+            write.checkpoint,
             "1" if stamp_seq else "0",
             # on a cluster the live channel (same hash tag) is a shard channel: SPUBLISH
             "1" if isinstance(self.client, RedisCluster) else "0",
@@ -177,54 +185,25 @@ class SessionStore:
         `owner_generation` is not the session's (nothing was written). With a checkpoint, it
         is stored after the events. `stamp_seq` False (the openai surface): no
         `server_event_seq` in the JSON, only in the live header and the entry id."""
-        keys, args = self._publish_call(
-            session_id,
-            items,
-            max_bytes,
-            ttl_ms,
-            closed_ttl_ms,
-            owner_generation,
-            checkpoint,
-            stamp_seq,
-        )
+        write = SessionWrite(session_id, items, owner_generation, checkpoint, stamp_seq)
+        keys, args = self._publish_call(write, max_bytes, ttl_ms, closed_ttl_ms)
         return [int(seq) for seq in await self.scripts.event_publish(self.client, keys, args)]
 
     async def publish_many(
         self,
-        batch: Mapping[str, Sequence[PublishItem]],
+        writes: Sequence[SessionWrite],
         *,
         max_bytes: int,
         ttl_ms: int,
         closed_ttl_ms: int,
-        owners: Mapping[str, int] | None = None,
-        checkpoints: Mapping[str, bytes] | None = None,
-        unstamped: Collection[str] = (),
-        model_appends: Mapping[str, ModelAppend] | None = None,
     ) -> dict[str, list[int]]:
-        """Publish several sessions' events: one pipelined round trip on one Redis; on a
-        cluster (which refuses scripts in pipelines) concurrent calls, one per session.
-        Each session's call is fenced on its owner generation in `owners` and stores its
-        checkpoint in `checkpoints`, if any, and appends to its model history what
-        `model_appends` gives; the sessions in `unstamped` publish their
-        JSON without `server_event_seq`; returns each session's reply (see `publish`)."""
-        owners = owners or {}
-        checkpoints = checkpoints or {}
-        model_appends = model_appends or {}
-        sessions = list(batch)
-        calls = [
-            self._publish_call(
-                sid,
-                batch[sid],
-                max_bytes,
-                ttl_ms,
-                closed_ttl_ms,
-                owners.get(sid),
-                checkpoints.get(sid, b""),
-                sid not in unstamped,
-                model_appends.get(sid),
-            )
-            for sid in sessions
-        ]
+        """Publish several sessions' writes (one each): one pipelined round trip on one
+        Redis; on a cluster (which refuses scripts in pipelines) concurrent calls, one per
+        session. Returns each session's reply (see `publish`)."""
+        sessions = [write.session_id for write in writes]
+        if len(set(sessions)) != len(sessions):
+            raise ValueError("publish_many takes one write per session")
+        calls = [self._publish_call(write, max_bytes, ttl_ms, closed_ttl_ms) for write in writes]
         script = self.scripts.event_publish
         if isinstance(self.client, RedisCluster):
             replies = await asyncio.gather(

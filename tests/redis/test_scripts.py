@@ -15,6 +15,7 @@ from shared.redis.store import (
     ResumeResync,
     SessionStore,
     SessionStoreError,
+    SessionWrite,
     token_digest,
 )
 from tests.redis.journal_entries import journal_bytes_held, journal_entries
@@ -391,12 +392,13 @@ async def test_the_checkpoint_is_stored_with_the_events_of_the_same_call(redis_c
     other = "duplex-test2"
     await store.open(other, "worker-a", "echo", "", "{}")
     replies = await store.publish_many(
-        {SID: [event("c", 3)], other: [event("d", 1)]},
+        [
+            SessionWrite(SID, [event("c", 3)], owner_generation=1, checkpoint=b'{"v":2}'),
+            SessionWrite(other, [event("d", 1)], owner_generation=7),
+        ],
         max_bytes=1 << 20,
         ttl_ms=60_000,
         closed_ttl_ms=5_000,
-        owners={SID: 1, other: 7},
-        checkpoints={SID: b'{"v":2}'},
     )
     assert replies == {SID: [3], other: [-2]}
     assert await store.checkpoint(SID) == b'{"v":2}'

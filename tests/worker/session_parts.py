@@ -16,10 +16,11 @@ from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
 from services.worker.session.command_marks import CommandTicket
 from services.worker.session.engine_session import EngineSession
-from services.worker.session.handlers import SessionContext, apply_result
+from services.worker.session.handlers import SessionContext, dispatch, on_stage_output
 from services.worker.session.idle_timeout import IdleDue
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
+from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.lease import LeaseState
 from services.worker.session.ledgers import InputLedger
 from services.worker.session.response_controller import ResponseController
@@ -123,12 +124,21 @@ class Parts:
 
     async def apply(self, item: Any) -> None:
         """What the runner's task does with a mailbox item."""
-        if isinstance(item, PartialTranscript):  # the runner routes these itself
-            self.input.on_partial(item)
-        elif isinstance(item, IdleDue):
-            await self.input.on_idle_due(item)
-        elif not await apply_result(self.ctx, item):  # the runner's own routing
-            raise AssertionError(f"unexpected mailbox item {item!r}")
+        match item:  # as `SessionRunner._handle` routes them (no marks here)
+            case PartialTranscript():
+                self.input.on_partial(item)
+            case IdleDue():
+                await self.input.on_idle_due(item)
+            case StageOutput():
+                await on_stage_output(self.ctx, item)
+            case AppendReady():
+                await self.input.on_append_ready(item)
+            case CommitReady():
+                await self.input.on_commit_ready(item)
+            case InOrder():
+                await dispatch(self.ctx, item.command, in_order=True)
+            case _:
+                raise AssertionError(f"unexpected mailbox item {item!r}")
 
     async def apply_next(self, count: int) -> list[Any]:
         """Apply the next `count` items as they arrive (an applied item may queue more

@@ -64,11 +64,11 @@ class FencingStore:
         self.fence: set[str] = set()
         self.client = None
 
-    async def publish_many(self, batch, *, owners=None, checkpoints=None, **_):
-        self.calls.append({sid: [item.wire_type for item in items] for sid, items in batch.items()})
+    async def publish_many(self, writes, **_):
+        self.calls.append({w.session_id: [item.wire_type for item in w.items] for w in writes})
         return {
-            sid: [-2] if sid in self.fence else list(range(1, len(items) + 1))
-            for sid, items in batch.items()
+            w.session_id: [-2] if w.session_id in self.fence else list(range(1, len(w.items) + 1))
+            for w in writes
         }
 
 

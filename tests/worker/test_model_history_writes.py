@@ -9,19 +9,17 @@ import struct
 from shared.contracts import ModelHistory
 from shared.protocol.duplex import SessionClosed
 from shared.redis.keys import KeySchema
-from shared.redis.store import ModelAppend, PublishItem, SessionStore
+from shared.redis.store import ModelAppend, PublishItem, SessionStore, SessionWrite
 from tests.worker.publishing import Host, own, publisher_on
 
 
 async def append(store: SessionStore, sid: str, model: ModelAppend, owner: int) -> list[int]:
     """A publish call with no events that appends `model`, fenced on `owner`."""
     replies = await store.publish_many(
-        {sid: []},
+        [SessionWrite(sid, [], owner_generation=owner, model_append=model)],
         max_bytes=1 << 20,
         ttl_ms=60_000,
         closed_ttl_ms=60_000,
-        owners={sid: owner},
-        model_appends={sid: model},
     )
     return replies[sid]
 

@@ -35,13 +35,15 @@ class RecordingStore:
         self.failures = failures
         self.client = None
 
-    async def publish_many(self, batch, *, owners=None, checkpoints=None, **_):
-        types = {sid: [item.wire_type for item in items] for sid, items in batch.items()}
-        self.calls.append((types, dict(owners or {}), dict(checkpoints or {})))
+    async def publish_many(self, writes, **_):
+        types = {w.session_id: [item.wire_type for item in w.items] for w in writes}
+        owners = {w.session_id: w.owner_generation for w in writes if w.owner_generation}
+        checkpoints = {w.session_id: w.checkpoint for w in writes if w.checkpoint}
+        self.calls.append((types, owners, checkpoints))
         if self.failures:
             self.failures -= 1
             raise ConnectionError("redis away")
-        return {sid: list(range(1, len(items) + 1)) for sid, items in batch.items()}
+        return {w.session_id: list(range(1, len(w.items) + 1)) for w in writes}
 
 
 class Snapshots:

@@ -67,6 +67,7 @@ from shared.contracts import (
     DuplexSessionError,
 )
 from shared.protocol.duplex import AudioFormat, OutputAudioEncoder
+from shared.protocol.duplex.errors import WORKER_LOST
 
 VERSION = 1
 
@@ -75,7 +76,7 @@ class CheckpointError(DuplexSessionError):
     """A checkpoint that cannot be read (code `worker_lost`: the session cannot go on)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("worker_lost", f"unreadable checkpoint: {message}")
+        super().__init__(WORKER_LOST, f"unreadable checkpoint: {message}")
 
 
 # ---------------------------------------------------------------- export

@@ -18,6 +18,8 @@ Mark (0, 0) is "no mark" (the inline client, server-VAD commits): never tracked.
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Iterator
 
 Mark = tuple[int, int]
 NO_MARK: Mark = (0, 0)
@@ -56,6 +58,14 @@ class CommandMarks:
             done = self._in_flight.popleft()
             del self._index[done[0]]
             self._applied = max(self._applied, done[0])
+
+    @contextlib.contextmanager
+    def completing(self, mark: Mark) -> Iterator[None]:
+        """The command is complete once the work in the block ended, however it ended."""
+        try:
+            yield
+        finally:
+            self.complete(mark)
 
     def handled(self, mark: Mark) -> None:
         """A command complete as it arrived (refused at submit)."""

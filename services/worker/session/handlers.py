@@ -15,22 +15,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import assert_never
 
 import numpy as np
 
 from services.worker.session.command_marks import CommandTicket
 from services.worker.session.engine_session import EngineSession, new_item_id
 from services.worker.session.input_controller import InputController
-from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
 from services.worker.session.native_stream import refuse_response_create
 from services.worker.session.native_surfaces import muted_event, ready_event
 from services.worker.session.response_controller import ResponseController
-from services.worker.session.tool_calls import check_item, check_response_tools, tool_output_turn
+from services.worker.session.tool_calls import (
+    check_item,
+    check_response_tools,
+    hold_call,
+    tool_output_turn,
+)
 from shared.contracts import (
     CommittedTurn,
     DuplexModelPlugin,
     DuplexSessionError,
+    OutputKind,
     ResponseCreateOptions,
     StageOutput,
 )
@@ -67,6 +72,7 @@ from shared.protocol.duplex import (
     TurnEvent,
     UpdateSession,
 )
+from shared.protocol.duplex.errors import WORKER_LOST
 
 
 @dataclasses.dataclass
@@ -92,39 +98,49 @@ Handler = Callable[..., Awaitable[None]]
 IN_INPUT_ORDER = (CreateResponse, AppendText, ClearInput, MuteInput)
 
 
-async def apply_result(ctx: SessionContext, item: Any) -> bool:
-    """The results of the session's own work, which share the runner's mailbox with its
-    commands: a stage output, an input result, a command queued in input order. Returns
-    False for anything else (a command: the runner dispatches it)."""
-    if isinstance(item, StageOutput):
-        native = ctx.responses.native
-        if item.kind == "ready":
+async def on_stage_output(ctx: SessionContext, raw: StageOutput) -> None:
+    """A stage output, by its kind (`OutputKind`): the one place each is handled."""
+    output = ctx.plugin.project(raw)
+    if output is None:
+        return
+    responses, native = ctx.responses, ctx.responses.native
+    match output.kind:
+        case OutputKind.READY:
             # the slot stepped its prompt: Moshi's handshake, GPT-Live's session.started
-            if native is not None and native.owns(item) and ctx.session.config.native_surface:
+            if native is not None and native.owns(output) and ctx.session.config.native_surface:
                 ctx.emit(ready_event())
-            return True
-        if native is not None and native.lost(item):
+        case OutputKind.NONFATAL_ERROR:
+            responses.nonfatal_error(output)
+        case OutputKind.ERROR if native is not None and native.lost(output):
             # the model's slot could not be rebuilt from its history: nothing left to
             # serve. The session's error (its response's failure chain, if one was going
             # on), then it closes
-            code, message = item.error_code or "worker_lost", item.message or "stream lost"
+            code, message = output.error_code or WORKER_LOST, output.message or "stream lost"
             if ctx.session.active is not None:
-                ctx.responses.fail(ctx.session.active, code, message)
+                responses.fail(ctx.session.active, code, message)
             else:
                 ctx.emit(DuplexErrorEvent.for_code(code, message))
             if ctx.on_close is not None:
                 ctx.on_close(ctx.session.session_id, code)
-            return True
-        await ctx.responses.on_stage_output(item)
-    elif isinstance(item, AppendReady):
-        await ctx.input.on_append_ready(item)
-    elif isinstance(item, CommitReady):
-        await ctx.input.on_commit_ready(item)
-    elif isinstance(item, InOrder):
-        await dispatch(ctx, item.command, in_order=True)
-    else:
-        return False
-    return True
+        case OutputKind.AUDIO | OutputKind.TEXT:
+            if (response := responses.response_for(output)) is not None:
+                await responses.on_speech(response, output)
+        case OutputKind.FUNCTION_CALL:
+            if (response := responses.response_for(output)) is not None:
+                hold_call(response, output.function_call)  # emitted when the response completes
+        case OutputKind.DONE:
+            if (response := responses.response_for(output)) is not None:
+                responses.complete(response)
+        case OutputKind.LISTEN:
+            # a model-native stream's response ends when its model listens again; a turn
+            # stage's listen says only that it did not speak (its DONE follows)
+            if native is not None and (response := responses.response_for(output)) is not None:
+                responses.complete(response)
+        case OutputKind.ERROR:
+            if (response := responses.response_for(output)) is not None:
+                responses.stage_failed(response, output)
+        case _:
+            assert_never(output.kind)
 
 
 async def dispatch(

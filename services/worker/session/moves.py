@@ -45,10 +45,10 @@ from shared.contracts import (
     ModelHistory,
     StageCleanupError,
 )
+from shared.protocol.duplex.errors import WORKER_LOST
 
 log = logging.getLogger(__name__)
 
-WORKER_LOST = "worker_lost"
 #: a restore's reason when the session was drained (moved with its final checkpoint)
 DRAINED = "drain"
 FENCED_OUT = "fenced out: another worker owns the session now"

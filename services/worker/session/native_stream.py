@@ -59,6 +59,7 @@ from shared.contracts import (
     StagePlan,
     StagePort,
 )
+from shared.protocol.duplex.errors import INPUT_FAILED, STREAM_FAILED, WORKER_LOST
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,6 @@ log = logging.getLogger(__name__)
 TURN_WINDOW_MS = 30_000
 #: trimmed when it is this much over the window (not at every append: a trim copies)
 TRIM_SLACK_MS = 10_000
-#: the error code of a stream that could not start
-STREAM_FAILED = "runtime_data_plane_stream_failed"
-#: the error code of a function output the model could not take
-FUNCTION_OUTPUT_FAILED = "runtime_input_failed"
-#: the tick stage's error code of a slot that could not be rebuilt from its history
-#: (services/worker/stages/tick_batched.py): the session ends with it
-RESTORE_FAILED = "worker_lost"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +110,7 @@ class NativeStream:
         if len(data) % mine:
             raise DuplexSessionError(
                 "invalid_duplex_runtime_config",
-                f"the session's model history ({len(data)} bytes) is not whole {mine}-byte "
-                "records",
+                f"the session's model history ({len(data)} bytes) is not whole {mine}-byte records",
             )
         self.history = ModelHistory(mine, data)
 
@@ -170,12 +163,12 @@ class NativeStream:
             raise
         except NotImplementedError as exc:
             raise DuplexSessionError(
-                FUNCTION_OUTPUT_FAILED, f"the model takes no function outputs: {exc}"
+                INPUT_FAILED, f"the model takes no function outputs: {exc}"
             ) from None
         except Exception as exc:
             log.exception("session %s: the model did not take a function output", session_id)
             raise DuplexSessionError(
-                FUNCTION_OUTPUT_FAILED, f"the model did not take the function output: {exc}"
+                INPUT_FAILED, f"the model did not take the function output: {exc}"
             ) from exc
 
     def owns(self, output: StageOutput) -> bool:
@@ -185,11 +178,11 @@ class NativeStream:
 
     def lost(self, output: StageOutput) -> bool:
         """Whether a stage output says the stream is gone for good: the slot's restore
-        failed (`RESTORE_FAILED`), for this session."""
+        failed (`WORKER_LOST`), for this session."""
         fence = output.fence
         return (
             output.kind == "error"
-            and output.error_code == RESTORE_FAILED
+            and output.error_code == WORKER_LOST
             and fence is not None
             and fence.session_id == self.session.session_id
         )

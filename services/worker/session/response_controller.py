@@ -52,12 +52,13 @@ from services.worker.session.response import (
     text_events,
 )
 from services.worker.session.response_history import ResponseHistory
-from services.worker.session.tool_calls import hold_call, plan_tools, with_calls
+from services.worker.session.tool_calls import plan_tools, with_calls
 from shared.contracts import (
     CommittedTurn,
     DuplexFence,
     DuplexModelPlugin,
     DuplexSessionError,
+    OutputKind,
     ResponseCreateOptions,
     ResponsePlanRequest,
     StageOutput,
@@ -72,15 +73,11 @@ from shared.protocol.duplex import (
     OverlapDecision,
     b64encode_audio,
 )
+from shared.protocol.duplex.errors import INTERNAL_ERROR, STREAM_FAILED
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[DuplexEvent], None]
-
-#: the error code of a stage that failed without naming why
-STAGE_FAILED = "runtime_data_plane_stream_failed"
-#: the error code of a plugin's plan_response that failed without a code of its own
-PLAN_FAILED = "internal_error"
 
 
 class ResponseController:
@@ -135,20 +132,20 @@ class ResponseController:
             if isinstance(exc, CodedError):
                 self.fail(response, exc.code, exc.message, event_id)
             else:
-                self.fail(response, PLAN_FAILED, f"response planning failed: {exc}", event_id)
+                self.fail(response, INTERNAL_ERROR, f"response planning failed: {exc}", event_id)
             return
         try:
             await self.port.submit_initial(plan)
         except Exception as exc:  # the engine's failure fails this response, not the session
             log.exception("session %s: stage submit failed", session.session_id)
-            self.fail(response, STAGE_FAILED, f"stage submit failed: {exc}", event_id)
+            self.fail(response, STREAM_FAILED, f"stage submit failed: {exc}", event_id)
 
     def begin(
         self, fence: DuplexFence, request_id: str, options: ResponseCreateOptions
     ) -> ActiveResponse:
         """A response becomes the active one: response.created (and on the duplex surface
         its item). Planned to a turn (`start_response`) or opened by a model-native
-        stream's first speaking frame (`on_stage_output`)."""
+        stream's first speaking frame (`response_for`)."""
         session = self.session
         openai = session.config.openai_surface
         output_format = options.output_audio_format or session.config.output_audio_format
@@ -268,14 +265,11 @@ class ResponseController:
 
     # ------------------------------------------------------------ stage output
 
-    async def on_stage_output(self, raw: StageOutput) -> None:
-        output = self.plugin.project(raw)
+    def response_for(self, output: StageOutput) -> ActiveResponse | None:
+        """The response a stage output of a response's kind belongs to: the active one,
+        or in a model-native session the one its speech opens; None (counted) for a late
+        output of a cancelled epoch, never emitted."""
         response = self.session.active
-        if output is None:
-            return
-        if output.kind == "nonfatal_error":
-            self._nonfatal_error(output)
-            return
         if response is None and self.native is not None and self.native.opens(output):
             # the model speaks: a model-native response opens on its stream's fence
             response = self.begin(output.fence, output.request_id, ResponseCreateOptions())
@@ -284,27 +278,29 @@ class ResponseController:
             or output.fence != response.fence
             or output.request_id != response.request_id
         ):
-            self.dropped_stale_outputs += 1  # a late output of a cancelled epoch: never emitted
-            return
-        if output.kind in ("audio", "text"):
-            text, over = take_words(response, output.text)
-            if output.kind == "audio" and output.audio is not None and not response.text_only:
-                self.emit_audio(
-                    response, output.audio, output.sample_rate_hz, text, end_of_turn=False
-                )
-            elif text:  # a text response's words (its audio, if any, dropped), or words alone
-                self.emit_words(response, text)
-            if over:
-                await self.stop_at_limit(response)
-        elif output.kind == "function_call":
-            hold_call(response, output.function_call)  # emitted when the response completes
-        elif output.kind == "done" or (output.kind == "listen" and self.native is not None):
-            tail = b"" if response.text_only else response.encoder.flush()
-            if tail:
-                self.emit_encoded(response, tail, "", end_of_turn=True)
-            self.finish(response, COMPLETED, None)
-        elif output.kind == "error":
-            self.fail(response, output.error_code or STAGE_FAILED, output.message or "stage failed")
+            self.dropped_stale_outputs += 1
+            return None
+        return response
+
+    async def on_speech(self, response: ActiveResponse, output: StageOutput) -> None:
+        """Audio and words (an AUDIO or TEXT output) of the response."""
+        text, over = take_words(response, output.text)
+        if output.kind is OutputKind.AUDIO and output.audio is not None and not response.text_only:
+            self.emit_audio(response, output.audio, output.sample_rate_hz, text, end_of_turn=False)
+        elif text:  # a text response's words (its audio, if any, dropped), or words alone
+            self.emit_words(response, text)
+        if over:
+            await self.stop_at_limit(response)
+
+    def complete(self, response: ActiveResponse) -> None:
+        """The stage's request is over (DONE; LISTEN in a model-native stream)."""
+        tail = b"" if response.text_only else response.encoder.flush()
+        if tail:
+            self.emit_encoded(response, tail, "", end_of_turn=True)
+        self.finish(response, COMPLETED, None)
+
+    def stage_failed(self, response: ActiveResponse, output: StageOutput) -> None:
+        self.fail(response, output.error_code or STREAM_FAILED, output.message or "stage failed")
 
     def emit_audio(
         self,
@@ -378,14 +374,14 @@ class ResponseController:
             )
         )
 
-    def _nonfatal_error(self, output: StageOutput) -> None:
+    def nonfatal_error(self, output: StageOutput) -> None:
         """A stage's error that fails nothing (a frame-clocked model's `FrameOutput.error`):
         an `error` event, unless it is of a cancelled epoch (stale, as its outputs are)."""
         fence, session = output.fence, self.session
         if fence is None or fence.session_id != session.session_id or fence.epoch != session.epoch:
             self.dropped_stale_outputs += 1
             return
-        self._error(output.error_code or STAGE_FAILED, output.message or "stage error")
+        self._error(output.error_code or STREAM_FAILED, output.message or "stage error")
 
     def _error(self, code: str, message: str, related_event_id: str | None = None) -> None:
         self.emit(DuplexErrorEvent.for_code(code, message, related_event_id=related_event_id))

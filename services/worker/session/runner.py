@@ -24,7 +24,7 @@ from typing import Any
 
 from services.worker.session.command_marks import NO_MARK, CommandMarks, CommandTicket, Mark
 from services.worker.session.engine_session import EngineSession
-from services.worker.session.handlers import SessionContext, apply_result, dispatch
+from services.worker.session.handlers import SessionContext, dispatch, on_stage_output
 from services.worker.session.idle_timeout import IdleDue
 from services.worker.session.input_controller import InputController
 from services.worker.session.input_pipeline import InputPipeline
@@ -37,7 +37,6 @@ from services.worker.session.input_queue import (
     start_task,
 )
 from services.worker.session.native_stream import (
-    STREAM_FAILED,
     NativeStream,
     OpenStream,
     is_native_stream,
@@ -50,6 +49,7 @@ from shared.contracts import (
     StagePort,
 )
 from shared.protocol.duplex import CodedError, DuplexCommand, DuplexErrorEvent, DuplexEvent
+from shared.protocol.duplex.errors import INTERNAL_ERROR, STREAM_FAILED
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,27 @@ class _CancelActive:
     done: asyncio.Future[None]
 
 
+#: What the mailbox holds, and who puts it there: `submit` gets `Dispatched` (the manager),
+#: `OpenStream` (`start`, model-native sessions only), `Barrier` / `_CancelActive`
+#: (`_control`) and the input controller's `AppendReady` / `CommitReady` / `InOrder` /
+#: `Dropped`, `PartialTranscript` and `IdleDue`; `on_stage_output` gets `StageOutput`.
+#: `SessionRunner._handle` takes each in one match. (A bare command is none of these: once
+#: dispatched here it would have skipped its reservation and mark.)
+MailboxItem = (
+    Dispatched
+    | Barrier
+    | _CancelActive
+    | OpenStream
+    | AppendReady
+    | CommitReady
+    | InOrder
+    | Dropped
+    | PartialTranscript
+    | IdleDue
+    | StageOutput
+)
+
+
 class SessionRunner:
     def __init__(
         self,
@@ -93,7 +114,7 @@ class SessionRunner:
         self.session = session
         self.port = port
         self._emit_event = emit
-        self._mailbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._mailbox: asyncio.Queue[MailboxItem] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.marks = marks or CommandMarks()
         self._dispatched = 0  # commands in the mailbox, not yet handled
@@ -179,7 +200,7 @@ class SessionRunner:
         if self.running:
             await self._control(lambda done: _CancelActive(reason, done))
 
-    async def _control(self, make: Callable[[asyncio.Future[None]], Any]) -> None:
+    async def _control(self, make: Callable[[asyncio.Future[None]], MailboxItem]) -> None:
         """Put a control item in the mailbox and wait until the runner's task has handled
         it (or the runner stopped)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -192,7 +213,7 @@ class SessionRunner:
 
     # ------------------------------------------------------------ mailbox
 
-    def submit(self, item: Any) -> None:
+    def submit(self, item: MailboxItem) -> None:
         if isinstance(item, Dispatched):
             self._dispatched += 1
             self.marks.begin(item.mark)
@@ -227,47 +248,49 @@ class SessionRunner:
                 raise
             except Exception as exc:  # a bug in one command must not kill the session
                 log.exception("session %s: %s failed", self.session.session_id, type(item).__name__)
-                self.error("internal_error", f"{type(item).__name__} failed: {exc}", event_id)
+                self.error(INTERNAL_ERROR, f"{type(item).__name__} failed: {exc}", event_id)
 
-    async def _handle(self, item: Any) -> None:
-        if isinstance(item, Dispatched):
-            await self._dispatch(item)
-        elif isinstance(item, Barrier):
-            self.input.queue.put(InOrder(item))  # behind the input work queued so far
-        elif isinstance(item, InOrder) and isinstance(item.command, Barrier):
-            if not item.command.done.done():
-                item.command.done.set_result(None)
-        elif isinstance(item, _CancelActive):
-            try:
-                if self.session.active is not None:
-                    await self.responses.advance_epoch(item.reason)
-            finally:
-                if not item.done.done():
-                    item.done.set_result(None)
-        elif isinstance(item, Dropped):
-            self.marks.complete(item.mark)
-        elif isinstance(item, PartialTranscript):  # the session's own timers and decodes
-            self.input.on_partial(item)
-        elif isinstance(item, IdleDue):
-            await self.input.on_idle_due(item)
-        elif isinstance(item, OpenStream) and self.responses.native is not None:
-            await self._open_stream(self.responses.native)
-        elif isinstance(item, StageOutput | AppendReady | CommitReady | InOrder):
-            mark = item.mark if isinstance(item, AppendReady | CommitReady | InOrder) else NO_MARK
-            try:
-                await apply_result(self._context, item)  # True for each of these
-            finally:
-                self.marks.complete(mark)  # an input result: its command is complete
-        else:
-            # Nothing else is ever put here: `submit` gets `Dispatched` (the manager),
-            # `OpenStream` (`start`, native sessions only), `Barrier` / `_CancelActive`
-            # (`_control`) and the input controller's `AppendReady` / `CommitReady` /
-            # `InOrder` / `Dropped`, `PartialTranscript` and `IdleDue`; `on_stage_output`
-            # gets `StageOutput`. (A bare command, once dispatched here, would have skipped
-            # its reservation and mark.) A wrong item is a bug: it fails loudly.
-            raise TypeError(
-                f"session {self.session.session_id}: {type(item).__name__} is not a mailbox item"
-            )
+    async def _handle(self, item: MailboxItem) -> None:
+        match item:
+            case Dispatched():
+                await self._dispatch(item)
+            case Barrier():
+                self.input.queue.put(InOrder(item))  # behind the input work queued so far
+            case InOrder(command=Barrier(done=done)):
+                if not done.done():
+                    done.set_result(None)
+            case _CancelActive(reason=reason, done=done):
+                try:
+                    if self.session.active is not None:
+                        await self.responses.advance_epoch(reason)
+                finally:
+                    if not done.done():
+                        done.set_result(None)
+            case OpenStream() if self.responses.native is not None:
+                await self._open_stream(self.responses.native)
+            case StageOutput():
+                await on_stage_output(self._context, item)
+            # an input result completes its command (its mark), whatever came of it
+            case AppendReady():
+                with self.marks.completing(item.mark):
+                    await self.input.on_append_ready(item)
+            case CommitReady():
+                with self.marks.completing(item.mark):
+                    await self.input.on_commit_ready(item)
+            case InOrder():
+                with self.marks.completing(item.mark):
+                    await dispatch(self._context, item.command, in_order=True)
+            case Dropped():
+                self.marks.complete(item.mark)
+            case PartialTranscript():  # the session's own timers and decodes
+                self.input.on_partial(item)
+            case IdleDue():
+                await self.input.on_idle_due(item)
+            case _:  # a wrong item (`MailboxItem`) is a bug: it fails loudly
+                raise TypeError(
+                    f"session {self.session.session_id}: {type(item).__name__} "
+                    "is not a mailbox item"
+                )
 
     async def _open_stream(self, native: NativeStream) -> None:
         """The model's slot opens; if it cannot, the session has nothing left to serve: its

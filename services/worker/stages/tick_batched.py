@@ -89,6 +89,7 @@ from shared.contracts import (
     FrameStepError,
     InputFedStagePort,
     ModelHistory,
+    OutputKind,
     OutputSink,
     StageCleanupError,
     StageOutput,
@@ -96,6 +97,7 @@ from shared.contracts import (
     parse_stage_request_id,
     stage_request_id,
 )
+from shared.protocol.duplex.errors import STREAM_FAILED, WORKER_LOST
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +105,6 @@ T = TypeVar("T")
 
 #: input a slot holds ahead of the clock before the oldest is cut (2 s at 80 ms)
 MAX_BUFFERED_FRAMES = 25
-#: the error code of a model step that raised
-STEP_FAILED = "runtime_data_plane_stream_failed"
-#: the kind of a frame's non-fatal error (`FrameOutput.error`): an `error` event, no failure
-NONFATAL_ERROR = "nonfatal_error"
-#: the error code that ends a session whose slot could not be rebuilt from its history
-RESTORE_FAILED = "worker_lost"
 #: input a restored slot keeps of what arrived while it replayed (160 ms at 80 ms)
 RESTORED_INPUT_FRAMES = 2
 #: the part of a frame kept free after a tick's replay: what a chunk's time may exceed its
@@ -657,7 +653,7 @@ class TickBatchedStagePort(InputFedStagePort):
 
     def _replay_failed(self, slot: SlotState, message: str) -> None:
         """A replay that raised: the slot can never step, so the session ends (its stream
-        reads this `RESTORE_FAILED` error with no response as the end: native_stream.py);
+        reads this `WORKER_LOST` error with no response as the end: native_stream.py);
         the slot is freed by its cleanup."""
         slot.replay = None
         slot.opened = False  # never stepped again
@@ -667,8 +663,8 @@ class TickBatchedStagePort(InputFedStagePort):
                 StageOutput(
                     slot.request_id,
                     slot.fence,
-                    "error",
-                    error_code=RESTORE_FAILED,
+                    OutputKind.ERROR,
+                    error_code=WORKER_LOST,  # its slot could not be rebuilt
                     message=message,
                 )
             )
@@ -731,7 +727,7 @@ class TickBatchedStagePort(InputFedStagePort):
         slot.announce_ready = False
         sink = slot.sink
         if sink is not None and slot.request_id is not None and slot.fence is not None:
-            sink(StageOutput(slot.request_id, slot.fence, "ready"))
+            sink(StageOutput(slot.request_id, slot.fence, OutputKind.READY))
 
     def _count(self, duration: float, silence: int) -> None:
         self.counters.count(duration, silence)
@@ -760,14 +756,20 @@ class TickBatchedStagePort(InputFedStagePort):
         audio = np.array(output.audio, dtype=np.float32).reshape(-1)
         if audio.size:
             rate = self.model.output_sample_rate_hz
-            sink(StageOutput(slot.request_id, slot.fence, "audio", audio, rate, output.text))
+            sink(
+                StageOutput(slot.request_id, slot.fence, OutputKind.AUDIO, audio, rate, output.text)
+            )
         elif output.text:  # words in a frame without sound yet (a model's acoustic delay)
-            sink(StageOutput(slot.request_id, slot.fence, "text", text=output.text))
+            sink(StageOutput(slot.request_id, slot.fence, OutputKind.TEXT, text=output.text))
         for call in calls:  # held on the response until it completes (tool_calls.py)
-            sink(StageOutput(slot.request_id, slot.fence, "function_call", function_call=call))
+            sink(
+                StageOutput(
+                    slot.request_id, slot.fence, OutputKind.FUNCTION_CALL, function_call=call
+                )
+            )
         self._frame_error(sink, slot, output)
         if ends:
-            sink(StageOutput(slot.request_id, slot.fence, "listen"))
+            sink(StageOutput(slot.request_id, slot.fence, OutputKind.LISTEN))
 
     def _frame_error(self, sink: OutputSink, slot: SlotState, output: FrameOutput) -> None:
         """The frame's non-fatal error (`FrameOutput.error`), if any: an error event for the
@@ -779,7 +781,7 @@ class TickBatchedStagePort(InputFedStagePort):
             StageOutput(
                 slot.request_id,
                 slot.fence,
-                NONFATAL_ERROR,
+                OutputKind.NONFATAL_ERROR,
                 error_code=str(code),
                 message=str(message),
             )
@@ -794,8 +796,8 @@ class TickBatchedStagePort(InputFedStagePort):
                     StageOutput(
                         slot.request_id,
                         slot.fence,
-                        "error",
-                        error_code=STEP_FAILED,
+                        OutputKind.ERROR,
+                        error_code=STREAM_FAILED,  # a model step that raised
                         message=message,
                     )
                 )

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.contracts import (
+    OutputKind,
     StageCleanupError,
     StageOutput,
     StagePlan,
@@ -132,7 +133,9 @@ class VllmStagePort(TaskStagePort):
                 if completion.text:
                     text += completion.text
                     self._emit(
-                        StageOutput(plan.request_id, plan.fence, "text", text=completion.text)
+                        StageOutput(
+                            plan.request_id, plan.fence, OutputKind.TEXT, text=completion.text
+                        )
                     )
                 if output.finished:
                     reason = completion.finish_reason
@@ -144,4 +147,4 @@ class VllmStagePort(TaskStagePort):
             return
         self.finish_reasons[plan.request_id] = reason
         if reason != "abort":
-            self._emit(StageOutput(plan.request_id, plan.fence, "done", text=text))
+            self._emit(StageOutput(plan.request_id, plan.fence, OutputKind.DONE, text=text))

@@ -19,6 +19,14 @@ from shared.protocol.realtime.errors import (
     register_code_table,
 )
 
+#: The codes the services name in code: one constant each, here only (a code written as a
+#: string elsewhere is still checked against the table: tests/test_errors.py).
+WORKER_LOST = "worker_lost"
+STREAM_FAILED = "runtime_data_plane_stream_failed"
+INPUT_FAILED = "runtime_input_failed"
+INTERNAL_ERROR = "internal_error"
+NEMOTRON_PARSE_ERROR = "nemotron_function_call_parse_error"
+
 
 @dataclasses.dataclass(frozen=True)
 class ErrorCode:
@@ -118,16 +126,16 @@ _INVALID_REQUEST: list[tuple[str, str]] = [
 ]
 
 _SERVER: list[tuple[str, str]] = [
-    ("internal_error", "unexpected server failure"),
+    (INTERNAL_ERROR, "unexpected server failure"),
     ("runtime_append_failed", "the model could not take an append (e.g. stale epoch)"),
     ("context_operation_failed", "a context operation failed"),
     ("context_output_failed", "a context output failed"),
-    ("runtime_input_failed", "the model could not take an input"),
+    (INPUT_FAILED, "the model could not take an input"),
     ("runtime_append_task_failed", "an append task failed"),
     ("runtime_signal_failed", "a turn signal failed"),
     ("runtime_abort_failed", "aborting a stage request failed"),
     (
-        "runtime_data_plane_stream_failed",
+        STREAM_FAILED,
         "a model stage failed; the response fails with that reason (a model-native "
         "session whose model slot could not open: the session closes with that reason)",
     ),
@@ -189,14 +197,14 @@ _PLUGIN: list[tuple[str, str]] = [
     ("sliding_window_update_unsupported", "window settings cannot change after open"),
     ("invalid_sliding_window_config", "window settings are invalid"),
     ("input_clock_unsupported", "this model has no input clock"),
-    ("nemotron_function_call_parse_error", "a Nemotron tool call could not be parsed"),
+    (NEMOTRON_PARSE_ERROR, "a Nemotron tool call could not be parsed"),
     ("barge_in_unsupported", "barge_in to a model without supports_barge_in"),
 ]
 
 # Architecture additions (../shared/docs/architecture.md section 8).
 _DISTRIBUTED: list[tuple[str, str]] = [
     (
-        "worker_lost",
+        WORKER_LOST,
         "the worker serving the session died: its in-flight response failed and the session "
         "goes on on another worker, or, when no worker could take it, the session is closed "
         "(a model-native session's response ends `incomplete` instead, with no error event)",
@@ -223,7 +231,7 @@ _ALL: list[ErrorCode] = [
         INVALID_REQUEST_ERROR, "control", _CONTROL, frozenset({"timeout", "engine_backpressure"})
     ),
     *_codes(INVALID_REQUEST_ERROR, "plugin", _PLUGIN),
-    *_codes(SERVER_ERROR, "distributed", _DISTRIBUTED, frozenset({"worker_lost", "input_lost"})),
+    *_codes(SERVER_ERROR, "distributed", _DISTRIBUTED, frozenset({WORKER_LOST, "input_lost"})),
 ]
 
 #: code -> ErrorCode, every code duplex-serve can send.
@@ -251,6 +259,11 @@ register_code_table(lambda code: (error_type_for(code), retryable_for(code)))
 __all__ = [
     "ERROR_CODES",
     "ERROR_TYPES_BY_CODE",
+    "INPUT_FAILED",
+    "INTERNAL_ERROR",
+    "NEMOTRON_PARSE_ERROR",
+    "STREAM_FAILED",
+    "WORKER_LOST",
     "CodedError",
     "ErrorCode",
     "RealtimeProtocolError",

@@ -8,6 +8,7 @@ import numpy as np
 
 from harness.sessions import FAST, appends, make_harness, send_all, speech_wav, types
 from plugins.echo import EchoPlugin
+from services.worker.session.handlers import on_stage_output
 from services.worker.session.idle_timeout import STALL_GRACE_S, IdleDue
 from tests.worker.transcribing import feed, loud, of, quiet, settle
 
@@ -38,8 +39,8 @@ async def respond(parts, audio_s: float = 0.0) -> None:
     """A response that speaks `audio_s` of audio, unpaced, and completes."""
     await parts.start_response()
     if audio_s:
-        await parts.responses.on_stage_output(parts.output("audio", audio_s))
-    await parts.responses.on_stage_output(parts.output("done"))
+        await on_stage_output(parts.ctx, parts.output("audio", audio_s))
+    await on_stage_output(parts.ctx, parts.output("done"))
 
 
 async def test_silence_after_the_playback_commits_and_prompts_a_response(parts_for):
@@ -73,7 +74,7 @@ async def test_silence_after_the_playback_commits_and_prompts_a_response(parts_f
     assert parts.port.plans[-1].payload.audio.size == 16000
 
     # the prompt's own response re-arms the timer when it is done
-    await parts.responses.on_stage_output(parts.output("done"))
+    await on_stage_output(parts.ctx, parts.output("done"))
     assert parts.input.idle.start_ms == 1500
     await feed(parts, quiet(1000))
     assert [(e.audio_start_ms, e.audio_end_ms) for e in of(parts.events, TIMEOUT)] == [(1500, 2500)]

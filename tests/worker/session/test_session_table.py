@@ -31,12 +31,12 @@ class Store:
         self.waiting = asyncio.Event()
         self.client = None
 
-    async def publish_many(self, batch, **_):
-        self.calls.append({sid: [i.wire_type for i in items] for sid, items in batch.items()})
+    async def publish_many(self, writes, **_):
+        self.calls.append({w.session_id: [i.wire_type for i in w.items] for w in writes})
         # Redis decides when the call runs; its reply may come back later (the gate)
         replies = {
-            sid: [-2] if sid in self.fence else list(range(1, len(items) + 1))
-            for sid, items in batch.items()
+            w.session_id: [-2] if w.session_id in self.fence else list(range(1, len(w.items) + 1))
+            for w in writes
         }
         if not self.gate.is_set():
             self.waiting.set()
@@ -135,12 +135,12 @@ async def test_a_failed_batch_keeps_the_record_until_its_retry_lands(worker):
     failing = worker.store.publish_many
     failures = 0
 
-    async def redis_away(batch, **kwargs):
+    async def redis_away(writes, **kwargs):
         nonlocal failures
         if failures < 2:
             failures += 1
             raise ConnectionError("redis away")
-        return await failing(batch, **kwargs)
+        return await failing(writes, **kwargs)
 
     worker.store.publish_many = redis_away
     await worker.manager.close(sid)
@@ -311,9 +311,9 @@ async def test_a_failed_batch_of_a_given_up_record_does_not_hide_the_next_one(wo
     publish = worker.store.publish_many
     failed = False
 
-    async def fails_once(batch, **kwargs):
+    async def fails_once(writes, **kwargs):
         nonlocal failed
-        replies = await publish(batch, **kwargs)
+        replies = await publish(writes, **kwargs)
         if not failed:
             failed = True
             raise ConnectionError("redis away")
