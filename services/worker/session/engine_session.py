@@ -32,7 +32,6 @@ class EngineSession:
     lease: LeaseState
     input: InputLedger
     conversation: Conversation = dataclasses.field(default_factory=Conversation)
-    state: str = "open"  # open | closing | closed
     epoch: int = 0
     turn_id: int = 0
     turn_state: str = "idle"
@@ -82,7 +81,9 @@ class EngineSession:
         return {
             **self.config.to_realtime(),
             "id": self.session_id,
-            "state": self.state,
+            # sent only while the session is live (session.created, session.updated): its
+            # lifecycle is its record's `Phase` (table.py), nothing here keeps a second one
+            "state": "open",
             "turn_state": self.turn_state,
             "epoch": self.epoch,
             "turn_id": self.turn_id,

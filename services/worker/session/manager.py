@@ -256,7 +256,6 @@ class SessionManager(SessionHost):
         runner = record.runner
         session = runner.session
         record.phase = Phase.LEAVING
-        session.state = "closing"
         session.lease.mark_terminal()
         cleaned = False
         try:
@@ -269,7 +268,6 @@ class SessionManager(SessionHost):
                 await self._report_load_quietly()
         finally:
             # emitted after the cleanup attempt, even when it failed (the slot stays held)
-            session.state = "closed"
             self.builder.emit_closure(
                 session,
                 SessionClosed(

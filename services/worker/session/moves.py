@@ -102,10 +102,7 @@ class SessionMoves(PublishHost):
 
     def model_history(self, session_id: str) -> ModelHistory | None:
         record = self.table.get(session_id)
-        if record is None or record.runner is None:
-            return None
-        native = record.runner.responses.native
-        return native.history if native is not None else None
+        return record.history if record is not None else None
 
     def is_idle(self, session_id: str) -> bool:
         """No active response, no commit or append in flight, no command waiting: a move
@@ -202,7 +199,6 @@ class SessionMoves(PublishHost):
             )
         finally:
             runner.silence()
-            session.state = "closed"
             session.lease.mark_terminal()
             record.phase = Phase.GONE
             # the record stays until the caller has written this checkpoint after the
@@ -325,9 +321,7 @@ class SessionMoves(PublishHost):
         if runner is None:
             return
         runner.silence()
-        session = runner.session
-        session.state = "closed"
-        session.lease.mark_terminal()
+        runner.session.lease.mark_terminal()
         if record.phase is Phase.LIVE:
             record.phase = Phase.LEAVING
             self.builder.in_background(self._stop_dropped(record), f"session-drop:{session_id}")

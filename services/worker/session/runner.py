@@ -45,6 +45,7 @@ from services.worker.session.response_controller import ResponseController
 from services.worker.session.transcription import PartialPool, PartialTranscript
 from shared.contracts import (
     DuplexModelPlugin,
+    ModelHistory,
     StageOutput,
     StagePort,
 )
@@ -134,6 +135,12 @@ class SessionRunner:
     @property
     def pipeline(self) -> InputPipeline:
         return self.input.pipeline
+
+    @property
+    def history(self) -> ModelHistory | None:
+        """A model-native session's model history (its stream's), None for any other."""
+        native = self.responses.native
+        return native.history if native is not None else None
 
     @property
     def dropped_stale_outputs(self) -> int:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 
 from services.worker.session.command_order import CommandOrder
 from services.worker.session.runner import SessionRunner
-from shared.contracts import DuplexSessionError
+from shared.contracts import DuplexSessionError, ModelHistory
 from shared.redis.inbox_codec import InboxMessage
 from shared.redis.store import PublishItem
 
@@ -116,6 +116,9 @@ class SessionRecord:
     kept_back: list[InboxMessage] | None = None
     #: the drain's task moving the session (or closing it: no worker can take it)
     drain_task: asyncio.Task[None] | None = None
+    #: a model-native session's model history (what the publisher writes to Redis, what a
+    #: move carries), from the moment it is served here; None: not a model-native session
+    history: ModelHistory | None = None
 
     def serve(
         self,
@@ -129,6 +132,7 @@ class SessionRecord:
         `restored`: moved here from a checkpoint, so its events are journaled from the
         first (its session.created was published by the worker that opened it)."""
         self.runner = runner
+        self.history = runner.history if runner is not None else None
         self.owner_generation = owner_generation
         self.unstamped = unstamped
         self.fenced = False

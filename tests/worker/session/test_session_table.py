@@ -438,3 +438,18 @@ async def test_a_session_bound_but_never_given_a_slot_leaves_nothing(frame_worke
     assert port.held_sessions() == {"duplex-bound"} and port.slot_of("duplex-bound") is None
     await port.cleanup("duplex-bound")
     assert not port.held_sessions() and port.free_slots == port.model.slots
+
+
+async def test_the_record_holds_a_model_native_sessions_history(frame_worker):
+    """The history the stage appends each stepped frame to is the record's own (what the
+    publisher writes and a move carries), not one reached through the runner's parts."""
+    worker = frame_worker
+    sid = await worker.open()
+    record = worker.table.get(sid)
+    assert record.history is not None
+    assert worker.manager.moves.model_history(sid) is record.history
+    record.history.append(bytes(record.history.record_bytes))
+    assert record.history.frames == 1
+    await worker.manager.close(sid)
+    await worker.settled()
+    assert nothing_left(worker)
