@@ -103,7 +103,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP) redis-server
-	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/plugins/vllm $(PYTEST_ARGS)
 
 # The Moshi family plugin (plugins/moshi) in its own venv: kyutai's `moshi` package pins
 # torch<2.10 (and numpy<2.3, aiohttp<3.12, sounddevice, bitsandbytes for its demo server),
@@ -129,7 +129,7 @@ $(MOSHI_STAMP): pyproject.toml Makefile
 	touch $(MOSHI_STAMP)
 
 test-moshi: $(MOSHI_STAMP) redis-server
-	HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m pytest tests/moshi $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m pytest tests/plugins/moshi $(PYTEST_ARGS)
 
 # The Nemotron VoiceChat plugin (plugins/nemotron) in its own venv: nemo-toolkit 3.0.0's
 # speechlm2 models are the model code, but its dependency set is a training stack (its
@@ -164,7 +164,7 @@ $(NEMOTRON_STAMP): pyproject.toml Makefile
 	touch $(NEMOTRON_STAMP)
 
 test-nemotron: $(NEMOTRON_STAMP) redis-server
-	HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m pytest tests/nemotron $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m pytest tests/plugins/nemotron $(PYTEST_ARGS)
 
 # Every benchmark program in turn (about 10 minutes); each rewrites its section of
 # docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.

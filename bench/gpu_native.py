@@ -26,7 +26,7 @@ model's `replay_chunk_frames`) of 250, 1000 and 3000 frames, timed with 8 other 
 busy (`bench.native_restore.measure_restores`), and the deadline misses of 32 busy slots on
 the real stage while one more is restored from a 3000-frame history
 (`bench.native_restore.measure_stage`). The histories are random valid tokens: a replay's
-cost does not depend on their values (tests/moshi prove a replay exact on the tiny model).
+cost does not depend on their values (tests/plugins/moshi prove a replay exact on the tiny model).
 
 Each part (the sweep with graphs on, with graphs off, the restore) runs in a process of its
 own, under a share of `--budget-s`: a part that fails (a CUDA graph that cannot be captured,

@@ -78,7 +78,7 @@ WARM_RESTORE_FRAMES = 8
 
 def user_audio(seed: int, frames: int) -> np.ndarray:
     """`frames` 80 ms frames of 16 kHz audio [frames, 1280]: a tone gated at 0.7 Hz over
-    noise, different per seed, quantized to 16 bits (the tests' input, tests/nemotron)."""
+    noise, different per seed, quantized to 16 bits (the tests' input, tests/plugins/nemotron)."""
     rng = np.random.default_rng(seed)
     t = np.arange(frames * FRAME_SAMPLES) / 16000
     tone = 0.3 * np.sin(2 * np.pi * (220 + 40 * seed) * t) * (np.sin(2 * np.pi * 0.7 * t) > 0)

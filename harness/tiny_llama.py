@@ -1,4 +1,4 @@
-"""The tiny random Llama the vLLM stage runs on in tests/vllm and `bench.models --vllm`:
+"""The tiny random Llama the vLLM stage runs on in tests/plugins/vllm and `bench.models --vllm`:
 made here from a few sentences (no hub), with the engine settings that fit it.
 
 Needs torch, tokenizers and transformers (the vLLM venv of `make test-vllm`); imported

@@ -29,7 +29,7 @@ _PERCEPTION = "nemo.collections.speechlm2.modules.perception"
 _ASR = "nemo.collections.asr.modules"
 #: the text channel's embeddings and the user channel's projection: at NeMo's own init
 #: scales a random model says one token forever; at these it says varied things, and
-#: talks on most frames (the tests script the quiet they need: tests/nemotron/scripted.py)
+#: talks on most frames (the tests script the quiet they need: tests/plugins/nemotron/scripted.py)
 TEXT_EMBED_STD = 0.5
 USER_PROJ_STD = 1.0
 SPECIAL_TOKENS = (

@@ -1,21 +1,10 @@
 """Fixtures shared by the whole suite."""
 
-import importlib.util
-
 import pytest
 
 from harness.redis_cluster import RedisClusterServers
 from harness.redis_server import RedisServer
 from harness.sessions import make_harness
-
-# tests/vllm needs vLLM, which lives in its own venv (`make test-vllm`)
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
-# tests/moshi needs torch and kyutai's moshi, which live in their own venv (`make test-moshi`)
-if not importlib.util.find_spec("moshi"):
-    collect_ignore.append("moshi")
-# tests/nemotron needs torch and nemo-toolkit, which live in their own venv (`make test-nemotron`)
-if not importlib.util.find_spec("nemo"):
-    collect_ignore.append("nemotron")
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ was left as its step ran, so a slot restored from a history that ends inside it 
 for the rest, as the original does.
 
 Batch invariance: with greedy decoding (temperatures 0) a slot's tokens do not depend on who
-shares the batch (tests/moshi prove it on the tiny model). moshi samples with torch's global
+shares the batch (tests/plugins/moshi prove it on the tiny model). moshi samples with torch's global
 generator over the whole batch, so sampled outputs are reproducible for a given batch but not
 invariant to its other rows; the tests use greedy.
 """

@@ -45,7 +45,7 @@ the stage asks; a restored slot's prefix and history count alike, one call may s
   would force silence there instead (the frame model's delayed layout starts from the frame
   itself), one column off the fork's. So a `.pt` prefix is P + 1 frames, the prompt frames
   after it 5 of silence, the persona, 6 of silence, and the LM state after the whole prompt
-  is the fork's column for column (tests/moshi/test_personaplex.py makes a `.pt` the way
+  is the fork's column for column (tests/plugins/moshi/test_personaplex.py makes a `.pt` the way
   the fork does and checks it against the `.wav` it was made from, token for token).
 
 A bad `.pt` (not a torch file, other keys, a width or codebook count not the LM's, tokens

@@ -7,8 +7,8 @@ fixture (module-scoped, parametrized over its models: a subject caches the refer
 the tests share):
 
 - tests/contracts/test_frame_model_contract.py: EchoFrameModel, ToolEchoFrameModel (main venv)
-- tests/moshi/test_frame_contract.py: the tiny Moshi and PersonaPlex (.venv-moshi)
-- tests/nemotron/test_frame_contract.py: the tiny Nemotron VoiceChat (.venv-nemotron)
+- tests/plugins/moshi/test_frame_contract.py: the tiny Moshi and PersonaPlex (.venv-moshi)
+- tests/plugins/nemotron/test_frame_contract.py: the tiny Nemotron VoiceChat (.venv-nemotron)
 
 A conversation is a seed: its input frames are `subject.frame(model, slot, seed, index)`, the
 same wherever and whenever it runs, so its outputs are compared with the *reference* run of

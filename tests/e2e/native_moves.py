@@ -6,7 +6,7 @@ history replayed (the restored-frames metric says how many frames came back, and
 history in Redis grows on past them), seqs stay contiguous, no `input_lost` and no error
 reach the client, and the model speaks again. Every wait is for something the client,
 Redis or /metrics shows. Used by tests/e2e/test_native_moves.py (the echo frame model) and
-tests/moshi/test_moshi_e2e.py (the tiny Moshi)."""
+tests/plugins/moshi/test_moshi_e2e.py (the tiny Moshi)."""
 
 from __future__ import annotations
 

@@ -146,12 +146,12 @@ NATIVE_API_KEY = "frameworks-native-key"
 #: the echo frame model (harness/frame_models.py), by its plugin path and its served name
 ECHO_FRAME_PLUGIN = "harness.frame_models:EchoFramePlugin"
 ECHO_FRAME_MODEL = "frame_echo"
-#: greedy decoding on the CPU, one thread (as tests/moshi)
+#: greedy decoding on the CPU, one thread (as tests/plugins/moshi)
 MOSHI_OPTIONS = ("device=cpu", "temperature=0", "temperature_text=0", "threads=1")
 
 #: run with .venv-moshi's python: the tiny random checkpoint of harness/tiny_moshi.py with
-#: PersonaPlex's token constants made for it (as tests/moshi/test_personaplex.py does), and a
-#: voice prompt directory holding NATF2.pt, the voice LiveKit's PersonaPlex plugin asks for by
+#: PersonaPlex's token constants made for it (as tests/plugins/moshi/test_personaplex.py does),
+#: and a voice prompt directory holding NATF2.pt, the voice LiveKit's PersonaPlex plugin asks for by
 #: default: a `.pt` in NVIDIA's fork's layout (LM input embeddings and a token cache) that fits
 #: the tiny LM; the plugin's own check of it runs here, so that a bad one fails the set-up
 TINY_PERSONAPLEX = """

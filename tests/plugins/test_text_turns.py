@@ -17,7 +17,12 @@ from shared.contracts import (
     ResponseCreateOptions,
     ResponsePlanRequest,
 )
-from tests.plugins.test_assistant_tools import WEATHER, FakeTextStage, run_stage, silent_port
+from tests.plugins.assistant.test_assistant_tools import (
+    WEATHER,
+    FakeTextStage,
+    run_stage,
+    silent_port,
+)
 
 
 def request(

@@ -17,7 +17,7 @@ import torch
 
 from harness.tiny_nemotron import build_tiny_checkpoint
 from plugins.nemotron.streaming import FRAME_SAMPLES, StreamingVoiceChat
-from tests.nemotron.conftest import user_audio
+from tests.plugins.nemotron.conftest import user_audio
 
 FRAMES = 30
 WINDOW = 8

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.moshi.conftest import user_audio
+from tests.plugins.moshi.conftest import user_audio
 
 CONTEXT = 100  # the tiny LM's context (harness/tiny_moshi.py)
 

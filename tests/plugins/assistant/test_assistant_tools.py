@@ -312,7 +312,7 @@ async def test_a_spoken_request_calls_the_tool_and_the_output_is_spoken():
             if e.wire_type == "conversation.item.input_audio_transcription.completed"
         )
         # Whisper: "please get to the weather" or "please get the weather" in every variant
-        # measured (tests/plugins/test_whisper.py says how)
+        # measured (tests/plugins/assistant/test_whisper.py says how)
         assert "get" in heard.transcript and "weather" in heard.transcript
         done = events[-1]
         assert done.response["status"] == "completed"

@@ -22,7 +22,7 @@ from harness.redis_server import free_port
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
 from tests.e2e.native_moves import move_a_native_session
-from tests.moshi.conftest import user_audio
+from tests.plugins.moshi.conftest import user_audio
 
 RATE = 24_000
 OPTIONS = "device=cpu,temperature=0,temperature_text=0,threads=1"

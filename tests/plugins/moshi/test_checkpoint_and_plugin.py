@@ -8,7 +8,7 @@ from moshi.models import loaders
 
 from plugins.moshi import CheckpointError, MoshiCheckpoint, MoshiPlugin
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
-from tests.moshi.conftest import GREEDY
+from tests.plugins.moshi.conftest import GREEDY
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """The Moshi plugin's tests, on the tiny random checkpoint of harness/tiny_moshi.py.
 
 Runs only where torch and `moshi` are installed (`make test-moshi` builds `.venv-moshi`);
-tests/conftest.py leaves this folder out elsewhere. Greedy decoding throughout: moshi samples
-with torch's global generator over the whole batch, which is not batch-invariant.
+tests/plugins/conftest.py leaves this folder out elsewhere. Greedy decoding throughout: moshi
+samples with torch's global generator over the whole batch, which is not batch-invariant.
 """
 
 import os

@@ -20,7 +20,7 @@ from plugins.nemotron.streaming import (
     StreamingPerception,
     StreamingVoiceChat,
 )
-from tests.nemotron.conftest import user_audio
+from tests.plugins.nemotron.conftest import user_audio
 
 WINDOW = 8
 

@@ -20,7 +20,7 @@ from plugins.nemotron.frame_model import NemotronFrameModel
 from plugins.nemotron.tools import render_system_prompt
 from shared.contracts import FrameModel, FrameOutput
 from tests.contracts.frame_model_suite import FrameModelContract, FrameSubject, Observation
-from tests.nemotron.conftest import OPTIONS
+from tests.plugins.nemotron.conftest import OPTIONS
 
 RATE = 16_000
 

@@ -1,7 +1,7 @@
 """The Nemotron VoiceChat plugin end to end: redis-server, `duplex api` and `duplex worker`
 as real processes of this venv, on the tiny random checkpoint (harness/tiny_nemotron.py).
 
-The worker runs `tests.nemotron.scripted:ScriptedNemotronPlugin`: the real plugin and
+The worker runs `tests.plugins.nemotron.scripted:ScriptedNemotronPlugin`: the real plugin and
 frame model with the function channel scripted (the tiny model never calls a tool by
 itself): a loud frame makes it call the session's first tool, and once the result has been
 fed it says " sunny in paris". Everything else is the tiny model's own: it hears, speaks
@@ -34,10 +34,10 @@ from harness.redis_server import free_port
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
 from tests.e2e.native_moves import move_a_native_session
-from tests.nemotron.scripted import ANSWER
+from tests.plugins.nemotron.scripted import ANSWER
 
-PLUGIN = "tests.nemotron.scripted:ScriptedNemotronPlugin"
-CHECKOUT = str(Path(__file__).resolve().parents[2])  # the worker imports harness/
+PLUGIN = "tests.plugins.nemotron.scripted:ScriptedNemotronPlugin"
+CHECKOUT = str(Path(__file__).resolve().parents[3])  # the worker imports harness/
 OPTIONS = "device=cpu,threads=1"
 RATE = 24_000
 FRAME = RATE * 80 // 1000

@@ -10,8 +10,8 @@ import pytest
 
 from plugins.nemotron.records import RecordLayout, decode
 from plugins.nemotron.tools import render_system_prompt
-from tests.nemotron.conftest import user_audio
-from tests.nemotron.scripted import ANSWER, ScriptedNemotronFrameModel
+from tests.plugins.nemotron.conftest import user_audio
+from tests.plugins.nemotron.scripted import ANSWER, ScriptedNemotronFrameModel
 
 FORECAST = {"temp": 21, "sky": "sunny", "wind": "a light breeze from the west", "rain": 0}
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
@@ -102,7 +102,7 @@ def test_a_barge_in_ends_the_models_turn_and_keeps_its_memory(make_model):
 
 
 def test_scripted_tool_call_becomes_a_function_call_and_the_result_reaches_the_model(tiny_dir):
-    """The function channel's tokens (scripted, as tests/nemotron/scripted.py does) parse to
+    """The function channel's tokens (scripted, as tests/plugins/nemotron/scripted.py does) parse to
     one call, withheld from the words; the result is fed as tokens before the next frames,
     and the model then says the scripted answer."""
     model = ScriptedNemotronFrameModel.load(str(tiny_dir), 1, "cpu", 1)

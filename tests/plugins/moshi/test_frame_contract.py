@@ -2,7 +2,7 @@
 tiny PersonaPlex (MoshiFrameModel on harness/tiny_moshi.py's checkpoint), in .venv-moshi.
 
 Mimi's encoder starts afresh at a restore (its state is in no record), so the codes it makes
-of the same audio differ for a few frames after one: as tests/moshi/test_replay.py does, the
+of the same audio differ for a few frames after one: as tests/plugins/moshi/test_replay.py does, the
 subject gives the LM each conversation's user codes directly (`ScriptedCodes` in place of
 Mimi's encoder output; the encoder still runs, on silence), and compares the LM's tokens,
 the records, the words and the audio Mimi decodes. PersonaPlex's conversations open with a
@@ -25,8 +25,8 @@ from plugins.moshi.personaplex import SILENCE_FRAMES
 from plugins.moshi.replay import decode_records
 from shared.contracts import FrameModel, FrameOutput
 from tests.contracts.frame_model_suite import FrameModelContract, FrameSubject, Observation
-from tests.moshi.conftest import GREEDY
-from tests.moshi.test_personaplex import (
+from tests.plugins.moshi.conftest import GREEDY
+from tests.plugins.moshi.test_personaplex import (
     SILENCE,
     SINE,
     VOICE_FRAMES,

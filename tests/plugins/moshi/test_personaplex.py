@@ -32,9 +32,9 @@ from shared.contracts import (
     DuplexSessionError,
     SessionRuntimeConfig,
 )
-from tests.moshi.conftest import GREEDY, user_audio
-from tests.moshi.test_frame_model import alone, run
-from tests.moshi.test_replay import Codes, script, step
+from tests.plugins.moshi.conftest import GREEDY, user_audio
+from tests.plugins.moshi.test_frame_model import alone, run
+from tests.plugins.moshi.test_replay import Codes, script, step
 from tests.worker.session_parts import LoudnessVad
 
 SILENCE = [5, 6]

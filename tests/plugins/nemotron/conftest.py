@@ -2,7 +2,7 @@
 harness/tiny_nemotron.py (built here, once per run: nothing is downloaded).
 
 Runs only where torch and nemo-toolkit are installed (`make test-nemotron` builds
-`.venv-nemotron`); tests/conftest.py leaves this folder out elsewhere. The tiny checkpoint's
+`.venv-nemotron`); tests/plugins/conftest.py leaves this folder out elsewhere. The tiny checkpoint's
 speech decoder is greedy (noise 0, top-1 mixture component), so every output is a function
 of the input, whoever shares the batch.
 """

@@ -3,7 +3,7 @@ spoken turn with barge-in through the session engine (server VAD, no microphone)
 
 Recognition of synthesized speech is checked by what the responder makes of it (a command
 heard as another wording of the same command answers the same) or by words in common, not by
-exact transcripts: see tests/plugins/test_whisper.py for why and how the margins were
+exact transcripts: see tests/plugins/assistant/test_whisper.py for why and how the margins were
 measured. pocketsphinx's results below were measured over 40 inputs said after 1-5 other
 sentences (the old tts.py, i.e. test order), espeak-ng at 150-200 words a minute, and the
 voices en-us+m1, m3, f2: the command grammar and the hybrid's commands were exact in every

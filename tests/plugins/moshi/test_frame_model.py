@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from tests.moshi.conftest import user_audio
+from tests.plugins.moshi.conftest import user_audio
 
 FRAMES = 10
 ATOL = 1e-5

@@ -28,7 +28,7 @@ from shared.contracts import (
 )
 from shared.contracts.frame_model import FrameClockedPlugin
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tool(name: str, **extra) -> dict:

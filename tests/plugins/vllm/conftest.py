@@ -1,7 +1,7 @@
 """One vLLM engine for the module, on the tiny random Llama of harness/tiny_llama.py.
 
 Runs only where vLLM is installed (`make test-vllm` builds `.venv-vllm` with the CPU build);
-tests/conftest.py leaves this folder out elsewhere.
+tests/plugins/conftest.py leaves this folder out elsewhere.
 """
 
 import gc

@@ -16,7 +16,7 @@ what happened:
   answer the client then hears, as a response of its own (the tiny model talks on most
   frames by itself).
 
-`duplex worker --plugin tests.nemotron.scripted:ScriptedNemotronPlugin --model-dir DIR`.
+`duplex worker --plugin tests.plugins.nemotron.scripted:ScriptedNemotronPlugin --model-dir DIR`.
 """
 
 from __future__ import annotations
