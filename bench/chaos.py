@@ -48,18 +48,9 @@ import dataclasses
 import random
 import time
 
-from bench.chaos_sessions import (
-    ANSWER_TIMEOUT_S,
-    SESSION,
-    WORKERS,
-    Conversation,
-    RecordingClient,
-    around,
-    check,
-    converse,
-    drain,
-)
+from bench.chaos_sessions import ANSWER_TIMEOUT_S, SESSION, WORKERS, converse
 from bench.common import Stack, machine, now_utc, watchdog, write_section
+from harness.recording_client import Conversation, RecordingClient, around, check, drain
 
 
 @dataclasses.dataclass

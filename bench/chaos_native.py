@@ -64,11 +64,12 @@ from typing import Any
 import numpy as np
 import redis.asyncio as redis_async
 
-from bench.chaos_sessions import ENDINGS, Conversation, RecordingClient, check, drain, ended_by
+from bench.chaos_sessions import ENDINGS, ended_by
 from bench.chaos_workers import STOP_TIMEOUT_S, WorkerChaos
 from bench.common import ROOT, Stack
 from harness.frame_models import RATE, tone
 from harness.processes import Process
+from harness.recording_client import Conversation, RecordingClient, check, drain
 from shared.protocol.duplex import float_to_pcm16
 
 FRAME_S = 0.08

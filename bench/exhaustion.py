@@ -43,8 +43,9 @@ import orjson
 import redis.asyncio as redis_async
 import websockets
 
-from bench.chaos_sessions import SESSION, Conversation, RecordingClient, check, converse, drain
+from bench.chaos_sessions import SESSION, converse
 from bench.common import Stack, machine, now_utc, rss_bytes, watchdog, write_section
+from harness.recording_client import Conversation, RecordingClient, check, drain
 from harness.redis_server import free_port
 from harness.sockets import closed_by_server
 from shared.client.duplex_client import realtime_url

@@ -35,9 +35,10 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from bench import exhaustion
-from bench.chaos_sessions import SESSION, Conversation, RecordingClient, check, converse, drain
+from bench.chaos_sessions import SESSION, converse
 from bench.common import Stack, machine, now_utc, watchdog, write_section
 from bench.fuzz_frames import frames
+from harness.recording_client import Conversation, RecordingClient, check, drain
 from shared.protocol.duplex import ERROR_CODES
 
 ANSWER_TIMEOUT_S = 10.0

@@ -218,7 +218,7 @@ async def one_move(
 ) -> Move:
     """A session streamed into for `talk_s`, its worker signalled, until it speaks again;
     the signalled worker started again after (`replace`: another move follows)."""
-    from bench.chaos_sessions import RecordingClient, drain
+    from harness.recording_client import RecordingClient, drain
 
     move = Move(tree, shape, talk_s)
     client = RecordingClient([fleet.api.base], heartbeat_s=None)

@@ -6,6 +6,9 @@
 - `sessions`: a SessionManager with the echo model driven by the inline client, and test
   audio (a sine, 20 ms appends, the recorded speech of `data/`)
 - `speech`: synthesized speech (espeak-ng) and a client that streams it like a microphone
+- `recording_client`: a DuplexClient that records all it receives, its conversations of echo
+  turns, and the checks of what it got (lost, duplicated, wrong audio) that tests/e2e and the
+  chaos benchmarks make
 - `tiny_llama`: the tiny random Llama the vLLM stage runs on (built here, no hub)
 
 Import rules (tests/test_import_boundaries.py): tests and bench import the harness; the

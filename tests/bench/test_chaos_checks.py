@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.chaos_native import Restore, Snapshot, check_history, parse_restores
-from bench.chaos_sessions import Conversation, RecordingClient, check, expected_echo, turn_audio
+from harness.recording_client import Conversation, RecordingClient, check, expected_echo, turn_audio
 
 
 @pytest.fixture(autouse=True)

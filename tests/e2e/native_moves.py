@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.chaos_sessions import RecordingClient, drain
 from harness.frame_models import RATE, tone
 from harness.processes import start_api, start_worker
+from harness.recording_client import RecordingClient, drain
 from harness.redis_server import free_port
 from shared.protocol.duplex import float_to_pcm16
 from shared.redis.connection import connect

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from bench.chaos_sessions import (
+from harness.processes import start_api, start_worker
+from harness.recording_client import (
     Conversation,
     RecordingClient,
     check,
@@ -28,7 +29,6 @@ from bench.chaos_sessions import (
     turn_audio,
     wait_answer,
 )
-from harness.processes import start_api, start_worker
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from tests.e2e.waits import until
