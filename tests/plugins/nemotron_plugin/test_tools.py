@@ -9,13 +9,13 @@ import pytest
 
 from plugins.nemotron.tools import (
     MAX_BLOCK_CHARS,
-    PARSE_ERROR,
     ParsedFrame,
     ToolCallParser,
     render_function_output,
     render_system_prompt,
 )
 from shared.contracts import FunctionCall
+from shared.protocol.duplex.errors import NEMOTRON_PARSE_ERROR
 
 WEATHER = {
     "type": "function",
@@ -199,7 +199,7 @@ def test_a_bad_block_is_a_parse_error_and_makes_no_call(body, message):
     assert frame.text == "ab" and frame.calls == ()
     assert frame.error is not None
     code, text = frame.error
-    assert code == PARSE_ERROR == "nemotron_function_call_parse_error"
+    assert code == NEMOTRON_PARSE_ERROR == "nemotron_function_call_parse_error"
     assert message in text
     # the parser goes on: the next block is read
     assert parser.feed('<TOOLCALL>[{"name": "get_time"}]</TOOLCALL>').calls
