@@ -17,10 +17,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from services.api.chat import openai_error
+from services.api.door import bearer
 from services.api.live_sessions import LiveSessionsEndpoint
 from services.api.moshi_chat import MoshiChatEndpoint
 from services.api.pod import ApiPod
-from services.api.realtime import REALTIME_PATHS, RealtimeEndpoint, bearer, websocket_path
+from services.api.realtime import REALTIME_PATHS, RealtimeEndpoint, websocket_path
 from services.api.security import SecurityHeaders
 from shared.redis.connection import RedisHandle, connect
 from shared.settings import ApiSettings

@@ -1,13 +1,10 @@
-"""One client WebSocket attached to one session: the socket loop.
+"""The Realtime protocol's socket (OpenAI's GA API and our duplex surface) on the socket
+driver (`socket_driver.py`: the writer, the delivery pump, the reader loop, the release).
 
-The connection reads frames, parses them and hands each to its session; it writes what
-its `Delivery` queues. It holds nothing that must outlive it: its `Attachment` is the
+The connection parses the client's JSON frames and hands each to its session; it sends
+what its `Delivery` queues. It holds nothing that must outlive it: its `Attachment` is the
 hold on the session (open, resume, release), its `Delivery` the events out (live pump,
 replay, gap fill, overflow), and the session itself lives on its worker and in Redis.
-
-Three tasks per socket, none of them restarted (a restarted writer or pump would send
-out of order or after a takeover): this one reads; `ws-writer` sends what is queued and
-closes the socket after a closure notice; `ws-live:<session>` is the delivery pump.
 
 The formats appends are parsed with are the worker's (`SessionView`): a session.update
 that would change the input format is not applied here; the reader holds the next frames
@@ -23,20 +20,18 @@ session's JSON without `server_event_seq` (its seq travels in the live header on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from services.api.attachment import AttachFailed, Attachment, AttachmentStateError
+from services.api.attachment import AttachFailed, Attachment
 from services.api.delivery import Delivery, SessionView
-from services.api.inbox_writer import InboxFull
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import CLOSURE_TYPES, OutItem
+from services.api.socket_driver import Close, HandshakeFailed, Message, SocketDriver
 from shared.protocol.duplex import (
     CLIENT_COMMAND_TIERS,
     SURFACE_DUPLEX,
@@ -83,11 +78,8 @@ def duplex_only(command: ClientFrame) -> bool:
     return CLIENT_COMMAND_TIERS.get(command.wire_type) == 3
 
 
-class HandshakeFailed(Exception):
-    """The connection could not open or resume a session; the client was told why."""
-
-
-class RealtimeConnection:
+class RealtimeConnection(SocketDriver):
+    protocol = "ws"
     update_answer_timeout_s = UPDATE_ANSWER_TIMEOUT_S
 
     def __init__(
@@ -104,14 +96,11 @@ class RealtimeConnection:
         config_timeout_s: float,
         max_input_bytes: int,
     ):
-        self.ws = websocket
-        self.attachment = attachment
-        self.delivery = delivery
+        super().__init__(websocket, attachment, delivery, metrics)
         # an append is not awaited (services/api/command_sender.py): its failure is queued
         # for the client with the append's event_id, as the reader's own errors are
         attachment.commands.report = delivery.send
         self.view = view
-        self.metrics = metrics
         self.model = model
         self.autostart = autostart and not resume_only
         self.resume_only = resume_only
@@ -128,47 +117,36 @@ class RealtimeConnection:
     def openai(self) -> bool:
         return self.surface == SURFACE_OPENAI
 
-    # ------------------------------------------------------------ main
+    # ------------------------------------------------------------ the driver's hooks
 
-    async def run(self) -> None:
-        # named tasks, not supervised loops: they end with the socket, never restart
-        writer = asyncio.create_task(self._writer(), name="ws-writer")
-        pump: asyncio.Task[None] | None = None
-        try:
-            first = await self._handshake()
-            if self.attachment.session_id is None:
-                return
-            pump = asyncio.create_task(
-                self.delivery.pump(), name=f"ws-live:{self.attachment.session_id}"
-            )
-            if first is not None:
-                await self._handle_frame(first)
-            await self._reader(writer)
-        except (HandshakeFailed, WebSocketDisconnect):
-            pass
-        except Exception:
-            log.exception("connection of session %s failed", self.attachment.session_id)
+    async def open(self, writer: asyncio.Task[None]) -> bool:
+        first = await self._handshake()
+        if first is not None:  # the first frame, not an opening one: the reader's first
+            self.early.append({"type": "websocket.receive", "text": first})
+        return True
+
+    @property
+    def idle_timeout_s(self) -> float:
+        return self.view.idle_timeout_s
+
+    async def on_message(self, message: Message) -> Close | None:
+        text = message.get("text")
+        if text is None:
             self.delivery.error(
-                "internal_error", "the server failed on this connection; resume or reconnect"
+                "bad_event", "binary frames are not supported: send JSON text frames"
             )
-        finally:
-            if pump is not None:
-                pump.cancel()
-            await self.attachment.release()
-            if not writer.done():
-                with contextlib.suppress(TimeoutError, Exception):
-                    async with asyncio.timeout(5.0):
-                        await self._drain_then_close()
-                writer.cancel()
-            elif not writer.cancelled() and (exc := writer.exception()) is not None:
-                log.error(
-                    "the writer of session %s failed", self.attachment.session_id, exc_info=exc
-                )
+            return None
+        await self._handle_frame(text)
+        return None
 
-    async def _drain_then_close(self) -> None:
-        await self.delivery.drained()  # the writer has taken everything queued
-        with contextlib.suppress(Exception):
-            await self.ws.close(1000)
+    def refuse(self, event: DuplexErrorEvent) -> None:
+        self.delivery.send(event)
+
+    def failed(self) -> Close | None:
+        self.delivery.error(
+            "internal_error", "the server failed on this connection; resume or reconnect"
+        )
+        return None
 
     # ------------------------------------------------------------ handshake
 
@@ -264,15 +242,6 @@ class RealtimeConnection:
                 "bad_event", "binary frames are not supported: send JSON text frames"
             )
 
-    async def _reader(self, writer: asyncio.Task[None]) -> None:
-        while not writer.done():
-            try:
-                async with asyncio.timeout(self.view.idle_timeout_s):
-                    frame = await self._receive_text()
-            except TimeoutError:
-                return  # an idle socket is a disconnect
-            await self._handle_frame(frame)
-
     async def _parse(self, frame: str) -> ClientFrame:
         """A client frame as a command. A large one is parsed on a thread: JSON and base64
         cost about 5 ms per MiB, and a 10 MiB append parsed here held every socket of the
@@ -305,23 +274,7 @@ class RealtimeConnection:
             return
         if isinstance(command, AppendAudio) and not self._fits_input_budget(command):
             return
-        try:
-            await self._deliver(command)
-        except InboxFull:
-            self.delivery.error(
-                "input_backpressure",
-                "the session's worker has too many unhandled commands; slow down and retry",
-                command.event_id,
-                retryable=True,
-            )
-        except RedisError as exc:  # Redis unreachable: the client hears it, the socket lives on
-            log.warning("command for %s not delivered: %s", self.attachment.session_id, exc)
-            self.delivery.error(
-                "internal_error",
-                "the command could not be delivered (the session store is unreachable); retry",
-                command.event_id,
-                retryable=True,
-            )
+        await self._deliver(command)
 
     def _refuse_duplex_only(self, command: ClientFrame) -> None:
         self.delivery.error(
@@ -365,12 +318,14 @@ class RealtimeConnection:
             # not applied here: the worker may refuse it (SessionView)
             awaits_answer = self.view.expect(command.patch, command.event_id)
         started = time.perf_counter()
+        delivered = False
         try:
-            await self.attachment.command(command)
-        except BaseException:
-            if awaits_answer:
+            delivered = await self.command(command, command.event_id)
+        finally:
+            if awaits_answer and not delivered:
                 self.view.settle()  # not written: the worker will not answer it
-            raise
+        if not delivered:
+            return
         self.metrics.command_latency.observe(time.perf_counter() - started)
         if isinstance(command, CloseSession):
             self.metrics.sessions_closed.inc()
@@ -384,19 +339,7 @@ class RealtimeConnection:
 
     # ------------------------------------------------------------ worker -> client
 
-    async def _writer(self) -> None:
-        try:
-            # the item lives in `_send`'s frame only: nothing holds the last one sent while
-            # the writer waits (an idle socket kept its session.created, whose JSON orjson
-            # leaves in a 16 KiB buffer: most of an idle session's memory)
-            while await self._send(await self.delivery.get()):
-                pass
-        except AttachmentStateError:
-            raise  # a bug, not a gone socket: run() logs it
-        except Exception:
-            return  # the socket is gone: the reader sees the disconnect
-
-    async def _send(self, item: OutItem) -> bool:
+    async def send_item(self, item: OutItem) -> bool:
         """One queued item to the client; False once the socket is closed after it."""
         if self.openai and item.wire_type in OPENAI_ENDINGS:
             await self.ws.close(1000, item.wire_type)  # GA has no such event

@@ -41,23 +41,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import logging
 import time
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.api.attachment import AttachFailed
 from services.api.delivery import SessionParts
-from services.api.inbox_writer import InboxFull
+from services.api.door import Door
 from services.api.metrics import ApiMetrics
-from services.api.moshi_chat import PartsFactory, next_message, refusal
 from services.api.output_queue import CLOSURE_TYPES, OutItem
-from services.api.realtime import admit_native
-from services.api.security import KeyChecker
+from services.api.socket_driver import Close, Message, PartsFactory, SocketDriver, refusal
 from shared.protocol.duplex import (
     G711_ALAW,
     G711_ULAW,
@@ -66,7 +62,6 @@ from shared.protocol.duplex import (
     SURFACE_LIVE,
     AppendAudio,
     CloseSession,
-    DuplexCommand,
     DuplexErrorEvent,
     MuteInput,
     live_closed,
@@ -103,8 +98,7 @@ class LiveSessionsEndpoint:
 
     def __init__(
         self,
-        authorized: KeyChecker,
-        allowed_origins: frozenset[str],
+        door: Door,
         metrics: ApiMetrics,
         parts: PartsFactory,
         *,
@@ -112,26 +106,29 @@ class LiveSessionsEndpoint:
         ready_timeout_s: float,
         max_input_bytes: int,
     ) -> None:
-        self.authorized = authorized
+        self.door = door
         self.ready_timeout_s = ready_timeout_s
-        self.allowed_origins = allowed_origins
         self.metrics = metrics
         self.parts = parts
         self.config_timeout_s = config_timeout_s
         self.max_input_bytes = max_input_bytes
 
     async def __call__(self, websocket: WebSocket) -> None:
-        admitted = await admit_native(websocket, self.authorized, self.allowed_origins)
+        admitted = await self.door.admit(websocket)
         if admitted is None:
             return
-        websocket.scope["headers"] = []  # read: not kept for the socket's life
         await websocket.accept()
         self.metrics.active_sessions.inc()
         try:
             connection = LiveConnection(
-                websocket, self.parts(admitted.key), self.metrics, self.max_input_bytes
+                websocket,
+                self.parts(admitted.key),
+                self.metrics,
+                self.max_input_bytes,
+                config_timeout_s=self.config_timeout_s,
+                ready_timeout_s=self.ready_timeout_s,
             )
-            await connection.run(self.config_timeout_s, self.ready_timeout_s)
+            await connection.run()
         finally:
             self.metrics.active_sessions.dec()
 
@@ -187,50 +184,64 @@ def live_error(
     return {"type": "error", "error": live_error_body(error.error_body())}
 
 
-class LiveConnection:
+class LiveConnection(SocketDriver):
     """One `/v1/live/sessions` socket and its session."""
 
+    protocol = "live"
+    #: what the client sent before session.started is handled after it (the clients send
+    #: nothing then: a bound, not a buffer)
+    max_early = MAX_EARLY_EVENTS
+
     def __init__(
-        self, websocket: WebSocket, parts: SessionParts, metrics: ApiMetrics, max_input_bytes: int
+        self,
+        websocket: WebSocket,
+        parts: SessionParts,
+        metrics: ApiMetrics,
+        max_input_bytes: int,
+        *,
+        config_timeout_s: float,
+        ready_timeout_s: float,
     ) -> None:
-        self.ws = websocket
-        self.attachment = parts.attachment
+        super().__init__(websocket, parts.attachment, parts.delivery, metrics)
         self.attachment.duplex = False  # no resume: the socket is the session
         self.attachment.native_only = True
-        self.delivery = parts.delivery
-        self.metrics = metrics
         self.max_input_bytes = max_input_bytes
+        self.config_timeout_s = config_timeout_s
+        self.ready_timeout_s = ready_timeout_s
         self.encoding, self.rate = PCM16, DEFAULT_RATE
         self.closing = False  # session.close sent: the writer closes after session.closed
         self.started = asyncio.Event()  # session.started went out
-        #: what the client sent before session.started, handled after it
-        self.early: list[dict[str, Any]] = []
 
-    async def run(self, config_timeout_s: float, ready_timeout_s: float) -> None:
-        writer = asyncio.create_task(self._writer(), name="live-writer")
-        pump: asyncio.Task[None] | None = None
-        try:
-            if await self._start(config_timeout_s):
-                pump = asyncio.create_task(
-                    self.delivery.pump(), name=f"live-live:{self.attachment.session_id}"
-                )
-                if await self._ready(writer, ready_timeout_s):
-                    await self._reader(writer)
-        except WebSocketDisconnect:
-            pass
-        except Exception:
-            log.exception("live connection of %s failed", self.attachment.session_id)
-            self._say(live_error("internal_error", "the server failed on this connection"))
-        finally:
-            if pump is not None:
-                pump.cancel()
-            await self.attachment.release()  # the session ends with its socket
-            if not writer.done():
-                with contextlib.suppress(TimeoutError, Exception):
-                    async with asyncio.timeout(5.0):
-                        await self.delivery.drained()
-                        await self.ws.close(1000)
-                writer.cancel()
+    # ------------------------------------------------------------ the driver's hooks
+
+    async def open(self, writer: asyncio.Task[None]) -> bool:
+        return await self._start(self.config_timeout_s)
+
+    async def ready(self, writer: asyncio.Task[None]) -> bool | Close:
+        """Until session.started went out (True), the session ended or the client left
+        first, or the model took longer than its timeout to step its prompt (told, False).
+        GPT-Live's clients send nothing before session.started; what one sends anyway is
+        handled after it (`early`)."""
+        outcome = await self.wait_ready(self.started, writer, self.ready_timeout_s)
+        if outcome == "timeout":
+            log.warning(
+                "session %s: the model did not get ready in time", self.attachment.session_id
+            )
+            self._say(live_error("timeout", "the model did not get ready in time"))
+        return outcome == "ready"
+
+    async def on_message(self, message: Message) -> Close | None:
+        event = self._event(message)
+        if event is not None and self.attachment.live:
+            await self._handle(event)
+        return None
+
+    def refuse(self, event: DuplexErrorEvent) -> None:
+        self._say({"type": "error", "error": live_error_body(event.error_body())})
+
+    def failed(self) -> Close | None:
+        self._say(live_error("internal_error", "the server failed on this connection"))
+        return None
 
     # ------------------------------------------------------------ session.start
 
@@ -240,7 +251,7 @@ class LiveConnection:
         open itself has the attachment's."""
         deadline = time.monotonic() + timeout_s
         while True:
-            message = await next_message(self.ws, timeout=max(0.0, deadline - time.monotonic()))
+            message = await self.receive(timeout=max(0.0, deadline - time.monotonic()))
             if message is None:
                 self._say(
                     live_error("config_timeout", "no session.start within the config timeout")
@@ -286,33 +297,6 @@ class LiveConnection:
         self.metrics.sessions_opened.inc()
         return True
 
-    async def _ready(self, writer: asyncio.Task[None], timeout_s: float) -> bool:
-        """Until session.started went out (True), the session ended or the client left
-        first, or the model took longer than `timeout_s` to step its prompt (told, False).
-        The socket is read meanwhile, so that a client that leaves frees its slot at once;
-        GPT-Live's clients send nothing before session.started, and what one sends anyway
-        is handled after it (`early`)."""
-        started = asyncio.create_task(self.started.wait())
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not started.done():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    sid = self.attachment.session_id
-                    log.warning("session %s: the model did not get ready in time", sid)
-                    self._say(live_error("timeout", "the model did not get ready in time"))
-                    return False
-                message = await next_message(self.ws, started, writer, timeout=remaining)
-                if message is not None and message["type"] == "websocket.disconnect":
-                    raise WebSocketDisconnect(message.get("code", 1000))
-                if message is not None and len(self.early) < MAX_EARLY_EVENTS:
-                    self.early.append(message)
-                if writer.done() and not started.done():
-                    return False  # the session ended before it started (its error was sent)
-            return True
-        finally:
-            started.cancel()
-
     # ------------------------------------------------------------ client -> session
 
     def _event(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -333,27 +317,17 @@ class LiveConnection:
             return None
         return event
 
-    async def _reader(self, writer: asyncio.Task[None]) -> None:
-        """Until the client leaves or the session ends (the writer closed the socket)."""
-        while True:
-            message = self.early.pop(0) if self.early else await next_message(self.ws, writer)
-            if message is None:
-                return
-            event = self._event(message)
-            if event is not None and self.attachment.live:
-                await self._handle(event)
-
     async def _handle(self, event: dict[str, Any]) -> None:
         kind, event_id = event["type"], _event_id(event)
         if kind == "session.input_audio.append":
             audio = self._audio(event)
             if audio is not None:
-                await self._command(
+                await self.command(
                     AppendAudio(audio=audio, format=self.encoding, sample_rate_hz=self.rate), None
                 )
         elif kind in ("session.input_audio.mute", "session.input_audio.unmute"):
             muted = kind == "session.input_audio.mute"
-            await self._command(MuteInput(event_id=event_id, muted=muted), event_id)
+            await self.command(MuteInput(event_id=event_id, muted=muted), event_id)
         elif kind == "session.update":
             self._say(
                 {
@@ -364,7 +338,7 @@ class LiveConnection:
             )
         elif kind == "session.close":
             self.closing = True
-            await self._command(CloseSession(event_id=event_id, reason="client_close"), event_id)
+            await self.command(CloseSession(event_id=event_id, reason="client_close"), event_id)
         elif kind in TEXT_APPENDS:
             self._say(
                 live_error(
@@ -420,27 +394,6 @@ class LiveConnection:
             return None
         return audio
 
-    async def _command(self, command: DuplexCommand, event_id: str | None) -> None:
-        try:
-            await self.attachment.command(command)
-        except InboxFull:
-            self._say(
-                live_error(
-                    "input_backpressure",
-                    "the session's worker has too many unhandled commands; slow down",
-                    client_event_id=event_id,
-                )
-            )
-        except RedisError as exc:
-            log.warning("command for %s not delivered: %s", self.attachment.session_id, exc)
-            self._say(
-                live_error(
-                    "internal_error",
-                    "the command could not be delivered (the session store is unreachable)",
-                    client_event_id=event_id,
-                )
-            )
-
     # ------------------------------------------------------------ session -> client
 
     def _say(self, body: dict[str, Any]) -> None:
@@ -450,24 +403,22 @@ class LiveConnection:
             self.metrics.errors.labels(code or "unknown").inc()
         self.delivery.queue.put(OutItem(orjson.dumps(body), body["type"]))
 
-    async def _writer(self) -> None:
-        while True:
-            item = await self.delivery.get()
-            wire_type = item.wire_type
-            if wire_type == "session.created":
-                self.attachment.created_delivered()  # ours: GPT-Live has session.started
-                continue
-            if wire_type == "session.started":
-                await self.ws.send_text(item.data.decode())
-                self.started.set()
-            elif wire_type == "error":
-                await self.ws.send_text(_live_error_json(item.data))
-            elif wire_type in ENDINGS:
-                await self.ws.send_text(_live_closed_json(item.data, wire_type))
-                await self.ws.close(1000)
-                return
-            else:
-                await self.ws.send_text(item.data.decode())
+    async def send_item(self, item: OutItem) -> bool:
+        wire_type = item.wire_type
+        if wire_type == "session.created":
+            self.attachment.created_delivered()  # ours: GPT-Live has session.started
+        elif wire_type == "session.started":
+            await self.ws.send_text(item.data.decode())
+            self.started.set()
+        elif wire_type == "error":
+            await self.ws.send_text(_live_error_json(item.data))
+        elif wire_type in ENDINGS:
+            await self.ws.send_text(_live_closed_json(item.data, wire_type))
+            await self.ws.close(1000)
+            return False
+        else:
+            await self.ws.send_text(item.data.decode())
+        return True
 
 
 def _event_id(event: dict[str, Any]) -> str | None:

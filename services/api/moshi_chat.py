@@ -49,24 +49,27 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
 from starlette.datastructures import QueryParams
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.api.attachment import AttachFailed
 from services.api.delivery import SessionParts
-from services.api.inbox_writer import InboxFull
+from services.api.door import Door, deny
 from services.api.metrics import ApiMetrics
 from services.api.ogg_opus import SAMPLE_RATE, OggOpusError, OpusDecoder, OpusEncoder
-from services.api.output_queue import AUDIO_DELTA, CLOSURE_TYPES
-from services.api.realtime import admit_native, deny
-from services.api.security import KeyChecker
+from services.api.output_queue import AUDIO_DELTA, CLOSURE_TYPES, OutItem
+from services.api.socket_driver import Close, Message, PartsFactory, SocketDriver, refusal
 from shared.backoff import Backoff
-from shared.protocol.duplex import SURFACE_KEY, SURFACE_MOSHI, AppendAudio, error_type_for
+from shared.protocol.duplex import (
+    SURFACE_KEY,
+    SURFACE_MOSHI,
+    AppendAudio,
+    DuplexErrorEvent,
+    error_type_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +106,6 @@ NORMAL_ENDS = frozenset(
 #: WebSocket close codes (RFC 6455)
 NORMAL, UNSUPPORTED_DATA, INVALID_DATA, SERVER_ERROR = 1000, 1003, 1007, 1011
 
-PartsFactory = Callable[[str | None], SessionParts]
-
 
 class MoshiChatEndpoint:
     """The door of `/api/chat`: the key, the query, the open (waiting for a free slot),
@@ -112,23 +113,21 @@ class MoshiChatEndpoint:
 
     def __init__(
         self,
-        authorized: KeyChecker,
-        allowed_origins: frozenset[str],
+        door: Door,
         metrics: ApiMetrics,
         parts: PartsFactory,
         *,
         admission_wait_s: float,
         handshake_timeout_s: float,
     ) -> None:
-        self.authorized = authorized
-        self.allowed_origins = allowed_origins
+        self.door = door
         self.metrics = metrics
         self.parts = parts
         self.admission_wait_s = admission_wait_s
         self.handshake_timeout_s = handshake_timeout_s
 
     async def __call__(self, websocket: WebSocket, path_key: str | None) -> None:
-        admitted = await admit_native(websocket, self.authorized, self.allowed_origins, path_key)
+        admitted = await self.door.admit(websocket, path_key)
         if admitted is None:
             return
         try:
@@ -139,7 +138,6 @@ class MoshiChatEndpoint:
         parts = await self._open(websocket, session, admitted.key)
         if parts is None:
             return
-        websocket.scope["headers"] = []  # read: not kept for the socket's life
         try:
             # the client may be gone by now (it waited for a slot): its session goes too
             await websocket.accept()
@@ -149,7 +147,7 @@ class MoshiChatEndpoint:
         self.metrics.sessions_opened.inc()
         self.metrics.active_sessions.inc()
         try:
-            await MoshiConnection(websocket, parts, self.handshake_timeout_s).run()
+            await MoshiConnection(websocket, parts, self.metrics, self.handshake_timeout_s).run()
         finally:
             self.metrics.active_sessions.dec()
 
@@ -203,154 +201,113 @@ def session_from_query(query: QueryParams) -> dict[str, Any]:
     return session
 
 
-def refusal(failed: AttachFailed) -> tuple[str, str, str | None]:
-    """(code, message, param) of a refused open: the pod's event or the worker's reply."""
-    event = failed.event.to_dict() if failed.event is not None else failed.reply or {}
-    error = event.get("error")
-    error = error if isinstance(error, dict) else {}
-    return (
-        str(error.get("code") or "server_error"),
-        str(error.get("message") or "the session could not be opened"),
-        error.get("param"),
-    )
-
-
 def status_for(code: str) -> int:
     return REFUSAL_STATUS.get(error_type_for(code), 400)
 
 
-class MoshiConnection:
-    """One upgraded `/api/chat` socket and its session: Ogg Opus in, Ogg Opus and words out."""
+class MoshiConnection(SocketDriver):
+    """One upgraded `/api/chat` socket and its session: Ogg Opus in, Ogg Opus and words out.
+    Its session was opened at the door, before the upgrade."""
 
-    def __init__(self, websocket: WebSocket, parts: SessionParts, handshake_timeout_s: float):
-        self.ws = websocket
-        self.attachment = parts.attachment
-        self.delivery = parts.delivery
+    protocol = "moshi"
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        parts: SessionParts,
+        metrics: ApiMetrics,
+        handshake_timeout_s: float,
+    ):
+        super().__init__(websocket, parts.attachment, parts.delivery, metrics)
         self.handshake_timeout_s = handshake_timeout_s
         self.decoder = OpusDecoder()
         self.encoder = OpusEncoder()
         self.handshaken = asyncio.Event()
-        #: a client message read while the handshake went out, for the reader
-        self.early: dict[str, Any] | None = None
 
-    async def run(self) -> None:
-        writer = asyncio.create_task(self._writer(), name="moshi-writer")
-        pump = asyncio.create_task(
-            self.delivery.pump(), name=f"moshi-live:{self.attachment.session_id}"
-        )
-        close: tuple[int, str] | None = None
+    # ------------------------------------------------------------ the driver's hooks
+
+    async def open(self, writer: asyncio.Task[None]) -> bool:
+        return True  # opened at the door (`MoshiChatEndpoint._open`)
+
+    async def ready(self, writer: asyncio.Task[None]) -> bool | Close:
+        """Until the handshake went out. What the client sends before it is dropped, as
+        the reference servers drop it (the message read as it went out is kept: it may
+        have been sent after it); a client that leaves, or a session that ends first,
+        ends the socket; a model that takes too long closes it 1011."""
+        outcome = await self.wait_ready(self.handshaken, writer, self.handshake_timeout_s)
+        if outcome == "timeout":
+            sid = self.attachment.session_id
+            log.warning("session %s: the model did not get ready in time", sid)
+            return (SERVER_ERROR, "the model did not get ready in time")
+        if outcome == "ended":
+            raise WebSocketDisconnect(NORMAL)
+        return True
+
+    async def on_message(self, message: Message) -> Close | None:
+        data = message.get("bytes")
+        if data is None:
+            return (UNSUPPORTED_DATA, "send binary messages (Moshi's protocol)")
+        if not data or data[0] != AUDIO:
+            return None  # the protocol's other kinds are the server's; ignored as the
+            # reference servers do
         try:
-            close = await self._await_handshake(writer)
-            if close is None:
-                close = await self._reader(writer)
-        except WebSocketDisconnect:
-            pass
-        except Exception:
-            log.exception("moshi connection of %s failed", self.attachment.session_id)
-            close = (SERVER_ERROR, "internal_error")
-        finally:
-            # the socket is gone, or the session ended (the writer closed the socket after
-            # its closure), or the close is ours: nothing is left to send either way
-            pump.cancel()
-            writer.cancel()
-            await self.attachment.release()  # the session ends with its socket
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await self.ws.close(*close)
+            pcm = self.decoder.decode(data[1:])
+        except OggOpusError as exc:
+            return (INVALID_DATA, str(exc)[:120])
+        if pcm:
+            # a frame refused (the worker is behind: its inbox is full) is lost, the model
+            # hears the next ones (`refuse`)
+            await self.command(
+                AppendAudio(audio=pcm, format="pcm16", sample_rate_hz=SAMPLE_RATE), None
+            )
+        return None
 
-    async def _await_handshake(self, writer: asyncio.Task[None]) -> tuple[int, str] | None:
-        """Until the handshake went out (None), the session ended first, the client left
-        (both: WebSocketDisconnect), or the model took too long (the close to send). The
-        socket is read meanwhile, so that a client that leaves frees its slot at once; what
-        it sends before the handshake is dropped, as the reference servers drop it."""
-        handshake = asyncio.create_task(self.handshaken.wait())
-        deadline = time.monotonic() + self.handshake_timeout_s
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    sid = self.attachment.session_id
-                    log.warning("session %s: the model did not get ready in time", sid)
-                    return (SERVER_ERROR, "the model did not get ready in time")
-                message = await next_message(self.ws, handshake, writer, timeout=remaining)
-                if handshake.done():
-                    # a message read as the handshake went out may have been sent after it
-                    if message is not None:
-                        self.early = message
-                    return None
-                if writer.done() or (message and message["type"] == "websocket.disconnect"):
-                    raise WebSocketDisconnect(NORMAL)
-        finally:
-            handshake.cancel()
+    def refuse(self, event: DuplexErrorEvent) -> None:
+        # the protocol has no error message: the client's input is dropped, and said here
+        log.warning("session %s: input dropped: %s", self.attachment.session_id, event.code)
 
-    # ------------------------------------------------------------ client -> model
+    def failed(self) -> Close | None:
+        return (SERVER_ERROR, "internal_error")
 
-    async def _reader(self, writer: asyncio.Task[None]) -> tuple[int, str] | None:
-        """Until the socket or the session ends; the close to send, if it is ours."""
-        while True:
-            message, self.early = self.early or await next_message(self.ws, writer), None
-            if message is None or message["type"] == "websocket.disconnect":
-                return None  # the session ended (the writer closed the socket), or the client
-            data = message.get("bytes")
-            if data is None:
-                return (UNSUPPORTED_DATA, "send binary messages (Moshi's protocol)")
-            if not data or data[0] != AUDIO:
-                continue  # the protocol's other kinds are the server's; ignored as the
-                # reference servers do
-            try:
-                pcm = self.decoder.decode(data[1:])
-            except OggOpusError as exc:
-                return (INVALID_DATA, str(exc)[:120])
-            if pcm:
-                await self._append(pcm)
-
-    async def _append(self, pcm: bytes) -> None:
-        append = AppendAudio(audio=pcm, format="pcm16", sample_rate_hz=SAMPLE_RATE)
-        try:
-            await self.attachment.command(append)
-        except InboxFull:
-            # the worker is behind: this frame is lost, the model hears the next ones
-            log.warning("session %s: input dropped (worker inbox full)", self.attachment.session_id)
-        except RedisError as exc:
-            log.warning("session %s: input not delivered: %s", self.attachment.session_id, exc)
-
-    # ------------------------------------------------------------ model -> client
-
-    async def _writer(self) -> None:
+    async def next_item(self) -> OutItem:
+        """The next event; while the model listens, a keepalive after `KEEPALIVE_S`
+        without one."""
         while True:
             try:
                 async with asyncio.timeout(KEEPALIVE_S):
-                    item = await self.delivery.get()
+                    return await self.delivery.get()
             except TimeoutError:
                 if self.handshaken.is_set():  # the model listens: nothing else to send
                     await self.ws.send_bytes(KEEPALIVE)
-                continue
-            wire_type = item.wire_type
-            if wire_type == "session.created":
-                self.attachment.created_delivered()
-            elif wire_type == "session.started":
-                if not self.handshaken.is_set():
-                    await self.ws.send_bytes(HANDSHAKE)
-                    self.handshaken.set()
-            elif wire_type == "error":
-                # the protocol has no error message: logged; an error that ends the session
-                # comes back as its closure's reason (`_end`)
-                code = _error_code(item.data)
-                log.info("session %s: error %s", self.attachment.session_id, code)
-            elif wire_type in ENDINGS:
-                await self._end(item.data)
-                return
-            elif not self.handshaken.is_set():
-                continue  # the model's output is never sent before the handshake
-            elif wire_type == AUDIO_DELTA:
-                pcm = base64.b64decode(orjson.loads(item.data)["delta"])
-                await self._audio(self.encoder.encode(pcm))
-            elif wire_type in WORDS:
-                text = orjson.loads(item.data).get("delta") or ""
-                if text:
-                    await self.ws.send_bytes(bytes((TEXT,)) + text.encode())
-            elif wire_type == "response.done":
-                await self._audio(self.encoder.flush())  # the response's tail, padded
+
+    async def send_item(self, item: OutItem) -> bool:
+        wire_type = item.wire_type
+        if wire_type == "session.created":
+            self.attachment.created_delivered()
+        elif wire_type == "session.started":
+            if not self.handshaken.is_set():
+                await self.ws.send_bytes(HANDSHAKE)
+                self.handshaken.set()
+        elif wire_type == "error":
+            # the protocol has no error message: logged; an error that ends the session
+            # comes back as its closure's reason (`_end`)
+            code = _error_code(item.data)
+            log.info("session %s: error %s", self.attachment.session_id, code)
+        elif wire_type in ENDINGS:
+            await self._end(item.data)
+            return False
+        elif not self.handshaken.is_set():
+            pass  # the model's output is never sent before the handshake
+        elif wire_type == AUDIO_DELTA:
+            pcm = base64.b64decode(orjson.loads(item.data)["delta"])
+            await self._audio(self.encoder.encode(pcm))
+        elif wire_type in WORDS:
+            text = orjson.loads(item.data).get("delta") or ""
+            if text:
+                await self.ws.send_bytes(bytes((TEXT,)) + text.encode())
+        elif wire_type == "response.done":
+            await self._audio(self.encoder.flush())  # the response's tail, padded
+        return True
 
     async def _audio(self, pages: list[bytes]) -> None:
         for page in pages:
@@ -364,20 +321,6 @@ class MoshiConnection:
         code = NORMAL if reason in NORMAL_ENDS else SERVER_ERROR
         with contextlib.suppress(Exception):
             await self.ws.close(code, reason[:120])
-
-
-async def next_message(
-    websocket: WebSocket, *ends: asyncio.Future[Any], timeout: float | None = None
-) -> dict[str, Any] | None:
-    """The socket's next message, or None when one of `ends` finished first (or `timeout`
-    passed): a reader that waits on the client alone would miss its session's end."""
-    receive = asyncio.ensure_future(websocket.receive())
-    try:
-        await asyncio.wait((receive, *ends), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not receive.done():
-            receive.cancel()  # nothing taken: the socket's queue gives it to the next read
-    return receive.result() if receive.done() and not receive.cancelled() else None
 
 
 def _error_code(data: bytes) -> str:

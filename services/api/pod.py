@@ -23,6 +23,7 @@ from services.api.attachment import Attachment
 from services.api.chat import ChatCompletions
 from services.api.connection import RealtimeConnection
 from services.api.delivery import Delivery, SessionParts, SessionView
+from services.api.door import Door
 from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
 from services.api.live import LiveFeed, LiveHub
@@ -91,20 +92,18 @@ class ApiPod:
         self.loop_lag = LoopLagMonitor(
             f"API pod {settings.pod_id}", self.metrics.loop_lag, settings.loop_lag_warn_s
         )
-        self.realtime = RealtimeEndpoint(
-            self.authorized, settings.allowed_origins, self.metrics, self.connection
-        )
+        #: every WebSocket route's key and Origin check (services/api/door.py)
+        self.door = Door(self.authorized, settings.allowed_origins)
+        self.realtime = RealtimeEndpoint(self.door, self.metrics, self.connection)
         self.moshi_chat = MoshiChatEndpoint(
-            self.authorized,
-            settings.allowed_origins,
+            self.door,
             self.metrics,
             self.session_parts,
             admission_wait_s=settings.admission_wait_s,
             handshake_timeout_s=settings.model_ready_timeout_s,
         )
         self.live_sessions = LiveSessionsEndpoint(
-            self.authorized,
-            settings.allowed_origins,
+            self.door,
             self.metrics,
             self.session_parts,
             config_timeout_s=settings.config_timeout_s,

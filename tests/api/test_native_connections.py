@@ -21,6 +21,7 @@ import sphn
 from services.api import moshi_chat
 from services.api.app import moshi_chat_path
 from services.api.delivery import SessionParts
+from services.api.door import Door
 from services.api.live_sessions import LiveConnection
 from services.api.metrics import ApiMetrics
 from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection
@@ -100,7 +101,7 @@ class Session:
 
 def moshi(session: Session, socket: Socket) -> MoshiConnection:
     parts = SessionParts(session, session, None)  # type: ignore[arg-type]
-    return MoshiConnection(socket, parts, handshake_timeout_s=WAIT_S)  # type: ignore[arg-type]
+    return MoshiConnection(socket, parts, ApiMetrics(), handshake_timeout_s=WAIT_S)  # type: ignore[arg-type]
 
 
 async def test_a_session_that_ends_before_the_handshake_closes_with_its_error():
@@ -156,14 +157,21 @@ async def test_an_error_the_session_outlived_leaves_its_end_normal_and_a_tail_is
 async def test_a_gpt_live_model_that_never_gets_ready_is_given_up(monkeypatch):
     session, socket = Session(), Socket()
     parts = SessionParts(session, session, None)  # type: ignore[arg-type]
-    connection = LiveConnection(socket, parts, ApiMetrics(), 1 << 20)  # type: ignore[arg-type]
+    connection = LiveConnection(
+        socket,  # type: ignore[arg-type]
+        parts,
+        ApiMetrics(),
+        1 << 20,
+        config_timeout_s=1,
+        ready_timeout_s=0.1,
+    )
 
     async def opened(timeout_s: float) -> bool:
         return True  # session.start was taken: now the model's session.started is awaited
 
     monkeypatch.setattr(connection, "_start", opened)
     async with asyncio.timeout(WAIT_S):
-        await connection.run(config_timeout_s=1, ready_timeout_s=0.1)
+        await connection.run()
     (error,) = [orjson.loads(m) for m in socket.sent]
     assert error["type"] == "error" and error["error"]["code"] == "timeout"
     assert socket.closed is not None and socket.closed[0] == 1000
@@ -203,8 +211,7 @@ async def test_a_session_opened_for_a_client_that_left_is_released(fails):
     fails, and the session must not keep the slot. Likewise an open that fails midway."""
     session = Opening(fails)
     endpoint = MoshiChatEndpoint(
-        KeyChecker(()),
-        frozenset(),
+        Door(KeyChecker(()), frozenset()),
         ApiMetrics(),
         lambda key: SessionParts(session, session, None),  # type: ignore[arg-type]
         admission_wait_s=1,

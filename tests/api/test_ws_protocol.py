@@ -5,13 +5,16 @@ at the app's door, past the router (services/api/app.py, realtime.py)."""
 import asyncio
 import functools
 
+import pytest
 import uvicorn
 import websockets
 from fastapi import WebSocket
 from fastapi.testclient import TestClient
+from starlette.testclient import WebSocketDenialResponse
 
 from harness.redis_server import free_port
 from services.api.app import DuplexApp
+from services.api.door import Door
 from services.api.http_guard import GuardedH11Protocol
 from services.api.metrics import ApiMetrics
 from services.api.realtime import RealtimeEndpoint, realtime_route
@@ -80,7 +83,7 @@ class FakeConnection:
 
 
 def door_app() -> tuple[DuplexApp, list[str]]:
-    endpoint = RealtimeEndpoint(KeyChecker(["k1"]), frozenset(), ApiMetrics(), FakeConnection)
+    endpoint = RealtimeEndpoint(Door(KeyChecker(["k1"]), frozenset()), ApiMetrics(), FakeConnection)
     app = DuplexApp()
     app.realtime_endpoint = endpoint
     routed: list[str] = []
@@ -115,13 +118,17 @@ def test_realtime_sockets_are_served_at_the_door_and_drop_their_request_headers(
 
 
 def test_the_door_still_refuses_a_missing_key_before_accept():
+    """With HTTP 401 and OpenAI's error body, as every route's door (door.py) and OpenAI's
+    own Realtime endpoint refuse a bad key: no session exists."""
     app, _ = door_app()
     client = TestClient(app)
-    try:
-        with client.websocket_connect("/v1/realtime"):
-            raise AssertionError("accepted without a key")
-    except Exception as refused:  # starlette's WebSocketDisconnect: closed with 1008
-        assert getattr(refused, "code", None) == 1008
+    with (
+        pytest.raises(WebSocketDenialResponse) as refused,
+        client.websocket_connect("/v1/realtime"),
+    ):
+        raise AssertionError("accepted without a key")
+    assert refused.value.status_code == 401
+    assert refused.value.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_realtime_route_matches_below_the_root_path_and_only_websockets():
