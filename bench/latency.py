@@ -52,7 +52,7 @@ from bench.common import (
 )
 from harness.sessions import speech_wav
 from plugins.echo import EchoPlugin
-from services.worker.session.manager import SessionManager
+from services.worker.control.manager import SessionManager
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import float_to_pcm16

@@ -78,7 +78,7 @@ SENTENCES = [
 ]
 RECOGNISERS = ("whisper", "hybrid", "lm", "grammar")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
-CADENCE_S = 0.5  # the worker's partial cadence (services/worker/session/transcription.py)
+CADENCE_S = 0.5  # the worker's partial cadence (services/worker/engine/transcription.py)
 
 
 def tts_speed() -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from plugins.echo import EchoPlugin
-from services.worker.session.manager import SessionManager
+from services.worker.control.manager import SessionManager
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import AppendAudio, float_to_pcm16

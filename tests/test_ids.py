@@ -19,6 +19,6 @@ def test_now_ms_is_wall_clock_milliseconds():
 
 def test_one_expiry_reason_for_the_janitor_and_the_worker_reaper():
     import services.api.janitor as janitor
-    import services.worker.session.manager as manager
+    import services.worker.control.manager as manager
 
     assert janitor.EXPIRED_CLOSE_REASON is manager.EXPIRED_CLOSE_REASON is EXPIRED_CLOSE_REASON

@@ -2,7 +2,7 @@
 modules, counting imports under `if TYPE_CHECKING:` (a cycle hidden from the interpreter is
 still one concern split over two files). Module length is not a rule: a long module is a
 smell to think about, and splitting one to meet a count made a mixin that borrows another
-class's private state (services/worker/session/moves.py)."""
+class's private state (services/worker/control/moves.py)."""
 
 import ast
 from pathlib import Path

@@ -11,7 +11,7 @@ that would change the input format is not applied here; the reader holds the nex
 until the worker has answered it (session.updated, or its refusal).
 
 On the openai surface (plain /v1/realtime) the worker already emits OpenAI GA's events
-(services/worker/session/surface.py); here the client's duplex-only events are refused
+(services/worker/engine/surface.py); here the client's duplex-only events are refused
 (`unknown_event`), and a closure notice closes the socket without being sent (GA has no
 such event). The events need no rewriting here: the worker publishes an openai-surface
 session's JSON without `server_event_seq` (its seq travels in the live header only).

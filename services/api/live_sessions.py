@@ -16,7 +16,7 @@ models here unchanged, with their base URL pointed at us. JSON text frames both 
 - the server sends `session.output_audio.delta {delta}`, `session.output_transcript.delta
   {delta, start_ms, end_ms}`, `session.usage.updated {usage: {seconds}}` and `error`.
 
-These events are built on the worker (services/worker/session/native_surfaces.py), where
+These events are built on the worker (services/worker/engine/native_surfaces.py), where
 the mute flag, the usage and the timeline live with the session and move with it; this
 socket forwards them as they are. What it answers itself: `session.updated` (delegation is
 accepted and ignored: there is no delegation backend here), and refusals, as `error` events

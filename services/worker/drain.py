@@ -25,7 +25,7 @@
 One INFO line per move gives the pause it caused: from the moment the session stopped
 being served here to the moment its RestoreRequest and notice were out.
 
-A session's move state is in its record (`session/table.py`): the task moving (or closing)
+A session's move state is in its record (`control/table.py`): the task moving (or closing)
 it and the inbox messages kept back meanwhile; the record stays until they are sent on.
 The drain itself keeps only what is not any session's state here: where the sessions it
 moved away went (their late messages are forwarded there) and which models other workers
@@ -43,10 +43,10 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from services.worker.control.manager import SessionManager
+from services.worker.control.table import Phase, SessionTable
 from services.worker.handover import hand_over
 from services.worker.publisher import RedisEventPublisher
-from services.worker.session.manager import SessionManager
-from services.worker.session.table import Phase, SessionTable
 from shared.contracts import DuplexSessionError
 from shared.ids import now_ms
 from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, InboxMessage

@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable
 
 from redis import exceptions as redis_errors
 
+from services.worker.control.moves import SessionMoves
 from services.worker.publisher import RedisEventPublisher
-from services.worker.session.moves import SessionMoves
 from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed
 from shared.protocol.duplex.errors import WORKER_LOST

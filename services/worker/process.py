@@ -1,6 +1,6 @@
 """The worker process: registry + heartbeat, the inbox consumer, the session manager.
 
-The composition root of a worker: it builds the session table (`session/table.py`, one
+The composition root of a worker: it builds the session table (`control/table.py`, one
 record per session), the publisher, the session manager and its moves, the ownership checks
 and, on SIGTERM, the drain, and hands each exactly what it uses.
 
@@ -25,17 +25,17 @@ from typing import Any
 import orjson
 from redis import exceptions as redis_errors
 
+from services.worker.control.command_order import Released
+from services.worker.control.manager import SessionManager
+from services.worker.control.table import SessionTable
 from services.worker.drain import DRAIN_READ_BLOCK_MS, Drain
+from services.worker.engine.command_marks import Mark
 from services.worker.health import HealthServer
 from services.worker.inbox_reader import InboxReader
 from services.worker.metrics import WorkerMetrics
 from services.worker.ownership import Ownership
 from services.worker.plugins import build_frame_stage, load_plugin
 from services.worker.publisher import RedisEventPublisher
-from services.worker.session.command_marks import Mark
-from services.worker.session.command_order import Released
-from services.worker.session.manager import SessionManager
-from services.worker.session.table import SessionTable
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.contracts import DuplexSessionError, FrameClockedPlugin, SessionRuntimeConfig
 from shared.protocol.duplex import DuplexCommand, DuplexErrorEvent, RealtimeProtocolError

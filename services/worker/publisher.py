@@ -8,7 +8,7 @@ flusher is a supervised loop: a failed batch is put back in front and retried by
 the loop itself; anything else that escapes restarts it, with what it holds.
 
 Per-session state lives in the session's record of the worker's `SessionTable`
-(`services/worker/session/table.py`): its `Outbox` (pending events, whether they are
+(`services/worker/control/table.py`): its `Outbox` (pending events, whether they are
 journaled, the dirty flag, a drain's final checkpoint, the checkpoint of a failed batch)
 and its owner generation. The publisher keeps only the queue of records that have
 something to send. A record whose session has gone settles (leaves the table) once its
@@ -44,8 +44,8 @@ import asyncio
 import dataclasses
 import logging
 
-from services.worker.session.moves import FENCED_OUT, PublishHost
-from services.worker.session.table import FinalCheckpoint, SessionRecord, SessionTable
+from services.worker.control.moves import FENCED_OUT, PublishHost
+from services.worker.control.table import FinalCheckpoint, SessionRecord, SessionTable
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.protocol.duplex import DuplexEvent, dumps

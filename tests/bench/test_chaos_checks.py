@@ -208,9 +208,9 @@ def test_more_frames_than_the_clock_gave_ticks_is_found():
 def test_restores_are_read_from_the_workers_log_with_their_replay():
     log = "\n".join(
         [
-            "2026-12-07 INFO services.worker.session.moves: session sess_a restored "
+            "2026-12-07 INFO services.worker.control.moves: session sess_a restored "
             "(drain, owner generation 3, applied 12-0)",
-            "2026-12-07 INFO services.worker.session.moves: session sess_b restored "
+            "2026-12-07 INFO services.worker.control.moves: session sess_b restored "
             "(worker_lost, owner generation 2, applied 7-0)",
             "2026-12-07 INFO services.worker.stages.tick_batched: frame_echo: session sess_a "
             "restored (120 frames replayed in 0.081 s, 118.5x real time, 1 tick)",

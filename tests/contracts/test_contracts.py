@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.worker.session.lease import LeaseState
+from services.worker.engine.lease import LeaseState
 from shared.contracts import (
     DuplexCapabilities,
     DuplexFence,

@@ -2,9 +2,9 @@
 
 from collections.abc import Callable
 
+from services.worker.control.moves import PublishHost
+from services.worker.control.table import SessionRecord, SessionTable
 from services.worker.publisher import RedisEventPublisher
-from services.worker.session.moves import PublishHost
-from services.worker.session.table import SessionRecord, SessionTable
 from shared.contracts import ModelHistory
 
 

@@ -14,18 +14,18 @@ import numpy as np
 
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
-from services.worker.session.command_marks import CommandTicket
-from services.worker.session.engine_session import EngineSession
-from services.worker.session.handlers import SessionContext, dispatch, on_stage_output
-from services.worker.session.idle_timeout import IdleDue
-from services.worker.session.input_controller import InputController
-from services.worker.session.input_pipeline import InputPipeline
-from services.worker.session.input_queue import AppendReady, CommitReady, InOrder
-from services.worker.session.lease import LeaseState
-from services.worker.session.ledgers import InputLedger
-from services.worker.session.response_controller import ResponseController
-from services.worker.session.transcription import PartialTranscript
-from services.worker.session.vad import VadBackend, VadStream
+from services.worker.engine.command_marks import CommandTicket
+from services.worker.engine.engine_session import EngineSession
+from services.worker.engine.handlers import SessionContext, dispatch, on_stage_output
+from services.worker.engine.idle_timeout import IdleDue
+from services.worker.engine.input_controller import InputController
+from services.worker.engine.input_pipeline import InputPipeline
+from services.worker.engine.input_queue import AppendReady, CommitReady, InOrder
+from services.worker.engine.lease import LeaseState
+from services.worker.engine.ledgers import InputLedger
+from services.worker.engine.response_controller import ResponseController
+from services.worker.engine.transcription import PartialTranscript
+from services.worker.engine.vad import VadBackend, VadStream
 from shared.contracts import (
     CommittedTurn,
     DuplexFence,

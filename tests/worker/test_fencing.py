@@ -7,7 +7,7 @@ import orjson
 
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
-from services.worker.session.manager import SessionManager
+from services.worker.control.manager import SessionManager
 from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import (
     Commit,

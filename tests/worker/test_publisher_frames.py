@@ -6,7 +6,7 @@ import asyncio
 
 import orjson
 
-from services.worker.session import surface
+from services.worker.engine import surface
 from shared.protocol.duplex import (
     DuplexOutputAudioDelta,
     DuplexResponseDone,

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from plugins.echo import EchoPlugin
-from services.worker.session.transcription import PartialTranscript
+from services.worker.engine.transcription import PartialTranscript
 from tests.worker.session_parts import RATE
 
 

@@ -1,5 +1,5 @@
 """GPT-Live's vocabulary where two processes build its events: the worker's projection of a
-"live" session (services/worker/session/native_surfaces.py) and the API pod's socket
+"live" session (services/worker/engine/native_surfaces.py) and the API pod's socket
 (services/api/live_sessions.py), which speaks for a session no worker holds any more.
 
 GPT-Live (OpenAI's full-duplex API, `/v1/live/sessions`) reports usage as cumulative

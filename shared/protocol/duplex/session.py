@@ -88,7 +88,7 @@ SURFACE_MOSHI = "moshi"
 SURFACE_LIVE = "live"
 SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI, SURFACE_MOSHI, SURFACE_LIVE)
 #: the surfaces of native (frame-clocked) models only: the worker projects a session's events
-#: to what the API pod turns into that protocol (services/worker/session/native_surfaces.py)
+#: to what the API pod turns into that protocol (services/worker/engine/native_surfaces.py)
 NATIVE_SURFACES = (SURFACE_MOSHI, SURFACE_LIVE)
 #: the key the API pod adds to the opening session object (a client's own is stripped)
 SURFACE_KEY = "duplex_surface"
@@ -358,7 +358,7 @@ class DuplexSessionConfig:
     @property
     def native_surface(self) -> bool:
         """Opened on `/api/chat` or `/v1/live/sessions`: the worker projects its events to
-        those protocols' (services/worker/session/native_surfaces.py)."""
+        those protocols' (services/worker/engine/native_surfaces.py)."""
         return self.surface in NATIVE_SURFACES
 
     @property

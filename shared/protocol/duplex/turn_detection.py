@@ -1,6 +1,6 @@
 """Turn detection of a session (contract 4.2): `server_vad`, or `semantic_vad`.
 
-Both run the server VAD (Silero, services/worker/session/vad.py); `semantic_vad` ends a
+Both run the server VAD (Silero, services/worker/engine/vad.py); `semantic_vad` ends a
 turn after a silence set by its `eagerness` (`SEMANTIC_VAD_SILENCE_MS`), the fallback of
 the worker's transcript-aware decision.
 """
@@ -20,7 +20,8 @@ SERVER_VAD = "server_vad"
 SEMANTIC_VAD = "semantic_vad"
 TURN_DETECTION_TYPES = (SERVER_VAD, SEMANTIC_VAD)
 #: semantic_vad's `silence_duration_ms` per `eagerness`: the silence that ends a turn when
-#: the worker's transcript-aware decision has nothing better (services/worker/session/)
+#: the worker's transcript-aware decision has nothing better
+#: (services/worker/engine/semantic_turn.py)
 SEMANTIC_VAD_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 300}
 
 

@@ -23,7 +23,7 @@ from plugins.moshi.personaplex import (
     wrap_with_system_tags,
 )
 from plugins.moshi.replay import decode_records, lm_inputs, lmgen_columns
-from services.worker.session.manager import SessionManager
+from services.worker.control.manager import SessionManager
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import (

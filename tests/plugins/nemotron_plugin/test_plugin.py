@@ -16,8 +16,8 @@ from harness.frame_models import EchoFrameModel, ManualClock
 from plugins.nemotron import NemotronPlugin
 from plugins.nemotron.plugin import MAX_TOOLS, read_device
 from plugins.nemotron.tools import render_system_prompt
+from services.worker.control.manager import SessionManager
 from services.worker.plugins import KNOWN_PLUGINS, load_plugin
-from services.worker.session.manager import SessionManager
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import (

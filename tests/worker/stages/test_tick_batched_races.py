@@ -12,11 +12,11 @@ import numpy as np
 
 from harness.frame_models import RATE, EchoFrameModel, ManualClock, tone
 from harness.sessions import appends, types
-from services.worker.session.checkpoint import read_checkpoint
+from services.worker.engine.checkpoint import read_checkpoint
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.contracts import DuplexFence, StageOutput, StagePlan
 from shared.protocol.duplex import CancelResponse
-from tests.worker.session.test_native_stream import QUIET, Rig
+from tests.worker.engine.test_native_stream import QUIET, Rig
 
 WAIT_S = 5
 

@@ -1,0 +1,200 @@
+"""The surfaces of native models' own clients: Moshi's protocol and OpenAI's GPT-Live.
+
+A session opened on `/api/chat` (surface "moshi") or `/v1/live/sessions` ("live") runs as
+any model-native session (native_stream.py); only what it sends differs, as on the openai
+surface (surface.py). `project` is called on every event its runner emits
+(`SessionBuilder._emitter`) and returns what the journal gets instead, which the API pod
+turns into the protocol (services/api/moshi_chat.py, services/api/live_sessions.py):
+
+- **moshi**: the model's audio and words (`response.output_audio.delta`, the transcript
+  and text deltas), `response.done` (the pod sends a response's last partial frame),
+  errors, the closures, `session.created` (the pod's open needs it) and
+  `session.started` (the model's prompt is stepped: the pod sends the `0x00` handshake).
+  Everything else is dropped: the pod would send nothing for it, and it would cost a
+  Redis write per event.
+- **live**: GPT-Live's own events, built here, so that the journal holds what the client
+  gets and the pod forwards them as they are: `session.started {session: {id}}`,
+  `session.output_audio.delta {delta}`, `session.output_transcript.delta {delta,
+  start_ms, end_ms}`, `session.input_audio.muted` / `unmuted`, `session.usage.updated
+  {usage: {seconds}}`, `session.closed {reason, usage}` and `error {error: {type, code,
+  message, param, client_event_id}}`. `session.created` passes (the pod's open reads it
+  and sends nothing for it).
+
+What GPT-Live keeps for a session is kept with the session (`NativeSurfaceState`,
+in its checkpoint: it moves with it on a drain or a failover): whether `session.started`
+was sent (a restored model's second "ready" sends nothing), the mute flag, and the usage
+last reported. The session's timeline is its input stream: usage seconds are the input
+audio the session has taken (`InputLedger.stream_ms`, which the checkpoint keeps), and a
+transcript delta's `start_ms` is where the input stream was when the model said it, its
+`end_ms` one frame later.
+
+The session's own signals to these surfaces are raw events (`DuplexRawEvent`, emitted only
+for a native-surface session, never seen on the others): `model.ready`, `input.muted` and
+`usage` (`ready_event`, `muted_event`, `usage_event`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from shared.protocol.duplex import (
+    RAW_EVENT_PREFIX,
+    SURFACE_LIVE,
+    DuplexErrorEvent,
+    DuplexEvent,
+    DuplexRawEvent,
+    live_closed,
+    live_error_body,
+    live_usage,
+)
+
+if TYPE_CHECKING:
+    from services.worker.engine.engine_session import EngineSession
+
+JSON = dict[str, Any]
+
+#: the raw events a native-surface session's runner emits for `project`
+READY = "model.ready"
+MUTED = "input.muted"
+USAGE = "usage"
+#: `session.usage.updated` is sent after every this much more input (GPT-Live reports its
+#: usage cumulatively, as it goes; the last figure comes with `session.closed`)
+USAGE_INTERVAL_MS = 5_000
+
+#: a transcript piece spans one model frame (80 ms in the Moshi family: Mimi's 12.5 Hz)
+TRANSCRIPT_SPAN_MS = 80
+#: what the moshi surface's pod reads (anything else is dropped at the worker)
+_MOSHI_PASSES = frozenset(
+    {
+        "session.created",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.output_text.delta",
+        "response.done",  # the pod sends the response's last partial frame, padded
+        "error",
+        "session.closed",
+        "session.expired",
+        "session.resync_required",
+    }
+)
+_TRANSCRIPT_TYPES = frozenset(
+    {"response.output_audio_transcript.delta", "response.output_text.delta"}
+)
+
+
+@dataclasses.dataclass(kw_only=True)
+class SurfaceEvent(DuplexEvent):
+    """An event in another protocol's own shape: its `type` and its body as they are sent.
+    `response_id` is not sent: it goes in the live header (the pod drops a cancelled
+    response's queued audio by it)."""
+
+    TYPE = "<surface>"
+    type_name: str
+    body: JSON = dataclasses.field(default_factory=dict)
+    response_id: str | None = None
+
+    @property
+    def wire_type(self) -> str:
+        return self.type_name
+
+    def wire_body(self) -> JSON:
+        return self.body
+
+
+# ---------------------------------------------------------------- the session's signals
+
+
+def ready_event() -> DuplexRawEvent:
+    """The model has stepped the slot's prompt (or rebuilt it from its history)."""
+    return DuplexRawEvent(internal_type=READY)
+
+
+def muted_event(muted: bool, event_id: str | None) -> DuplexRawEvent:
+    return DuplexRawEvent(internal_type=MUTED, event={"muted": muted, "event_id": event_id})
+
+
+def usage_event(stream_ms: int) -> DuplexRawEvent:
+    return DuplexRawEvent(internal_type=USAGE, event={"ms": stream_ms})
+
+
+def usage_due(session: EngineSession) -> bool:
+    """Whether `session.usage.updated` is due (GPT-Live's surface only)."""
+    state = session.surface_state
+    return (
+        session.config.surface == SURFACE_LIVE
+        and session.input.stream_ms - state.usage_reported_ms >= USAGE_INTERVAL_MS
+    )
+
+
+# ---------------------------------------------------------------- projection
+
+
+def project(event: DuplexEvent, session: EngineSession) -> DuplexEvent | None:
+    """`event` as a native surface's journal holds it, or None when it holds nothing."""
+    wire_type = event.wire_type
+    raw = event.internal_type if isinstance(event, DuplexRawEvent) else None
+    if raw == READY:
+        if session.surface_state.started:
+            return None  # a restored slot is ready again: the client was told once
+        session.surface_state.started = True
+        body = {"session": {"id": session.session_id}}
+        return SurfaceEvent(type_name="session.started", body=body)
+    if wire_type in _TRANSCRIPT_TYPES and not event.delta:  # type: ignore[attr-defined]
+        return None  # a frame without words (the response's audio goes on)
+    if session.config.surface != SURFACE_LIVE:
+        return event if wire_type in _MOSHI_PASSES else None
+    if raw is not None:
+        return _live_signal(raw, event.event, session)  # type: ignore[union-attr]
+    if wire_type.startswith(RAW_EVENT_PREFIX):
+        return None
+    return _live(event, wire_type, session)
+
+
+def _live_signal(raw: str, body: JSON, session: EngineSession) -> DuplexEvent | None:
+    if raw == MUTED:
+        kind = "session.input_audio.muted" if body.get("muted") else "session.input_audio.unmuted"
+        event_id = body.get("event_id")
+        return SurfaceEvent(type_name=kind, body={"client_event_id": event_id} if event_id else {})
+    if raw == USAGE:
+        ms = int(body.get("ms", 0))
+        session.surface_state.usage_reported_ms = ms
+        return SurfaceEvent(type_name="session.usage.updated", body={"usage": live_usage(ms)})
+    return None
+
+
+def _live(event: DuplexEvent, wire_type: str, session: EngineSession) -> DuplexEvent | None:
+    if wire_type == "session.created":
+        return event
+    if wire_type == "response.output_audio.delta":
+        return SurfaceEvent(
+            type_name="session.output_audio.delta",
+            body={"delta": event.delta},  # type: ignore[attr-defined]
+            response_id=getattr(event, "response_id", None),
+        )
+    if wire_type in _TRANSCRIPT_TYPES:
+        start = session.input.stream_ms
+        return SurfaceEvent(
+            type_name="session.output_transcript.delta",
+            body={
+                "delta": event.delta,  # type: ignore[attr-defined]
+                "start_ms": start,
+                "end_ms": start + TRANSCRIPT_SPAN_MS,
+            },
+            response_id=getattr(event, "response_id", None),
+        )
+    if wire_type == "error" and isinstance(event, DuplexErrorEvent):
+        return SurfaceEvent(type_name="error", body={"error": live_error_body(event.error_body())})
+    if wire_type == "session.closed":
+        reason = event.reason  # type: ignore[attr-defined]
+        return SurfaceEvent(
+            type_name="session.closed",
+            body=live_closed(reason, session.input.stream_ms),
+        )
+    if wire_type == "session.expired":
+        # the close that follows says it (its reason, "timeout", is GPT-Live's "expired"):
+        # a `session.closed` here would end the session's journal and checkpoint early
+        return None
+    if wire_type == "session.resync_required":
+        return event  # the pod ends the socket on it (its journal is gone)
+    return None

@@ -1,1 +1,0 @@
-"""One engine-resident session and everything that runs it."""
