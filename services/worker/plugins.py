@@ -8,8 +8,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from services.worker.metrics import TickMetrics
 from services.worker.stages.tick_batched import TickBatchedStagePort
+from services.worker.stages.tick_metrics import TickMetrics
 from shared.contracts import DuplexModelPlugin, FrameClockedPlugin
 
 #: name -> "module:Class". A full "module:Class" also works as a name.

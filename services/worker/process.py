@@ -158,7 +158,7 @@ class WorkerProcess:
             worker_id=self.settings.worker_id,
             model=self.plugin.plugin_id,
             max_sessions=self.runtime.max_sessions,
-            capabilities=manager.capabilities.to_realtime(),
+            capabilities=manager.builder.capabilities.to_realtime(),
             version=VERSION,
         )
 

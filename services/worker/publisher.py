@@ -17,7 +17,7 @@ last events are in Redis.
 Fencing: each session's calls carry the owner generation this worker holds it at (1 at
 open, the restored one after a move). A `[-2]` reply means another worker owns the session
 now: its remaining events are dropped, nothing more is sent for it, and the host's `drop`
-(`PublishHost`, the manager's moves) forgets it locally.
+(`PublishHost`: the manager's moves) forgets it locally.
 
 Checkpoints: a durable event (`DURABLE`) marks its session dirty; when a batch is taken,
 `host.snapshot(session_id)` (synchronous) is called for each dirty session of the batch and
@@ -44,7 +44,7 @@ import asyncio
 import dataclasses
 import logging
 
-from services.worker.control.moves import FENCED_OUT, PublishHost
+from services.worker.control.publish_host import FENCED_OUT, PublishHost
 from services.worker.control.table import FinalCheckpoint, SessionRecord, SessionTable
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink

@@ -91,7 +91,7 @@ async def test_placement_and_the_admin_read_the_registration_the_worker_writes(s
         model="echo",
         max_sessions=2,
         active=0,
-        capabilities=setup.worker.manager.capabilities.to_realtime(),
+        capabilities=setup.worker.manager.builder.capabilities.to_realtime(),
         version="0.1.0",
         started_at=registration.started_at,
     )
@@ -140,7 +140,7 @@ async def test_commands_reach_the_session_without_a_second_parse(setup, monkeypa
         "session.heartbeat_ack",
         "session.closed",
     ]
-    assert setup.worker.manager.session_ids() == []
+    assert setup.worker.manager.table.live_ids() == []
 
 
 async def test_a_chat_request_is_answered_with_a_chat_reply(setup):

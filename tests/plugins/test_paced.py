@@ -43,7 +43,7 @@ async def test_an_infinite_pace_is_refused_at_open_and_a_huge_one_at_update():
         with pytest.raises(DuplexSessionError) as info:
             await h.client.open({"extra_body": {"pace": math.inf}})
         assert info.value.code == "invalid_duplex_runtime_config"
-        assert h.manager.slots_in_use == 0
+        assert h.manager.table.slots_in_use == 0
         session = await h.open({"extra_body": {"pace": 0}})
         await session.send(
             {"type": "session.update", "session": {"extra_body": {"pace": 1e9}}, "event_id": "u"}

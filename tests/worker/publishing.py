@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from services.worker.control.moves import PublishHost
+from services.worker.control.publish_host import PublishHost
 from services.worker.control.table import SessionRecord, SessionTable
 from services.worker.publisher import RedisEventPublisher
 from shared.contracts import ModelHistory
@@ -41,5 +41,5 @@ def own(
 ) -> SessionRecord:
     """The session held here at `generation`, as a restore leaves it (no runner)."""
     record = publisher.table.reserve(session_id)
-    record.serve(None, owner_generation=generation, unstamped=openai, restored=True)
+    record.serve(None, history=None, owner_generation=generation, unstamped=openai, restored=True)
     return record

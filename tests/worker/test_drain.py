@@ -32,7 +32,7 @@ async def moved_to_b(fleet: Fleet):
     await fleet.command("w-a", SID, 1, 1, note("item_1"))
     await live.item_done("item_1")
     await fleet.stop("w-a")
-    await until(lambda: asyncio.sleep(0, SID in b.manager.session_ids()))
+    await until(lambda: asyncio.sleep(0, SID in b.manager.table.live_ids()))
     return a, b, live
 
 
@@ -103,7 +103,7 @@ async def test_entries_written_to_the_old_inbox_are_forwarded_and_applied_in_ord
     await fleet.store.inbox_append("w-a", OpenRequest(OTHER, {}).to_fields())
     refused = await other.of_type("error")
     assert refused["error"]["code"] == "resource_exhausted"
-    assert SID in a.manager.session_ids() and not stopping.done()
+    assert SID in a.manager.table.live_ids() and not stopping.done()
 
     released.set()
     notice = await live.notice()
@@ -178,7 +178,7 @@ async def test_commands_read_once_a_move_has_begun_go_to_the_new_worker(fleet, m
     await live.item_done("item_1")
     await asyncio.wait_for(stopping, 15)
     assert a.drain.forwarded == 1 and [m.session_id for m in a.drain.moves_done] == [SID]
-    items = b.manager.runner(SID).session.conversation.items
+    items = b.manager.table.runner(SID).session.conversation.items
     assert [item["id"] for item in items] == ["item_1"]
     assert not any(e["type"] == "error" for e in live.events)
 
@@ -206,7 +206,7 @@ async def test_past_the_drain_deadline_a_response_is_cancelled_and_its_session_m
     assert [m.session_id for m in a.drain.moves_done] == [SID]
     await fleet.command("w-b", SID, 1, 3, note("item_after"))
     await live.item_done("item_after")
-    assert SID in b.manager.session_ids()
+    assert SID in b.manager.table.live_ids()
     seqs = live.seqs()
     assert seqs == list(range(1, len(seqs) + 1))
     assert not any(e["type"] in ("error", "session.closed") for e in live.events)

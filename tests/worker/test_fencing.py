@@ -93,12 +93,12 @@ async def test_a_fenced_reply_drops_the_session_and_nothing_more_is_sent():
             await publisher.flush()
             await asyncio.sleep(0)  # let the runner go on
         store.fence.add(sid)  # another worker owns it from now on
-        while sid in manager.session_ids():  # the next audio delta is refused: dropped
+        while sid in manager.table.live_ids():  # the next audio delta is refused: dropped
             await asyncio.sleep(0.01)
         fenced_at = len(store.calls)
         assert manager.moves.owned_sessions() == {}
         await manager.shutdown()  # stops the dropped runner, cleans its stage up
-        assert manager.slots_in_use == 0
+        assert manager.table.slots_in_use == 0
         later = [call[sid] for call in store.calls[fenced_at:] if sid in call]
         assert later == []  # not the cancelled chain, not session.closed: nothing
     finally:

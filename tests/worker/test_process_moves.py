@@ -48,7 +48,7 @@ async def test_a_restore_without_a_checkpoint_closes_the_session_with_worker_los
     assert live.events.index(error) < live.events.index(closed)
     assert (await fleet.meta(SID))["state"] == "closed"
     assert not await fleet.client.sismember(fleet.keys.worker_sessions("w-b"), SID)
-    assert SID not in b.manager.session_ids() and b.manager.slots_in_use == 0
+    assert SID not in b.manager.table.live_ids() and b.manager.table.slots_in_use == 0
 
 
 async def test_a_restore_the_worker_has_no_room_for_closes_the_session(fleet):
@@ -62,7 +62,7 @@ async def test_a_restore_the_worker_has_no_room_for_closes_the_session(fleet):
     closed = await moved.of_type("session.closed")
     assert closed["reason"] == "worker_lost"
     assert moved.events[0]["error"]["code"] == "worker_lost"
-    assert a.manager.session_ids() == [KEPT]
+    assert a.manager.table.live_ids() == [KEPT]
 
 
 async def copy_checkpoint(fleet: Fleet, worker_id: str, session_id: str) -> None:
@@ -91,7 +91,7 @@ async def test_a_stale_restore_is_ignored(fleet):
     # the worker handled it (handled entries leave the inbox) and wrote nothing for it
     await until(lambda: _empty(fleet, "w-b"))
     assert await fleet.store.journal(SID, 0) == [] and live.events == []
-    assert b.manager.session_ids() == [KEPT]
+    assert b.manager.table.live_ids() == [KEPT]
     meta = await fleet.meta(SID)
     assert (meta["state"], meta["worker"], "restored_at" in meta) == ("active", "w-c", False)
 
@@ -115,7 +115,7 @@ async def test_a_worker_the_sweep_removed_drops_the_sessions_it_lost(fleet):
         fleet.keys.inbox_bytes("w-a"),
     )
     # its next heartbeat adds it anew: it checks whom its sessions belong to
-    await until(lambda: asyncio.sleep(0, SID not in a.manager.session_ids()))
+    await until(lambda: asyncio.sleep(0, SID not in a.manager.table.live_ids()))
     assert set(a.manager.moves.owned_sessions()) == {KEPT}
 
     # the session it kept goes back into the set the sweep deleted (just after the drop)
@@ -160,7 +160,7 @@ async def test_a_worker_restarted_under_its_id_restores_the_sessions_it_left(fle
         )
         await fleet.command("w-a", SID, 1, 3, note("item_3"))
         await live.item_done("item_3")
-        items = new.manager.runner(SID).session.conversation.items
+        items = new.manager.table.runner(SID).session.conversation.items
         assert [item["id"] for item in items] == ["item_1", "item_2", "item_3"]
         notice = await live.notice()
         assert (notice.owner_generation, notice.worker_id) == (2, "w-a")

@@ -63,7 +63,7 @@ async def test_an_open_whose_registration_fails_is_refused_not_served_unlisted(f
     assert first["type"] == "error", live.events
     assert first["error"]["code"] == "internal_error"
     assert "session.created" not in [e["type"] for e in live.events]
-    assert SID not in a.manager.session_ids() and a.manager.slots_in_use == 0
+    assert SID not in a.manager.table.live_ids() and a.manager.table.slots_in_use == 0
     assert not await in_set(fleet, "w-a", SID)
     # Redis back: the next open is served, and listed
     monkeypatch.undo()
@@ -79,7 +79,7 @@ async def test_an_open_the_worker_refuses_leaves_no_entry_in_its_set(fleet):
     refused = await answer(live)
     assert refused["error"]["code"] == "resource_exhausted"
     await until(lambda: _members(fleet, "w-a", {KEPT}))
-    assert a.manager.session_ids() == [KEPT]
+    assert a.manager.table.live_ids() == [KEPT]
 
 
 async def test_a_second_open_of_a_held_session_keeps_it_in_the_set(fleet):
@@ -89,7 +89,7 @@ async def test_a_second_open_of_a_held_session_keeps_it_in_the_set(fleet):
     refused = await live.of_type("error")
     assert refused["error"]["code"] == "session_exists"
     assert await in_set(fleet, "w-a", SID)
-    assert a.manager.session_ids() == [SID]
+    assert a.manager.table.live_ids() == [SID]
 
 
 async def _members(fleet: Fleet, worker_id: str, expected: set[str]) -> bool:

@@ -44,7 +44,7 @@ class SessionBuilder:
         plugin: DuplexModelPlugin,
         runtime: SessionRuntimeConfig,
         sink: SessionEventSink,
-        table: SessionTable,
+        table: SessionTable[SessionRunner],
         *,
         port: StagePort,
         vad_backend: Callable[[], VadBackend] | None = None,
@@ -136,7 +136,7 @@ class SessionBuilder:
 
     # ------------------------------------------------------------ giving back
 
-    async def cleanup(self, record: SessionRecord) -> bool:
+    async def cleanup(self, record: SessionRecord[SessionRunner]) -> bool:
         """Give the session's stage slot back; the record goes if nothing else of it is
         left. False (logged) when the stage refused: the slot stays held, the reaper retries."""
         try:

@@ -29,7 +29,6 @@ from services.worker.engine.native_stream import is_native_stream
 from services.worker.engine.runner import Dispatched, SessionRunner
 from services.worker.engine.vad import VadBackend
 from shared.contracts import (
-    DuplexCapabilities,
     DuplexModelPlugin,
     DuplexRuntimeConfigError,
     DuplexSessionError,
@@ -82,14 +81,18 @@ class SessionManager(SessionHost):
         runtime: SessionRuntimeConfig,
         sink: SessionEventSink,
         *,
-        table: SessionTable | None = None,
+        table: SessionTable[SessionRunner] | None = None,
         port: StagePort | None = None,
         vad_backend: Callable[[], VadBackend] | None = None,
         clock: Callable[[], float] = time.monotonic,
         report_load: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.table = table if table is not None else SessionTable(runtime.max_sessions)
+        self.table: SessionTable[SessionRunner] = (
+            table if table is not None else SessionTable(runtime.max_sessions)
+        )
         self.table.max_sessions = runtime.max_sessions  # admission is the runtime's
+        #: the worker-wide parts (plugin, runtime, stage port, capabilities, clock) are the
+        #: builder's: `manager.builder.port`, as the sessions are the table's
         self.builder = SessionBuilder(
             plugin,
             runtime,
@@ -107,38 +110,7 @@ class SessionManager(SessionHost):
         self._report_load = report_load
         self._reaper: SupervisedLoop | None = None
 
-    # the worker-wide parts, as the builder holds them
-    @property
-    def plugin(self) -> DuplexModelPlugin:
-        return self.builder.plugin
-
-    @property
-    def runtime(self) -> SessionRuntimeConfig:
-        return self.builder.runtime
-
-    @property
-    def port(self) -> StagePort:
-        return self.builder.port
-
-    @property
-    def capabilities(self) -> DuplexCapabilities:
-        return self.builder.capabilities
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.builder.clock
-
     # ------------------------------------------------------------ admission
-
-    @property
-    def slots_in_use(self) -> int:
-        return self.table.slots_in_use
-
-    def session_ids(self) -> list[str]:
-        return self.table.live_ids()
-
-    def runner(self, session_id: str) -> SessionRunner:
-        return self.table.runner(session_id)
 
     async def open(
         self,
@@ -151,18 +123,19 @@ class SessionManager(SessionHost):
         session_id = session_id or new_session_id()
         record = self.table.reserve(session_id)  # the slot is held across the awaits below
         builder = self.builder
+        plugin = builder.plugin
         try:
             config = builder.read_config(session)
-            if config.native_surface and not is_native_stream(self.plugin):
+            if config.native_surface and not is_native_stream(plugin):
                 raise DuplexSessionError(
                     "invalid_session_config",
                     f"the {config.surface} surface serves native full-duplex (frame-clocked) "
-                    f"models; {self.plugin.plugin_id} is not one",
+                    f"models; {plugin.plugin_id} is not one",
                     param="model",
                 )
             try:
-                self.plugin.validate_client_extra_body(config.extra_body)
-                runtime_config = await self.plugin.prepare_runtime_config(config)
+                plugin.validate_client_extra_body(config.extra_body)
+                runtime_config = await plugin.prepare_runtime_config(config)
             except DuplexRuntimeConfigError as exc:
                 raise DuplexSessionError(exc.code, exc.message, param=exc.param) from None
             pipeline = builder.pipeline(config, 0)
@@ -170,17 +143,19 @@ class SessionManager(SessionHost):
                 session_id=session_id,
                 config=config,
                 runtime_config=runtime_config,
-                capabilities=self.capabilities,
-                lease=LeaseState(self.runtime.idle_ttl_s, clock=self.clock),
-                input=InputLedger(self.plugin.input_sample_rate_hz),
+                capabilities=builder.capabilities,
+                lease=LeaseState(builder.runtime.idle_ttl_s, clock=builder.clock),
+                input=InputLedger(plugin.input_sample_rate_hz),
             )
             runner = builder.runner(engine_session, pipeline)
-            await self.port.ensure(engine_session.fence, self.plugin.stage_roles[0])
+            await builder.port.ensure(engine_session.fence, plugin.stage_roles[0])
         except BaseException:
             self.table.abort(record)  # refused: the reservation goes, nothing else
             raise
         # 1: the owner generation of a first placement
-        record.serve(runner, owner_generation=1, unstamped=not config.stamps_seq)
+        record.serve(
+            runner, history=runner.history, owner_generation=1, unstamped=not config.stamps_seq
+        )
         created = DuplexSessionCreated(
             session=engine_session.session_object(),
             attachment_generation=attachment_generation,
@@ -194,7 +169,7 @@ class SessionManager(SessionHost):
         body = (
             surface.session_object(config, session_id) if config.openai_surface else created.session
         )
-        return OpenResult(session_id, self.capabilities, engine_session.lease.generation, body)
+        return OpenResult(session_id, builder.capabilities, engine_session.lease.generation, body)
 
     # ------------------------------------------------------------ commands
 
@@ -202,6 +177,7 @@ class SessionManager(SessionHost):
         """Queue a command; `mark` is its inbox (attachment, seq) (`command_marks`)."""
         runner = self.table.runner(session_id)
         session = runner.session
+        runtime = self.builder.runtime
         if session.config.openai_surface:
             command = surface.client_command(command)
         reserved = 0
@@ -213,22 +189,22 @@ class SessionManager(SessionHost):
                 runner.marks.handled(mark)
                 return
             pending = session.pending_input_bytes + session.input.buffered_bytes + reserved
-            if pending > self.runtime.max_pending_input_bytes_per_session:
+            if pending > runtime.max_pending_input_bytes_per_session:
                 runner.error(
                     "input_backpressure",
                     f"pending input {pending} bytes is over the session's "
-                    f"{self.runtime.max_pending_input_bytes_per_session}; commit or clear first",
+                    f"{runtime.max_pending_input_bytes_per_session}; commit or clear first",
                     command.event_id,
                 )
                 runner.marks.handled(mark)
                 return
             session.pending_input_bytes += reserved
         elif isinstance(command, Commit):
-            if session.pending_commits >= self.runtime.max_pending_turns_per_session:
+            if session.pending_commits >= runtime.max_pending_turns_per_session:
                 runner.error(
                     "input_backpressure",
                     f"{session.pending_commits} commits pending "
-                    f"(max {self.runtime.max_pending_turns_per_session})",
+                    f"(max {runtime.max_pending_turns_per_session})",
                     command.event_id,
                 )
                 runner.marks.handled(mark)
@@ -240,7 +216,7 @@ class SessionManager(SessionHost):
     # ------------------------------------------------------------ lease
 
     async def touch(self, session_id: str) -> None:
-        self.runner(session_id).session.lease.touch(self.clock())
+        self.table.runner(session_id).session.lease.touch(self.builder.clock())
 
     # ------------------------------------------------------------ close
 
@@ -306,7 +282,7 @@ class SessionManager(SessionHost):
 
     async def reap_once(self) -> list[tuple[str, str]]:
         """Expire due leases and retry failed cleanups; returns what expired."""
-        now = self.clock()
+        now = self.builder.clock()
         due = [
             (record.session_id, reason)
             for record in self.table.live()
@@ -327,12 +303,13 @@ class SessionManager(SessionHost):
         only once its stage is clean: `SessionBuilder.cleanup`): it is cleaned up, and said,
         so a slot is never lost to a bug until the worker restarts."""
         known = {record.session_id for record in self.table}
-        for session_id in sorted(self.port.held_sessions() - known):
+        port = self.builder.port
+        for session_id in sorted(port.held_sessions() - known):
             if session_id in self.table:
                 continue  # opened or restored here while an earlier stray was cleaned up
             log.warning("stage held session %s with no record here: cleaning it up", session_id)
             try:
-                await self.port.cleanup(session_id)
+                await port.cleanup(session_id)
             except Exception:
                 log.exception("stage cleanup of stray session %s failed", session_id)
 
@@ -343,7 +320,7 @@ class SessionManager(SessionHost):
         """The reaper: a failed tick is logged and retried after a backoff pause."""
         if self._reaper is None:
             self._reaper = SupervisedLoop.every(
-                "session-reaper", self.runtime.reaper_interval_s, self._reap
+                "session-reaper", self.builder.runtime.reaper_interval_s, self._reap
             ).start()
 
     async def shutdown(self, reason: str = "shutdown") -> None:
@@ -356,14 +333,15 @@ class SessionManager(SessionHost):
     # ------------------------------------------------------------ chat
 
     async def chat_completion(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        if not self.capabilities.supports_chat_completions:
+        plugin = self.builder.plugin
+        if not self.builder.capabilities.supports_chat_completions:
             raise DuplexSessionError(
-                "bad_event", f"{self.plugin.plugin_id} does not serve chat completions"
+                "bad_event", f"{plugin.plugin_id} does not serve chat completions"
             )
         # a chat request is a short-lived session: it holds a slot while it runs
         self.table.check_room()
         self.table.chats += 1
         try:
-            return await self.plugin.chat_completion(messages)
+            return await plugin.chat_completion(messages)
         finally:
             self.table.chats -= 1

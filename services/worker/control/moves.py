@@ -16,18 +16,18 @@ in the session's record (`table.py`), where the publisher reads it to fence ever
 
 A component of the `SessionManager` (`manager.moves`), beside it rather than part of it:
 both work on the worker's `SessionTable` and build runners with the same `SessionBuilder`.
-It implements `PublishHost`, what the Redis publisher asks of the sessions it publishes
-for (a checkpoint now; a session fenced out).
+It implements `PublishHost` (`publish_host.py`), what the Redis publisher asks of the
+sessions it publishes for (a checkpoint now; a session fenced out).
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import logging
 
 from services.worker.control.builder import SessionBuilder
+from services.worker.control.publish_host import FENCED_OUT, PublishHost
 from services.worker.control.table import Phase, SessionRecord, SessionTable
 from services.worker.engine.checkpoint import (
     CheckpointError,
@@ -39,6 +39,7 @@ from services.worker.engine.checkpoint import (
 from services.worker.engine.command_marks import CommandMarks, Mark
 from services.worker.engine.lease import LeaseState
 from services.worker.engine.response import INCOMPLETE
+from services.worker.engine.runner import SessionRunner
 from shared.contracts import (
     DuplexRuntimeConfigError,
     DuplexSessionError,
@@ -51,31 +52,14 @@ log = logging.getLogger(__name__)
 
 #: a restore's reason when the session was drained (moved with its final checkpoint)
 DRAINED = "drain"
-FENCED_OUT = "fenced out: another worker owns the session now"
 #: how long `hand_off` waits for the session's input work before it moves it all the same
 #: (what was still in flight is then not in the checkpoint's `applied`: the new owner
 #: reports it as `input_lost`)
 SETTLE_TIMEOUT_S = 5.0
 
 
-class PublishHost(abc.ABC):
-    """What the Redis publisher asks of the sessions it publishes for."""
-
-    @abc.abstractmethod
-    def snapshot(self, session_id: str) -> bytes | None:
-        """The session's checkpoint as it is now (None: not a live session here)."""
-
-    @abc.abstractmethod
-    def drop(self, session_id: str, why: str) -> None:
-        """Another worker owns the session: forget it here without an event."""
-
-    @abc.abstractmethod
-    def model_history(self, session_id: str) -> ModelHistory | None:
-        """A model-native session's model history (None: the session has none here)."""
-
-
 class SessionMoves(PublishHost):
-    def __init__(self, table: SessionTable, builder: SessionBuilder) -> None:
+    def __init__(self, table: SessionTable[SessionRunner], builder: SessionBuilder) -> None:
         self.table = table
         self.builder = builder
 
@@ -264,6 +248,7 @@ class SessionMoves(PublishHost):
             raise
         record.serve(
             runner,
+            history=runner.history,
             owner_generation=owner_generation,
             unstamped=not session.config.stamps_seq,
             restored=True,
@@ -327,7 +312,7 @@ class SessionMoves(PublishHost):
             self.builder.in_background(self._stop_dropped(record), f"session-drop:{session_id}")
         # else: a close or hand-off under way stops it and cleans up; silenced, it says nothing
 
-    async def _stop_dropped(self, record: SessionRecord) -> None:
+    async def _stop_dropped(self, record: SessionRecord[SessionRunner]) -> None:
         assert record.runner is not None
         try:
             await record.runner.stop("dropped")

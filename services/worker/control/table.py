@@ -34,12 +34,17 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from services.worker.control.command_order import CommandOrder
-from services.worker.engine.runner import SessionRunner
 from shared.contracts import DuplexSessionError, ModelHistory
 from shared.redis.inbox_codec import InboxMessage
 from shared.redis.store import PublishItem
+
+#: The session's runner: the engine's `SessionRunner` (`SessionTable[SessionRunner]`). The
+#: table holds it for the manager and the moves and never calls it, so the table stands
+#: on the command order alone, not on the whole session engine under the runner.
+Runner = TypeVar("Runner")
 
 
 class Phase(enum.Enum):
@@ -95,10 +100,10 @@ class Outbox:
 
 
 @dataclasses.dataclass(eq=False)
-class SessionRecord:
+class SessionRecord(Generic[Runner]):
     session_id: str
     phase: Phase
-    runner: SessionRunner | None = None
+    runner: Runner | None = None
     #: the owner generation this worker holds the session at (0: not owned here); every
     #: publish of the session is fenced on it
     owner_generation: int = 0
@@ -122,17 +127,19 @@ class SessionRecord:
 
     def serve(
         self,
-        runner: SessionRunner | None,
+        runner: Runner | None,
         *,
+        history: ModelHistory | None,
         owner_generation: int,
         unstamped: bool,
         restored: bool = False,
     ) -> None:
-        """RESERVED -> LIVE: the runner serves the session, held here at `owner_generation`.
+        """RESERVED -> LIVE: the runner serves the session, held here at `owner_generation`;
+        `history`: its model history (the runner's, a model-native session's; else None).
         `restored`: moved here from a checkpoint, so its events are journaled from the
         first (its session.created was published by the worker that opened it)."""
         self.runner = runner
-        self.history = runner.history if runner is not None else None
+        self.history = history
         self.owner_generation = owner_generation
         self.unstamped = unstamped
         self.fenced = False
@@ -164,32 +171,32 @@ class SessionRecord:
         )
 
 
-class SessionTable:
+class SessionTable(Generic[Runner]):
     def __init__(self, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_sessions = max_sessions
         self.clock = clock  # the command orders' hold windows
-        self._records: dict[str, SessionRecord] = {}
+        self._records: dict[str, SessionRecord[Runner]] = {}
         #: chat completions in flight: each holds a slot while it runs (no session)
         self.chats = 0
 
     # ------------------------------------------------------------ lookups
 
-    def get(self, session_id: str) -> SessionRecord | None:
+    def get(self, session_id: str) -> SessionRecord[Runner] | None:
         return self._records.get(session_id)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._records
 
-    def __iter__(self) -> Iterator[SessionRecord]:
+    def __iter__(self) -> Iterator[SessionRecord[Runner]]:
         return iter(list(self._records.values()))
 
-    def live(self) -> list[SessionRecord]:
+    def live(self) -> list[SessionRecord[Runner]]:
         return [r for r in self._records.values() if r.phase is Phase.LIVE]
 
     def live_ids(self) -> list[str]:
         return [r.session_id for r in self._records.values() if r.phase is Phase.LIVE]
 
-    def runner(self, session_id: str) -> SessionRunner:
+    def runner(self, session_id: str) -> Runner:
         """The session's runner; `DuplexSessionError` when it is not served here."""
         record = self._records.get(session_id)
         if record is None or record.phase in (Phase.UNOWNED, Phase.RESERVED):
@@ -218,7 +225,7 @@ class SessionTable:
                 f"duplex_session_capacity_exhausted: limit={self.max_sessions}",
             )
 
-    def reserve(self, session_id: str) -> SessionRecord:
+    def reserve(self, session_id: str) -> SessionRecord[Runner]:
         """Admit a session (an open, a restore): a RESERVED record holding a slot. Refused
         when every slot is taken or the session is already here."""
         record = self._records.get(session_id)
@@ -238,7 +245,7 @@ class SessionTable:
             record.order = CommandOrder(clock=self.clock)
         return record
 
-    def abort(self, record: SessionRecord) -> None:
+    def abort(self, record: SessionRecord[Runner]) -> None:
         """An open or a restore refused before its session was served: the reservation
         goes. What the record still has to publish (an earlier refusal) is sent first."""
         if self._records.get(record.session_id) is not record:
@@ -250,7 +257,7 @@ class SessionTable:
             record.runner = None
             record.stage_clean = True
 
-    def unowned(self, session_id: str) -> SessionRecord:
+    def unowned(self, session_id: str) -> SessionRecord[Runner]:
         """The record that carries events of a session not held here (an open's refusal)."""
         record = self._records.get(session_id)
         if record is None:
@@ -261,14 +268,14 @@ class SessionTable:
 
     # ------------------------------------------------------------ removal
 
-    def settle(self, record: SessionRecord) -> bool:
+    def settle(self, record: SessionRecord[Runner]) -> bool:
         """Remove the record if nothing of it is left to do; True when it went."""
         if record.settled and self._records.get(record.session_id) is record:
             self.remove(record.session_id)
             return True
         return False
 
-    def remove(self, session_id: str) -> SessionRecord | None:
+    def remove(self, session_id: str) -> SessionRecord[Runner] | None:
         """Forget the session here, all of it: this is the only place a record goes."""
         record = self._records.pop(session_id, None)
         if record is not None:

@@ -77,9 +77,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from services.worker.metrics import TickMetrics
 from services.worker.stages.slots import ReplayCost, SlotReplay, SlotState
 from services.worker.stages.tick_clock import TickClock, TickGrid
+from services.worker.stages.tick_metrics import TickMetrics
 from shared.contracts import (
     DuplexFence,
     DuplexSessionError,

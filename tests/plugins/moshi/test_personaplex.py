@@ -201,7 +201,7 @@ async def test_a_voice_too_short_to_encode_refuses_the_open_and_frees_the_slot(p
             await client.open({"voice": "BLIP"})
         assert refused.value.code == "invalid_duplex_runtime_config"
         assert refused.value.param == "voice" and "too short" in refused.value.message
-        assert manager.session_ids() == [] and port.free_slots == 2
+        assert manager.table.live_ids() == [] and port.free_slots == 2
         opened = await client.open({"voice": "TINYF0", "instructions": PERSONA})
         assert port.slot_of(opened.session_id) is not None and port.free_slots == 1
     finally:
@@ -541,7 +541,7 @@ async def test_a_session_with_a_pt_voice_replays_on_the_stage_and_speaks(plex_di
         assert refused.value.code == "invalid_duplex_runtime_config"
         assert refused.value.param == "voice" and port.free_slots == 2
         session = await client.open({"voice": "MADE"})
-        runner = manager.runner(session.session_id)
+        runner = manager.table.runner(session.session_id)
         await runner.settle_input()
         slot = port.slot_of(session.session_id)
         prompt = SILENCE_FRAMES - 1

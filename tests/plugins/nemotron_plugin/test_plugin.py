@@ -247,13 +247,13 @@ async def test_a_worker_refuses_the_open_with_the_plugins_codes(client):
     with pytest.raises(DuplexSessionError) as refused:
         await duplex.open({"tools": [tool(f"t{i}") for i in range(6)]})
     assert (refused.value.code, refused.value.param) == ("invalid_tools", "tools")
-    assert manager.slots_in_use == 0
+    assert manager.table.slots_in_use == 0
 
 
 async def test_a_worker_refuses_an_update_of_instructions_or_tools(client):
     duplex, manager = client
     session = await duplex.open({"instructions": "Be brief.", "tools": [WEATHER]})
-    await manager.runner(session.session_id).settle_input()
+    await manager.table.runner(session.session_id).settle_input()
     await session.send({"type": "session.update", "session": {"instructions": "Shout."}})
     error = (await session.until("error"))[-1]
     assert (error.code, error.param) == ("instructions_update_unsupported", "instructions")

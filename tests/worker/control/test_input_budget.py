@@ -22,7 +22,7 @@ def append(audio: bytes, fmt: str = "pcm16", rate: int = 16000, **fields) -> App
 
 async def test_reservation_is_the_decoded_float32_size(harness):
     session = await harness.open()
-    pending = harness.manager.runner(session.session_id).session
+    pending = harness.manager.table.runner(session.session_id).session
 
     async def reserved_for(command: AppendAudio) -> int:
         before = pending.pending_input_bytes
@@ -48,14 +48,14 @@ async def test_a_small_payload_that_decodes_big_is_backpressured():
         await session.send(append(bytes(8000), "g711_ulaw", 8000, event_id="one-second"))
         error = await session.recv()
         assert (error.code, error.related_event_id) == ("input_backpressure", "one-second")
-        assert h.manager.runner(session.session_id).session.pending_input_bytes == 0
+        assert h.manager.table.runner(session.session_id).session.pending_input_bytes == 0
     finally:
         await h.manager.shutdown()
 
 
 async def test_a_hostile_wav_header_is_refused_at_submit_and_the_session_goes_on(harness):
     session = await harness.open()
-    runner = harness.manager.runner(session.session_id)
+    runner = harness.manager.table.runner(session.session_id)
     for event_id, payload in (
         ("one-hz", wav(bytes(6 * 1024), 1)),
         ("huge-rate", wav(bytes(6 * 1024), 0xFFFFFFFF)),
@@ -92,7 +92,7 @@ def test_runs_inline_decides_on_the_output_size():
 
 async def test_appends_big_in_output_are_converted_off_the_event_loop(harness):
     session = await harness.open()
-    pipeline = harness.manager.runner(session.session_id).pipeline
+    pipeline = harness.manager.table.runner(session.session_id).pipeline
     threads: list[str] = []
     convert = pipeline.convert
 
@@ -113,7 +113,7 @@ async def test_a_refused_video_only_append_gives_its_reservation_back(harness):
     """Echo needs audio with every video frame: the refused append's reserved bytes are
     given back, so the session is not left busy for ever with a shrunken budget."""
     session = await harness.open()
-    state = harness.manager.runner(session.session_id).session
+    state = harness.manager.table.runner(session.session_id).session
     await session.send(append(b"", video_frames=("QUJD",), event_id="video-only"))
     error = await session.recv()
     assert (error.code, error.related_event_id) == ("invalid_video_frames", "video-only")
@@ -128,7 +128,7 @@ async def test_a_cancel_ahead_in_the_mailbox_does_not_drive_the_budget_below_zer
     from shared.protocol.duplex import CancelInput, Commit
 
     session = await harness.open({"model": "echo", "extra_body": {"pace": 0}})
-    state = harness.manager.runner(session.session_id).session
+    state = harness.manager.table.runner(session.session_id).session
     for command in (CancelInput(), append(bytes(3200)), Commit(create_response=False)):
         await harness.manager.submit(session.session_id, command)  # no yield in between
     events = await session.until("input_audio_buffer.committed")

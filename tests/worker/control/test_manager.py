@@ -45,7 +45,7 @@ async def test_close_is_idempotent_and_session_closed_is_last(harness):
     assert events[-1].reason == "client_close" and events[-1].session_id == session.session_id
     await asyncio.sleep(0)
     assert session.pending() == []
-    assert harness.manager.slots_in_use == 0
+    assert harness.manager.table.slots_in_use == 0
     error = await refused(session.send(Heartbeat()))
     assert error.code == "unknown_session"
 
@@ -88,7 +88,7 @@ async def test_concurrent_opens_never_exceed_the_limit():
         refusals = [r for r in results if isinstance(r, DuplexSessionError)]
         assert len(opened) == 3 and len(refusals) == 5
         assert {r.code for r in refusals} == {"resource_exhausted"}
-        assert h.manager.slots_in_use == 3
+        assert h.manager.table.slots_in_use == 3
     finally:
         await h.manager.shutdown()
 
@@ -115,13 +115,13 @@ async def test_closing_session_keeps_its_slot_until_cleanup_succeeds():
         await session.close()
         closed = (await session.until("session.closed"))[-1]
         assert closed.event["cleaned"] is False  # emitted even though the cleanup failed
-        assert h.manager.slots_in_use == 1
+        assert h.manager.table.slots_in_use == 1
         assert (await refused(h.client.open(FAST))).code == "resource_exhausted"
         assert (await refused(session.send(Heartbeat()))).code == "session_closed"
         await h.manager.reap_once()  # retry fails again
-        assert h.manager.slots_in_use == 1
+        assert h.manager.table.slots_in_use == 1
         await h.manager.reap_once()  # retry succeeds: the slot is free
-        assert port.attempts == 3 and h.manager.slots_in_use == 0
+        assert port.attempts == 3 and h.manager.table.slots_in_use == 0
         await h.open()
     finally:
         await h.manager.shutdown()
@@ -154,7 +154,7 @@ async def test_the_worker_expires_only_idle_sessions_the_grace_is_redis():
         session = await h.open()
         h.clock.now += 10_000
         assert await h.manager.reap_once() == []  # idle TTL disabled: nothing expires
-        assert h.manager.session_ids() == [session.session_id]
+        assert h.manager.table.live_ids() == [session.session_id]
         assert not hasattr(h.manager, "detach") and not hasattr(h.manager, "resume")
     finally:
         await h.manager.shutdown()
@@ -242,7 +242,7 @@ async def test_invalid_config_is_refused_at_open(harness):
     assert error.code == "unsupported_turn_detection"
     error = await refused(harness.client.open({"extra_body": {"pace": -1}}))
     assert error.code == "invalid_duplex_runtime_config"
-    assert harness.manager.slots_in_use == 0  # a refused open releases its slot
+    assert harness.manager.table.slots_in_use == 0  # a refused open releases its slot
 
 
 async def test_shutdown_closes_every_session():
@@ -261,6 +261,6 @@ async def test_a_chat_completion_holds_a_slot_while_it_runs():
         await h.open()
         error = await refused(h.manager.chat_completion([{"role": "user", "content": "hi"}]))
         assert error.code == "resource_exhausted"
-        assert h.manager.slots_in_use == 1
+        assert h.manager.table.slots_in_use == 1
     finally:
         await h.manager.shutdown()

@@ -33,7 +33,7 @@ async def test_a_restored_session_answers_the_next_turn(two):
     a, b = two
     session = await a.open()
     await turn(session, 0.3)
-    before = a.manager.runner(session.session_id).session.conversation.items
+    before = a.manager.table.runner(session.session_id).session.conversation.items
     data = a.manager.moves.snapshot(session.session_id)
     await b.manager.moves.restore(
         session.session_id, data, owner_generation=2, reason="worker_lost"
@@ -44,9 +44,9 @@ async def test_a_restored_session_answers_the_next_turn(two):
     done = events[-1]
     assert done.response["status"] == "completed"
     assert done.response["output"][0]["content"][0]["transcript"] == "echo 400 ms"
-    items = b.manager.runner(session.session_id).session.conversation.items
+    items = b.manager.table.runner(session.session_id).session.conversation.items
     assert items[:2] == before and len(items) == 4  # the first turn and its answer came along
-    assert b.manager.slots_in_use == 1
+    assert b.manager.table.slots_in_use == 1
     with pytest.raises(DuplexSessionError) as refused:
         await b.manager.moves.restore("duplex-other", data, owner_generation=2, reason="drain")
     assert refused.value.code == "resource_exhausted"
@@ -88,7 +88,7 @@ async def test_worker_lost_fails_the_response_in_flight_and_keeps_it_out_of_hist
     }
     assert done.response["metadata"]["committed"] is False
     assert error.code == "worker_lost" and error.retryable is True
-    restored = b.manager.runner(session.session_id).session
+    restored = b.manager.table.runner(session.session_id).session
     item_id = "item_" + response_id
     assert item_id not in [item["id"] for item in restored.conversation.items]
     assert restored.active is None and restored.turn_state == "idle"
@@ -109,7 +109,7 @@ async def test_hand_off_keeps_the_uncommitted_turn_and_restore_puts_it_back(two)
     saved = orjson.loads(data)["input"]
     assert saved is not None and len(saved["audio"]) > 0
     assert orjson.loads(data)["applied"] == [1, 7]
-    assert sid not in a.manager.session_ids() and a.manager.slots_in_use == 0
+    assert sid not in a.manager.table.live_ids() and a.manager.table.slots_in_use == 0
     assert sid not in a.manager.moves.owned_sessions()
     assert "session.closed" not in types(session.pending())
     assert a.manager.moves.snapshot(sid) is None
@@ -129,12 +129,12 @@ async def test_drop_emits_nothing_and_frees_the_slot(two):
     await send_all(session, appends(sine(16_000, 1.0), 16_000))
     await session.send(Commit(create_response=True))
     await session.until("response.created")
-    runner = a.manager.runner(session.session_id)
+    runner = a.manager.table.runner(session.session_id)
     a.manager.moves.drop(session.session_id, "fenced out in a test")
     a.manager.moves.drop(session.session_id, "twice")  # idempotent
     assert session.session_id not in a.manager.moves.owned_sessions()
     await a.manager.shutdown()  # waits for the drop's stage cleanup
-    assert not runner.running and a.manager.slots_in_use == 0
+    assert not runner.running and a.manager.table.slots_in_use == 0
     after = types(session.pending())
     assert "response.done" not in after and "session.closed" not in after
 
@@ -166,7 +166,7 @@ async def test_an_unreadable_checkpoint_is_refused_and_holds_no_slot(two):
                 "duplex-x", data, owner_generation=2, reason="worker_lost"
             )
         assert refused.value.code == "worker_lost"
-    assert b.manager.slots_in_use == 0
+    assert b.manager.table.slots_in_use == 0
 
 
 async def test_a_restore_that_fails_once_registered_keeps_no_runner_or_slot(two, monkeypatch):
@@ -182,5 +182,5 @@ async def test_a_restore_that_fails_once_registered_keeps_no_runner_or_slot(two,
     monkeypatch.setattr("services.worker.engine.runner.SessionRunner.start", broken)
     with pytest.raises(RuntimeError):
         await b.manager.moves.restore(session.session_id, data, owner_generation=2, reason="drain")
-    assert b.manager.slots_in_use == 0
-    assert b.manager.session_ids() == [] and b.manager.moves.owned_sessions() == {}
+    assert b.manager.table.slots_in_use == 0
+    assert b.manager.table.live_ids() == [] and b.manager.moves.owned_sessions() == {}

@@ -108,9 +108,9 @@ def records(table: SessionTable) -> list[str]:
 
 def nothing_left(worker: Worker) -> bool:
     """No record, no slot, and nothing of any session in the stage."""
-    port = worker.manager.port
+    port = worker.manager.builder.port
     held = port.held_sessions()
-    return records(worker.table) == [] and not held and not worker.manager.slots_in_use
+    return records(worker.table) == [] and not held and not worker.manager.table.slots_in_use
 
 
 async def test_a_close_removes_the_record_once_session_closed_is_published(worker):
@@ -122,7 +122,7 @@ async def test_a_close_removes_the_record_once_session_closed_is_published(worke
     await worker.manager.close(sid)
     record = worker.table.get(sid)
     assert record is not None and record.phase is Phase.GONE  # session.closed still to send
-    assert worker.manager.slots_in_use == 0  # the slot is free already: the stage is clean
+    assert worker.manager.table.slots_in_use == 0  # the slot is free already: the stage is clean
     worker.store.gate.set()
     await worker.settled()
     assert nothing_left(worker)
@@ -182,7 +182,7 @@ async def test_a_hand_off_keeps_the_record_while_a_drain_holds_messages_back(wor
     assert await worker.publisher.write_checkpoint(sid, checkpoint)
     await worker.settled()
     assert records(worker.table) == [sid]  # the messages kept back are not sent on yet
-    assert worker.manager.slots_in_use == 0
+    assert worker.manager.table.slots_in_use == 0
     record.kept_back = None  # sent on to the new worker (`Drain._let_go`)
     assert worker.table.settle(record)
     assert nothing_left(worker)
@@ -220,13 +220,13 @@ async def test_a_restore_refused_at_any_step_leaves_no_record(worker, monkeypatc
 
             raise DuplexRuntimeConfigError("bad_state", "the plugin refuses this state")
 
-        monkeypatch.setattr(worker.manager.plugin, "import_session_state", refuse)
+        monkeypatch.setattr(worker.manager.builder.plugin, "import_session_state", refuse)
     else:
 
         async def stage_away(*args):
             raise DuplexSessionError("stage_unavailable", "the stage is gone")
 
-        monkeypatch.setattr(worker.manager.port, "ensure", stage_away)
+        monkeypatch.setattr(worker.manager.builder.port, "ensure", stage_away)
     with pytest.raises(DuplexSessionError):
         await worker.manager.moves.restore(sid, data, owner_generation=2, reason="worker_lost")
     assert nothing_left(worker)
@@ -240,20 +240,20 @@ async def test_a_restore_in_flight_holds_a_slot_and_a_refused_open_publishes_its
     finally:
         await source.stop()
     gate = asyncio.Event()
-    ensure = worker.manager.port.ensure
+    ensure = worker.manager.builder.port.ensure
 
     async def slow_stage(*args):
         await gate.wait()
         return await ensure(*args)
 
-    worker.manager.port.ensure = slow_stage  # type: ignore[method-assign]
+    worker.manager.builder.port.ensure = slow_stage  # type: ignore[method-assign]
     restoring = asyncio.create_task(
         worker.manager.moves.restore(sid, data, owner_generation=2, reason="drain")
     )
     async with asyncio.timeout(10):
         while sid not in worker.table:
             await asyncio.sleep(0)
-    assert worker.table.get(sid).phase is Phase.RESERVED and worker.manager.slots_in_use == 1
+    assert worker.table.get(sid).phase is Phase.RESERVED and worker.manager.table.slots_in_use == 1
     with pytest.raises(DuplexSessionError) as twice:
         await worker.manager.open({}, session_id=sid)
     assert twice.value.code == "session_exists"
@@ -262,7 +262,7 @@ async def test_a_restore_in_flight_holds_a_slot_and_a_refused_open_publishes_its
     assert worker.table.get(sid).phase is Phase.LIVE
     await worker.manager.close(sid)
     # an open refused: its error goes out for a session that is not held here, then nothing
-    worker.manager.port.ensure = ensure  # type: ignore[method-assign]
+    worker.manager.builder.port.ensure = ensure  # type: ignore[method-assign]
     refused = "duplex-refused"
     worker.publisher.emit_unowned(refused, DuplexErrorEvent.for_code("bad_event", "no"))
     await worker.settled()
@@ -291,17 +291,17 @@ async def test_an_open_over_a_refusal_still_being_published_is_a_fresh_session(w
     await worker.manager.open({"extra_body": {"pace": 0}}, session_id=sid)
     record = worker.table.get(sid)
     assert record.phase is Phase.LIVE and not record.stage_clean
-    cleanup = worker.manager.port.cleanup
+    cleanup = worker.manager.builder.port.cleanup
 
     async def stage_refuses(session_id):
         raise RuntimeError("stage cleanup failed")
 
-    worker.manager.port.cleanup = stage_refuses  # type: ignore[method-assign]
+    worker.manager.builder.port.cleanup = stage_refuses  # type: ignore[method-assign]
     worker.store.gate.set()
     await worker.manager.close(sid)
     await worker.settled()
-    assert records(worker.table) == [sid] and worker.manager.slots_in_use == 1  # still held
-    worker.manager.port.cleanup = cleanup  # type: ignore[method-assign]
+    assert records(worker.table) == [sid] and worker.manager.table.slots_in_use == 1  # still held
+    worker.manager.builder.port.cleanup = cleanup  # type: ignore[method-assign]
     await worker.manager.reap_once()  # the reaper's retry gives the slot back
     assert nothing_left(worker)
 
@@ -392,7 +392,7 @@ async def test_a_slot_whose_close_failed_is_held_until_the_reaper_closes_it(fram
     its `close_slot` fails, the slot is neither free nor stepped, the record waits for a
     clean stage, and the reaper's retry frees both."""
     worker = frame_worker
-    port = worker.manager.port
+    port = worker.manager.builder.port
     model = port.model
     sid = await worker.open()
     async with asyncio.timeout(10):  # its stream opened the slot in the model
@@ -421,9 +421,11 @@ async def test_the_reaper_cleans_up_what_the_stage_holds_of_a_session_with_no_re
     """A leak (the stage holding a session the table does not know) does not hold a slot
     until the worker restarts: the reaper's sweep cleans it up."""
     live = await worker.open()
-    port = worker.manager.port
+    port = worker.manager.builder.port
     port.bind("duplex-stray", lambda output: None)
-    await port.ensure(DuplexFence("duplex-stray", 1, 1), worker.manager.plugin.stage_roles[0])
+    await port.ensure(
+        DuplexFence("duplex-stray", 1, 1), worker.manager.builder.plugin.stage_roles[0]
+    )
     assert port.held_sessions() == {live, "duplex-stray"}
     await worker.manager.reap_once()
     assert port.held_sessions() == {live}  # the live session keeps its slot
@@ -433,7 +435,7 @@ async def test_a_session_bound_but_never_given_a_slot_leaves_nothing(frame_worke
     """A restore refused before its slot was taken: the stage's record of it (its sink
     alone) goes with its cleanup."""
     worker = frame_worker
-    port = worker.manager.port
+    port = worker.manager.builder.port
     port.bind("duplex-bound", lambda output: None)
     assert port.held_sessions() == {"duplex-bound"} and port.slot_of("duplex-bound") is None
     await port.cleanup("duplex-bound")

@@ -34,7 +34,7 @@ async def test_close_ends_the_session_tasks():
         await session.until("session.closed")
         assert all(task.done() for task in named)
         assert tasks_of(session.session_id) == []
-        assert h.manager.slots_in_use == 0
+        assert h.manager.table.slots_in_use == 0
     finally:
         await h.manager.shutdown()
 

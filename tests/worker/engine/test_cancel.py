@@ -67,7 +67,7 @@ async def test_cancel_mid_response_drops_everything_of_the_old_epoch():
         }
         await asyncio.sleep(0.3)  # time itself is tested: 3 more chunks' worth of real time
         assert session.pending() == []  # no audio of the old epoch after its response.done
-        runner = h.manager.runner(session.session_id)
+        runner = h.manager.table.runner(session.session_id)
         assert port.late_outputs == 1 and runner.dropped_stale_outputs == 1
         request_id = runner.session.last_response.request_id
         assert port.aborted == [request_id]
@@ -124,7 +124,7 @@ async def test_barge_in_command():
         events = await session.until("rate_limits.updated")
         done = events[-2]
         assert done.response["status_details"]["reason"] == "barge_in"
-        assert h.manager.runner(session.session_id).session.epoch == 1
+        assert h.manager.table.runner(session.session_id).session.epoch == 1
     finally:
         await h.manager.shutdown()
 
@@ -170,4 +170,4 @@ async def test_clear_drops_appends_in_flight(harness):
     events = await session.until("error")
     assert "input_audio_buffer.cleared" in types(events)
     assert events[-1].code == "input_audio_buffer_empty"
-    assert harness.manager.runner(session.session_id).session.pending_input_bytes == 0
+    assert harness.manager.table.runner(session.session_id).session.pending_input_bytes == 0

@@ -151,7 +151,7 @@ async def test_plugin_hooks_default_and_overridden():
         data = a.manager.moves.snapshot(session.session_id)
         assert orjson.loads(data)["model_state"] == {"cache": f"state of {session.session_id}"}
         await b.manager.moves.restore(session.session_id, data, owner_generation=2, reason="drain")
-        assert b.manager.plugin.imported == [
+        assert b.manager.builder.plugin.imported == [
             (session.session_id, {"cache": f"state of {session.session_id}"}, [item["id"]])
         ]
     finally:
@@ -179,7 +179,7 @@ async def test_applied_stays_before_an_append_in_flight_while_a_later_heartbeat_
     h = make_harness()
     try:
         session = await h.open(FAST)
-        runner = h.manager.runner(session.session_id)
+        runner = h.manager.table.runner(session.session_id)
         release = threading.Event()
         convert = runner.pipeline.convert
 
@@ -211,7 +211,7 @@ async def test_refused_and_stale_commands_complete_their_marks():
     h = make_harness(max_pending_input_bytes_per_session=1000)
     try:
         session = await h.open(FAST)
-        runner = h.manager.runner(session.session_id)
+        runner = h.manager.table.runner(session.session_id)
         big = AppendAudio(audio=float_to_pcm16(sine(16_000, 0.5)), format="pcm16")
         await h.manager.submit(session.session_id, big, (1, 1))  # refused: backpressure
         assert (await session.recv()).code == "input_backpressure"
@@ -235,7 +235,7 @@ async def test_an_ordinary_checkpoint_stops_before_the_uncommitted_turns_first_a
     try:
         session = await h.open(FAST)
         sid = session.session_id
-        runner = h.manager.runner(sid)
+        runner = h.manager.table.runner(sid)
         await h.manager.submit(sid, Heartbeat(), (1, 1))
         first, second = appends(sine(16_000, 0.04), 16_000)[:2]
         await h.manager.submit(sid, first, (1, 2))

@@ -167,7 +167,7 @@ async def test_commands_after_a_commit_see_it_however_slow_the_audio_path(harnes
     """response.create right behind a commit answers that commit, even when the
     commit's audio work is still running when response.create arrives."""
     session = await harness.open()
-    runner = harness.manager.runner(session.session_id)
+    runner = harness.manager.table.runner(session.session_id)
     convert = runner.pipeline.convert
 
     def slow_convert(*args):

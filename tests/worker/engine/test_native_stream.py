@@ -47,14 +47,14 @@ class Rig:
 
     async def open(self, session: dict | None = None):
         opened = await self.client.open(session or {})
-        await self.manager.runner(opened.session_id).settle_input()  # its stream is open
+        await self.manager.table.runner(opened.session_id).settle_input()  # its stream is open
         return opened
 
     async def say(self, opened, *frames: np.ndarray) -> None:
         """Frames of input, applied (fed to the slot) before the clock moves."""
         for command in appends(np.concatenate(frames), RATE, chunk_ms=80):
             await opened.send(command)
-        await self.manager.runner(opened.session_id).settle_input()
+        await self.manager.table.runner(opened.session_id).settle_input()
 
     async def tick(self, count: int = 1) -> None:
         for _ in range(count):
@@ -64,7 +64,7 @@ class Rig:
 
     async def settle(self, opened) -> None:
         """The stage outputs of the ticks so far are applied (they precede the barrier)."""
-        await self.manager.runner(opened.session_id).settle_input()
+        await self.manager.table.runner(opened.session_id).settle_input()
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ async def test_a_commit_commits_the_turn_and_plans_no_response(rig):
     events = session.pending()
     assert "input_audio_buffer.committed" in types(events)
     assert "response.created" not in types(events)
-    assert rig.manager.runner(session.session_id).session.active is None
+    assert rig.manager.table.runner(session.session_id).session.active is None
     # nothing will ever answer the turn (the model speaks when it will): its audio is not
     # kept for a response.create, nor carried in the checkpoint
     checkpoint = orjson.loads(rig.manager.moves.snapshot(session.session_id))
@@ -187,7 +187,7 @@ async def test_auto_response_false_is_refused_at_open_and_at_update(rig):
     with pytest.raises(DuplexSessionError) as refused:
         await rig.client.open({"extra_body": {"auto_response": False}})
     assert refused.value.code == "invalid_duplex_runtime_config"
-    assert rig.manager.slots_in_use == 0
+    assert rig.manager.table.slots_in_use == 0
     session = await rig.open()
     await session.send(
         {"type": "session.update", "session": {"extra_body": {"auto_response": False}}}
@@ -204,8 +204,8 @@ async def test_admission_is_refused_when_the_model_slots_are_taken():
         with pytest.raises(DuplexSessionError) as refused:
             await rig.client.open({})
         assert refused.value.code == "resource_exhausted"
-        assert rig.manager.slots_in_use == 2
-        first = rig.manager.session_ids()[0]
+        assert rig.manager.table.slots_in_use == 2
+        first = rig.manager.table.live_ids()[0]
         await rig.manager.close(first)
         assert rig.port.free_slots == 1  # close freed its slot
         await rig.open()
@@ -219,7 +219,7 @@ async def test_a_stream_never_committed_keeps_only_its_window_of_input(rig):
     seconds = (TURN_WINDOW_MS + 15_000) // 1000
     frames = [QUIET] * (seconds * 1000 // 80)
     await rig.say(session, *frames)
-    ledger = rig.manager.runner(session.session_id).session.input
+    ledger = rig.manager.table.runner(session.session_id).session.input
     assert ledger.stream_ms == len(frames) * 80  # all of it was applied
     assert ledger.samples * 1000 // RATE <= TURN_WINDOW_MS + 10_000
 
@@ -258,7 +258,7 @@ async def test_a_failed_over_session_gets_its_models_memory_back_and_speaks_agai
     other = Rig()
     try:
         await restore_elsewhere(other, session.session_id, checkpoint, bytes(history.data))
-        runner = other.manager.runner(session.session_id)
+        runner = other.manager.table.runner(session.session_id)
         await runner.settle_input()
         slot = other.port.slot_of(session.session_id)
         assert other.model.restored[slot] == history.frames  # its memory, not a fresh slot
@@ -332,7 +332,7 @@ async def test_a_drained_session_goes_on_with_the_response_it_was_speaking(rig):
         await restore_elsewhere(
             other, session.session_id, final, bytes(history.data), reason="drain"
         )
-        runner = other.manager.runner(session.session_id)
+        runner = other.manager.table.runner(session.session_id)
         await runner.settle_input()
         await restored(other)  # in the tick's wait: the slot steps from the next frame on
         # the user goes on talking, so the echo goes on speaking: less than its
@@ -415,7 +415,7 @@ async def test_a_stream_that_cannot_start_ends_the_session_and_gives_its_slot_ba
     assert "out of GPU memory" in events[0].message or "too short" in events[0].message
     assert events[1].reason == "runtime_data_plane_stream_failed"
     # no session is left mute: nothing held, the slot is free again
-    assert rig.manager.session_ids() == [] and rig.manager.slots_in_use == 0
+    assert rig.manager.table.live_ids() == [] and rig.manager.table.slots_in_use == 0
     assert rig.port.free_slots == rig.model.slots and not any(rig.model.opened)
     rig.model.on_open = None
     session = await rig.open()
@@ -437,7 +437,7 @@ async def test_a_restore_whose_stream_cannot_start_ends_the_session_and_keeps_no
         events = [await asyncio.wait_for(moved.get(), 5) for _ in range(2)]
         assert types(events) == ["error", "session.closed"]
         assert events[0].code == "runtime_data_plane_stream_failed"
-        assert other.manager.session_ids() == [] and other.manager.slots_in_use == 0
+        assert other.manager.table.live_ids() == [] and other.manager.table.slots_in_use == 0
         assert other.port.free_slots == other.model.slots
     finally:
         await other.manager.shutdown()

@@ -87,7 +87,7 @@ async def test_mute_is_acknowledged_and_silences_what_is_said_after_it(rig):
     muted = session.pending()
     assert bodies(muted, "session.input_audio.muted")[0]["client_event_id"] == "m1"
     assert "session.output_audio.delta" not in types(muted)  # the model heard silence
-    assert rig.manager.runner(session.session_id).session.surface_state.muted
+    assert rig.manager.table.runner(session.session_id).session.surface_state.muted
     await session.send(MuteInput(event_id="u1", muted=False))
     await rig.say(session, tone(3), QUIET, QUIET, QUIET)
     await rig.tick(6)
@@ -137,7 +137,7 @@ async def test_the_surface_state_moves_with_the_checkpoint(rig):
     await started(rig, session)
     await session.send(MuteInput(muted=True))
     await rig.say(session, QUIET)
-    engine = rig.manager.runner(session.session_id).session
+    engine = rig.manager.table.runner(session.session_id).session
     doc = read_checkpoint(export_checkpoint(engine, applied=(0, 0)))
     assert doc["config"]["duplex_surface"] == "live"
     state = NativeSurfaceState.from_dict(doc["surface_state"])

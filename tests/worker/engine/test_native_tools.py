@@ -75,7 +75,7 @@ class ToolRig:
             await asyncio.wait_for(self.port.wait_ticks(target), 5)
 
     async def settle(self, opened) -> None:
-        await self.manager.runner(opened.session_id).settle_input()
+        await self.manager.table.runner(opened.session_id).settle_input()
 
     def slot(self, opened) -> int:
         slot = self.port.slot_of(opened.session_id)
@@ -123,7 +123,7 @@ async def test_the_models_call_is_a_function_call_item_when_its_response_complet
     # the message item opened with the response (duplex surface) closes empty, then the call
     assert done.response["output"][0]["type"] == "message"
     assert not [e for e in events if e.wire_type == "response.output_audio.delta"]
-    runner = rig.manager.runner(session.session_id)
+    runner = rig.manager.table.runner(session.session_id)
     assert runner.session.conversation.pending_call_ids() == [call["call_id"]]
 
 
@@ -199,7 +199,7 @@ async def test_a_cancel_while_a_call_is_held_drops_it(rig):
     assert events[-1].response["status"] == "cancelled"
     assert not [e for e in events if "function_call" in e.wire_type]
     assert not [i for i in events[-1].response["output"] if i["type"] == "function_call"]
-    runner = rig.manager.runner(session.session_id)
+    runner = rig.manager.table.runner(session.session_id)
     assert runner.session.conversation.pending_call_ids() == []
     await rig.settle(session)
     assert rig.model.interrupts[rig.slot(session)] == 1
@@ -231,7 +231,7 @@ async def test_a_frames_error_is_an_error_event_and_the_response_goes_on(rig):
     assert events[-1].response["status"] == "completed"  # the response was not failed
     kinds = types(events)
     assert kinds.index("response.output_audio.delta") < kinds.index("error")  # mid-response
-    assert rig.manager.runner(session.session_id).session.active is None
+    assert rig.manager.table.runner(session.session_id).session.active is None
 
 
 async def test_a_model_that_takes_no_outputs_refuses_one_and_the_item_stays():
@@ -243,7 +243,7 @@ async def test_a_model_that_takes_no_outputs_refuses_one_and_the_item_stays():
         await session.send({"type": "conversation.item.create", "item": output_item("call_mine")})
         events = await session.until("error")
         assert events[-1].code == "runtime_input_failed"
-        history = rig.manager.runner(session.session_id).session.conversation.items
+        history = rig.manager.table.runner(session.session_id).session.conversation.items
         assert [item["type"] for item in history] == ["function_call", "function_call_output"]
     finally:
         await rig.manager.shutdown()

@@ -76,7 +76,7 @@ async def test_partials_never_hold_the_executor_and_a_busy_worker_skips_them():
               "extra_body": {"pace": 0}}  # fmt: skip
     try:
         sessions = [await client.open(config) for _ in range(3)]
-        runners = [manager.runner(session.session_id) for session in sessions]
+        runners = [manager.table.runner(session.session_id) for session in sessions]
         for session, runner in zip(sessions, runners, strict=True):
             await send_all(session, appends(loud(600), RATE))  # a decode is due at 500 ms
             # its appends go through VAD on the executor's one thread

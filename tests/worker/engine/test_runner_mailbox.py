@@ -26,7 +26,7 @@ def note(item_id: str, event_id: str) -> dict:
 
 async def test_an_unknown_mailbox_item_raises_type_error(harness):
     session = await harness.open()
-    runner = harness.manager.runner(session.session_id)
+    runner = harness.manager.table.runner(session.session_id)
     with pytest.raises(TypeError, match="not a mailbox item"):
         await runner._handle(object())
 
@@ -35,7 +35,7 @@ async def test_a_command_put_in_the_mailbox_unwrapped_is_refused_not_run(harness
     """A bare command (the manager always wraps one in `Dispatched`, with its reservation
     and mark) used to be dispatched by the fallback branch, bypassing both."""
     session = await harness.open()
-    runner = harness.manager.runner(session.session_id)
+    runner = harness.manager.table.runner(session.session_id)
     caplog.set_level(logging.ERROR, "services.worker.engine.runner")
     runner.submit(parse_client_event(note("item_raw", "bare")))
     error = await session.recv()

@@ -18,7 +18,7 @@ async def test_update_reconfigures_and_echoes_the_session(harness):
         updated.session["instructions"] == "be brief"
         and updated.session["input_audio_format"] == "g711_alaw"
     )
-    runner = harness.manager.runner(session.session_id)
+    runner = harness.manager.table.runner(session.session_id)
     assert runner.session.config.input_audio_format == AudioFormat("g711_alaw", 8000)
 
 

@@ -260,7 +260,7 @@ async def test_the_surface_and_metadata_survive_a_checkpoint():
         session = await h.client.open(MANUAL)
         await turn(session, metadata={"client_event_id": "abc"})
         await session.until("response.created")
-        state = h.manager.runner(session.session_id).session
+        state = h.manager.table.runner(session.session_id).session
         doc = read_checkpoint(export_checkpoint(state, applied=(0, 0)))
         restored = session_from_checkpoint(
             doc,

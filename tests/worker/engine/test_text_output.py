@@ -124,7 +124,7 @@ async def test_an_openai_text_response_cancelled_before_it_wrote_lists_no_item()
         await session.until("response.created")
         await session.send({"type": "response.cancel"})
         events = await session.until("rate_limits.updated")
-        state = h.manager.runner(session.session_id).session
+        state = h.manager.table.runner(session.session_id).session
         assert [item["role"] for item in state.conversation.items] == ["user"]
     finally:
         await h.manager.shutdown()

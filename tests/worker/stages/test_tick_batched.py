@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from harness.frame_models import FRAME_SAMPLES, EchoFrameModel, ManualClock, tone
-from services.worker.metrics import TickMetrics
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from services.worker.stages.tick_clock import TickGrid
+from services.worker.stages.tick_metrics import TickMetrics
 from shared.contracts import (
     DuplexFence,
     DuplexSessionError,

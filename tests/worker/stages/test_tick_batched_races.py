@@ -147,7 +147,7 @@ async def test_a_streams_checkpoint_never_asks_to_replay_its_whole_input():
     rig = Rig()
     try:
         opened = await rig.client.open({})
-        runner = rig.manager.runner(opened.session_id)
+        runner = rig.manager.table.runner(opened.session_id)
         await runner.settle_input()
         seq = 0
         for command in appends(np.zeros(RATE * 48, np.float32), RATE, chunk_ms=80):

@@ -34,7 +34,7 @@ async def test_a_frame_clocked_worker_admits_by_the_model_slots(redis_server):
         _ = worker.manager
     await worker.start()
     try:
-        port = worker.manager.port
+        port = worker.manager.builder.port
         assert isinstance(port, TickBatchedStagePort) and port.model.slots == 3
         assert worker.runtime.max_sessions == 3
         info = await handle.client.hgetall(KeySchema(prefix).worker("wf"))
