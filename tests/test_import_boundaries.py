@@ -92,6 +92,63 @@ def test_service_boundaries(package, forbidden):
     assert not any(m.startswith(forbidden) for m in imports_of(package))
 
 
+#: The worker's three places (docs/architecture.md, "The worker pod"), each importing only
+#: downward: the control plane owns the sessions this worker holds and builds their engines,
+#: the session engine is one session's state and how it reacts, the stages run the models.
+#: Of `services`, each imports only what is named here; the process (services/worker/*.py:
+#: the composition root, the inbox reader, the publisher, the drain...) stands above all
+#: three, and none of them imports it.
+WORKER_LAYERS = {
+    "services.worker.control": (
+        "services.worker.control",
+        "services.worker.engine",
+        "services.worker.stages",
+    ),
+    "services.worker.engine": ("services.worker.engine",),
+    "services.worker.stages": ("services.worker.stages",),
+}
+
+
+def _outside(modules: set[str], allowed: tuple[str, ...]) -> set[str]:
+    """The `services` modules of `modules` in none of the packages `allowed` (the parent
+    packages a submodule's import runs, `services` and `services.worker`, aside)."""
+    return {
+        m
+        for m in modules
+        if m.split(".")[0] == "services"
+        and m not in ("services", "services.worker")
+        and not any(m == a or m.startswith(a + ".") for a in allowed)
+    }
+
+
+def loaded_by_package(package: str) -> set[str]:
+    """What importing every module of `package`, in a clean interpreter, loads of ours."""
+    code = (
+        f"import importlib, pkgutil, sys, {package} as package\n"
+        "for module in pkgutil.iter_modules(package.__path__, package.__name__ + '.'):\n"
+        "    importlib.import_module(module.name)\n"
+        f"print('\\n'.join(m for m in sys.modules if m.split('.')[0] in {OUR_TOP_LEVEL!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("package", sorted(WORKER_LAYERS))
+def test_the_worker_layers_import_only_downward(package):
+    """The session engine never imports the control plane (nor the stages: it reaches its
+    stage through the `StagePort` of shared.contracts); the stages import neither the engine
+    nor the control plane; the control plane imports the engine and the stages, never the
+    process above it. By every import statement, and by what importing them loads."""
+    allowed = WORKER_LAYERS[package]
+    imported = _outside(imports_of(package), allowed)
+    assert not imported, f"{package} imports {sorted(imported)}"
+    loaded = loaded_by_package(package)
+    assert any(m.startswith(package + ".") for m in loaded), loaded
+    assert not _outside(loaded, allowed), f"{package} loads {sorted(_outside(loaded, allowed))}"
+
+
 @pytest.mark.parametrize(
     "package, forbidden",
     [
