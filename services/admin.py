@@ -27,6 +27,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _journaled(wire_type: str, data: bytes) -> str:
+    """A journaled event as `tail` prints it: its JSON; a record that is not JSON but bytes
+    (a moshi session's audio, `moshi.audio`) as its type and size."""
+    if not data.startswith(b"{"):
+        return orjson.dumps({"type": wire_type, "bytes": len(data)}).decode()
+    return _text(data)
+
+
 def surface_of(meta: dict[str, str]) -> str:
     """The protocol a session was opened on, from the opening config in its hash: duplex,
     openai (plain /v1/realtime), moshi (/api/chat) or live (/v1/live/sessions)."""
@@ -188,7 +196,7 @@ class Admin:
             for record in records:
                 if limit is not None and printed >= limit:
                     return 0
-                self._print(_text(record.data))
+                self._print(_journaled(record.wire_type, record.data))
                 printed += 1
                 if record.wire_type == "session.closed":
                     self._note(f"session {session_id} closed ({_closed_reason(record.data)})")

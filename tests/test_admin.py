@@ -249,3 +249,12 @@ async def test_ls_and_show_say_which_protocol_a_session_was_opened_on(redis_clie
     admin.out = shown
     assert await admin.show("duplex-s3") == 0
     assert "surface                  live" in shown.getvalue().splitlines()
+
+
+async def test_a_record_of_bytes_is_printed_as_its_type_and_size(tail):
+    """A moshi session's audio crosses Redis as its pcm16 bytes, not JSON: tail says what
+    and how much instead of printing them."""
+    pcm = bytes(range(256)) * 15  # not UTF-8, not JSON
+    await tail.publish(event("session.heartbeat_ack", 1), PublishItem(pcm, "moshi.audio"))
+    assert await tail.run(2, limit=2) == 0
+    assert tail.printed()[1] == {"type": "moshi.audio", "bytes": 3840}

@@ -45,7 +45,6 @@ frees its slot at once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
@@ -60,10 +59,11 @@ from services.api.delivery import SessionParts
 from services.api.door import Door, deny
 from services.api.metrics import ApiMetrics
 from services.api.ogg_opus import SAMPLE_RATE, OggOpusError, OpusDecoder, OpusEncoder
-from services.api.output_queue import AUDIO_DELTA, CLOSURE_TYPES, OutItem
+from services.api.output_queue import CLOSURE_TYPES, OutItem
 from services.api.socket_driver import Close, Message, PartsFactory, SocketDriver, refusal
 from shared.backoff import Backoff
 from shared.protocol.duplex import (
+    MOSHI_AUDIO,
     SURFACE_KEY,
     SURFACE_MOSHI,
     AppendAudio,
@@ -298,9 +298,8 @@ class MoshiConnection(SocketDriver):
             return False
         elif not self.handshaken.is_set():
             pass  # the model's output is never sent before the handshake
-        elif wire_type == AUDIO_DELTA:
-            pcm = base64.b64decode(orjson.loads(item.data)["delta"])
-            await self._audio(self.encoder.encode(pcm))
+        elif wire_type == MOSHI_AUDIO:  # the frame's pcm16 as it crossed Redis
+            await self._audio(self.encoder.encode(item.data))
         elif wire_type in WORDS:
             text = orjson.loads(item.data).get("delta") or ""
             if text:

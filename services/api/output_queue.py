@@ -20,12 +20,16 @@ import collections
 import dataclasses
 
 from services.api.waitables import Flag
+from shared.protocol.duplex import MOSHI_AUDIO
 
 PRIORITY_TYPES = frozenset(
     {"error", "response.done", "rate_limits.updated", "session.resync_required"}
 )
 CLOSURE_TYPES = frozenset({"session.closed", "session.expired", "session.replaced"})
 AUDIO_DELTA = "response.output_audio.delta"
+#: a response's audio, which a cancel drops from the queue: the JSON deltas, and a moshi
+#: session's audio records (its pcm16 bytes)
+AUDIO_TYPES = frozenset({AUDIO_DELTA, MOSHI_AUDIO})
 
 
 @dataclasses.dataclass(slots=True)
@@ -105,7 +109,7 @@ class OutputQueue:
         kept: collections.deque[OutItem] = collections.deque()
         dropped = 0
         for item in self._items:
-            if item.wire_type == AUDIO_DELTA and item.response_id == response_id:
+            if item.wire_type in AUDIO_TYPES and item.response_id == response_id:
                 self.bytes -= len(item.data)
                 dropped += 1
             else:

@@ -160,7 +160,7 @@ class RedisEventPublisher(SessionEventSink):
         session_json = dumps(event.session) if wire_type in _CARRIES_SESSION else b""  # type: ignore[attr-defined]
         outbox.pending.append(
             PublishItem(
-                event.to_json(), wire_type, journaled, session_json, _response_id(event, wire_type)
+                event.payload(), wire_type, journaled, session_json, _response_id(event, wire_type)
             )
         )
         if wire_type in DURABLE:

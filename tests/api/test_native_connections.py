@@ -11,7 +11,6 @@ sent, padded. GPT-Live: a model that never gets ready is given up with an error.
 from __future__ import annotations
 
 import asyncio
-import base64
 
 import numpy as np
 import orjson
@@ -27,6 +26,7 @@ from services.api.metrics import ApiMetrics
 from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection
 from services.api.output_queue import OutItem, OutputQueue
 from services.api.security import KeyChecker
+from shared.protocol.duplex import MOSHI_AUDIO
 
 WAIT_S = 5
 
@@ -128,9 +128,9 @@ async def test_a_listening_model_keeps_the_socket_alive(monkeypatch):
         await run
 
 
-def audio_delta(samples: np.ndarray) -> dict:
-    pcm = (samples * 32767).astype("<i2").tobytes()
-    return {"delta": base64.b64encode(pcm).decode()}
+def audio_record(samples: np.ndarray) -> OutItem:
+    """A moshi session's audio as it crosses Redis: the frame's pcm16 bytes, not JSON."""
+    return OutItem((samples * 32767).astype("<i2").tobytes(), MOSHI_AUDIO)
 
 
 async def test_an_error_the_session_outlived_leaves_its_end_normal_and_a_tail_is_sent():
@@ -139,7 +139,7 @@ async def test_an_error_the_session_outlived_leaves_its_end_normal_and_a_tail_is
     session.emit("session.started", session={"id": session.session_id})
     session.emit("error", error={"code": "input_backpressure", "message": "slow down"})
     frame_and_a_half = np.full(1920 * 3 // 2, 0.3, np.float32)
-    session.emit("response.output_audio.delta", **audio_delta(frame_and_a_half))
+    session.queue.put(audio_record(frame_and_a_half))
     session.emit("response.output_audio_transcript.delta", delta="hi")
     session.emit("response.done", response={"status": "completed"})
     session.emit("session.closed", reason="timeout")

@@ -6,9 +6,10 @@ surface (surface.py). `project` is called on every event its runner emits
 (`SessionBuilder._emitter`) and returns what the journal gets instead, which the API pod
 turns into the protocol (services/api/moshi_chat.py, services/api/live_sessions.py):
 
-- **moshi**: the model's audio and words (`response.output_audio.delta`, the transcript
-  and text deltas), `response.done` (the pod sends a response's last partial frame),
-  errors, the closures, `session.created` (the pod's open needs it) and
+- **moshi**: the model's audio as its bytes (`MOSHI_AUDIO`, shared/protocol/duplex/moshi.py:
+  the frame's pcm16, no base64, no JSON: the pod encodes it as Ogg Opus as it comes), its
+  words (the transcript and text deltas), `response.done` (the pod sends a response's last
+  partial frame), errors, the closures, `session.created` (the pod's open needs it) and
   `session.started` (the model's prompt is stepped: the pod sends the `0x00` handshake).
   Everything else is dropped: the pod would send nothing for it, and it would cost a
   Redis write per event.
@@ -35,10 +36,12 @@ for a native-surface session, never seen on the others): `model.ready`, `input.m
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from shared.protocol.duplex import (
+    MOSHI_AUDIO,
     RAW_EVENT_PREFIX,
     SURFACE_LIVE,
     DuplexErrorEvent,
@@ -68,7 +71,6 @@ TRANSCRIPT_SPAN_MS = 80
 _MOSHI_PASSES = frozenset(
     {
         "session.created",
-        "response.output_audio.delta",
         "response.output_audio_transcript.delta",
         "response.output_text.delta",
         "response.done",  # the pod sends the response's last partial frame, padded
@@ -100,6 +102,27 @@ class SurfaceEvent(DuplexEvent):
 
     def wire_body(self) -> JSON:
         return self.body
+
+
+@dataclasses.dataclass(kw_only=True)
+class SurfaceBytes(DuplexEvent):
+    """An event that crosses Redis as its bytes, not JSON (`payload`): a moshi session's
+    audio. `to_dict` says what it is for a reader of the journal, not its bytes."""
+
+    TYPE = "<surface bytes>"
+    type_name: str
+    data: bytes
+    response_id: str | None = None
+
+    @property
+    def wire_type(self) -> str:
+        return self.type_name
+
+    def to_dict(self) -> JSON:
+        return {"type": self.type_name, "bytes": len(self.data)}
+
+    def payload(self) -> bytes:
+        return self.data
 
 
 # ---------------------------------------------------------------- the session's signals
@@ -143,6 +166,12 @@ def project(event: DuplexEvent, session: EngineSession) -> DuplexEvent | None:
     if wire_type in _TRANSCRIPT_TYPES and not event.delta:  # type: ignore[attr-defined]
         return None  # a frame without words (the response's audio goes on)
     if session.config.surface != SURFACE_LIVE:
+        if wire_type == "response.output_audio.delta":
+            return SurfaceBytes(
+                type_name=MOSHI_AUDIO,
+                data=base64.b64decode(event.delta),  # type: ignore[attr-defined]
+                response_id=getattr(event, "response_id", None),
+            )
         return event if wire_type in _MOSHI_PASSES else None
     if raw is not None:
         return _live_signal(raw, event.event, session)  # type: ignore[union-attr]

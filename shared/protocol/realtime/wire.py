@@ -159,6 +159,11 @@ class RealtimeEvent(WireMessage):
     def to_json(self) -> bytes:
         return dumps(self.to_dict())
 
+    def payload(self) -> bytes:
+        """What crosses Redis for this event (its journal record, its live message): its
+        JSON, unless its protocol takes bytes (a moshi session's audio)."""
+        return self.to_json()
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
         kwargs = cls.read_fields(data)

@@ -129,7 +129,8 @@ for i = 14, #ARGV, 5 do
     next_seq = next_seq + 1
     seq = next_seq
     updates['next_seq'] = next_seq
-    if stamp then
+    -- a JSON object only: a record of bytes (a moshi session's audio) is never stamped
+    if stamp and string.byte(data, -1) == 125 then
       out = string.sub(data, 1, -2) .. ',"server_event_seq":' .. seq .. '}'
     end
     record = seq .. ' ' .. #out .. ' ' .. etype .. ' ' .. rid .. '\n' .. out

@@ -19,7 +19,7 @@ from services.worker.engine.native_surfaces import TRANSCRIPT_SPAN_MS, USAGE_INT
 from services.worker.engine.surface_state import NativeSurfaceState
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
 from shared.contracts import DuplexSessionError, SessionRuntimeConfig
-from shared.protocol.duplex import MuteInput
+from shared.protocol.duplex import MOSHI_AUDIO, MuteInput
 from tests.worker.engine.test_native_stream import QUIET, Rig
 
 LIVE = {"duplex_surface": "live"}
@@ -125,11 +125,15 @@ async def test_a_moshi_session_journals_only_what_its_pod_reads(rig):
     await rig.settle(session)
     events = session.pending()
     assert set(types(events)) == {
-        "response.output_audio.delta",
+        MOSHI_AUDIO,  # the frames' pcm16 as bytes, for the pod's Opus encoder
         "response.output_audio_transcript.delta",
         "response.done",
     }
-    assert types(events).count("response.output_audio.delta") >= 3
+    audio = [e for e in events if e.wire_type == MOSHI_AUDIO]
+    assert len(audio) >= 3
+    # what crosses Redis is the frame's samples, not JSON: 80 ms of pcm16 at 24 kHz
+    assert all(len(e.payload()) == 2 * FRAME_SAMPLES for e in audio)
+    assert not audio[0].payload().startswith(b"{")
 
 
 async def test_the_surface_state_moves_with_the_checkpoint(rig):
