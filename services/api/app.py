@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
@@ -18,34 +18,14 @@ from starlette.types import Receive, Scope, Send
 
 from services.api.chat import openai_error
 from services.api.door import bearer
-from services.api.live_sessions import LiveSessionsEndpoint
-from services.api.moshi_chat import MoshiChatEndpoint
 from services.api.pod import ApiPod
-from services.api.realtime import REALTIME_PATHS, RealtimeEndpoint, websocket_path
+from services.api.realtime import REALTIME_PATHS, websocket_path
 from services.api.security import SecurityHeaders
+from services.api.socket_driver import SocketEndpoint
 from shared.redis.connection import RedisHandle, connect
 from shared.settings import ApiSettings
 
 log = logging.getLogger(__name__)
-
-#: Moshi's protocol (services/api/moshi_chat.py), also under a key prefix for clients that
-#: can only set a base URL: `/key/<API_KEY>/api/chat`
-MOSHI_CHAT_PATH = "/api/chat"
-KEY_PREFIX = "/key/"
-#: OpenAI's GPT-Live protocol (services/api/live_sessions.py)
-LIVE_SESSIONS_PATH = "/v1/live/sessions"
-
-
-def moshi_chat_path(path: str) -> str | None:
-    """For Moshi's route: the key in its path ("" when it has none); None for another."""
-    if path == MOSHI_CHAT_PATH:
-        return ""
-    if path.startswith(KEY_PREFIX) and path.endswith(MOSHI_CHAT_PATH):
-        key = path[len(KEY_PREFIX) : -len(MOSHI_CHAT_PATH)]
-        if key and "/" not in key:
-            return key  # the ASGI path is percent-decoded already
-    return None
-
 
 CONSOLE_DIR = Path(__file__).with_name("console")
 
@@ -61,23 +41,16 @@ class DuplexApp(FastAPI):
     no dependencies, and the endpoint handles its own failures. The routes stay
     registered, so the app lists them (and serves them should this door be bypassed)."""
 
-    realtime_endpoint: RealtimeEndpoint | None = None
-    moshi_endpoint: MoshiChatEndpoint | None = None
-    live_endpoint: LiveSessionsEndpoint | None = None
+    #: every protocol's route (`ApiPod.socket_endpoints`), asked in turn for a socket's path
+    socket_endpoints: Sequence[SocketEndpoint] = ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = websocket_path(scope)
-        if path is not None and self.realtime_endpoint is not None:
-            if (force_duplex := REALTIME_PATHS.get(path)) is not None:
-                websocket = WebSocket(scope, receive, send)
-                await self.realtime_endpoint(websocket, force_duplex=force_duplex)
-                return
-            if self.moshi_endpoint is not None and (key := moshi_chat_path(path)) is not None:
-                await self.moshi_endpoint(WebSocket(scope, receive, send), key or None)
-                return
-            if self.live_endpoint is not None and path == LIVE_SESSIONS_PATH:
-                await self.live_endpoint(WebSocket(scope, receive, send))
-                return
+        if path is not None:
+            for endpoint in self.socket_endpoints:
+                if (args := endpoint.match(path)) is not None:
+                    await endpoint(WebSocket(scope, receive, send), *args)
+                    return
         await super().__call__(scope, receive, send)
 
 
@@ -112,9 +85,7 @@ def create_app(settings: ApiSettings, redis: RedisHandle | None = None) -> Duple
         title="duplex-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.pod = pod
-    app.realtime_endpoint = realtime
-    app.moshi_endpoint = pod.moshi_chat
-    app.live_endpoint = pod.live_sessions
+    app.socket_endpoints = pod.socket_endpoints
     app.add_middleware(SecurityHeaders)
 
     def http_key(request: Request) -> str | None:

@@ -53,7 +53,14 @@ from services.api.delivery import SessionParts
 from services.api.door import Door
 from services.api.metrics import ApiMetrics
 from services.api.output_queue import CLOSURE_TYPES, OutItem
-from services.api.socket_driver import Close, Message, PartsFactory, SocketDriver, refusal
+from services.api.socket_driver import (
+    Close,
+    Message,
+    PartsFactory,
+    SocketDriver,
+    SocketEndpoint,
+    refusal,
+)
 from shared.protocol.duplex import (
     G711_ALAW,
     G711_ULAW,
@@ -93,7 +100,11 @@ class StartRefused(Exception):
         self.code, self.message, self.param = code, message, param
 
 
-class LiveSessionsEndpoint:
+#: the route
+LIVE_SESSIONS_PATH = "/v1/live/sessions"
+
+
+class LiveSessionsEndpoint(SocketEndpoint):
     """The door of `/v1/live/sessions`: the key, then the upgrade and the connection."""
 
     def __init__(
@@ -113,7 +124,10 @@ class LiveSessionsEndpoint:
         self.config_timeout_s = config_timeout_s
         self.max_input_bytes = max_input_bytes
 
-    async def __call__(self, websocket: WebSocket) -> None:
+    def match(self, path: str) -> tuple[()] | None:
+        return () if path == LIVE_SESSIONS_PATH else None
+
+    async def __call__(self, websocket: WebSocket) -> None:  # type: ignore[override]
         admitted = await self.door.admit(websocket)
         if admitted is None:
             return

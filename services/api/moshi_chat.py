@@ -60,7 +60,14 @@ from services.api.door import Door, deny
 from services.api.metrics import ApiMetrics
 from services.api.ogg_opus import SAMPLE_RATE, OggOpusError, OpusDecoder, OpusEncoder
 from services.api.output_queue import CLOSURE_TYPES, OutItem
-from services.api.socket_driver import Close, Message, PartsFactory, SocketDriver, refusal
+from services.api.socket_driver import (
+    Close,
+    Message,
+    PartsFactory,
+    SocketDriver,
+    SocketEndpoint,
+    refusal,
+)
 from shared.backoff import Backoff
 from shared.protocol.duplex import (
     MOSHI_AUDIO,
@@ -107,7 +114,24 @@ NORMAL_ENDS = frozenset(
 NORMAL, UNSUPPORTED_DATA, INVALID_DATA, SERVER_ERROR = 1000, 1003, 1007, 1011
 
 
-class MoshiChatEndpoint:
+#: the route, also under a key prefix for clients that can only set a base URL:
+#: `/key/<API_KEY>/api/chat`
+MOSHI_CHAT_PATH = "/api/chat"
+KEY_PREFIX = "/key/"
+
+
+def moshi_chat_path(path: str) -> str | None:
+    """For Moshi's route: the key in its path ("" when it has none); None for another."""
+    if path == MOSHI_CHAT_PATH:
+        return ""
+    if path.startswith(KEY_PREFIX) and path.endswith(MOSHI_CHAT_PATH):
+        key = path[len(KEY_PREFIX) : -len(MOSHI_CHAT_PATH)]
+        if key and "/" not in key:
+            return key  # the ASGI path is percent-decoded already
+    return None
+
+
+class MoshiChatEndpoint(SocketEndpoint):
     """The door of `/api/chat`: the key, the query, the open (waiting for a free slot),
     then the upgrade, and the connection."""
 
@@ -126,7 +150,11 @@ class MoshiChatEndpoint:
         self.admission_wait_s = admission_wait_s
         self.handshake_timeout_s = handshake_timeout_s
 
-    async def __call__(self, websocket: WebSocket, path_key: str | None) -> None:
+    def match(self, path: str) -> tuple[str | None] | None:
+        key = moshi_chat_path(path)
+        return None if key is None else (key or None,)
+
+    async def __call__(self, websocket: WebSocket, path_key: str | None) -> None:  # type: ignore[override]
         admitted = await self.door.admit(websocket, path_key)
         if admitted is None:
             return

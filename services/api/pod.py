@@ -34,6 +34,7 @@ from services.api.moshi_chat import MoshiChatEndpoint
 from services.api.output_queue import OutputQueue
 from services.api.realtime import RealtimeEndpoint
 from services.api.security import KeyChecker
+from services.api.socket_driver import SocketEndpoint
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import key_digest
@@ -109,6 +110,12 @@ class ApiPod:
             config_timeout_s=settings.config_timeout_s,
             ready_timeout_s=settings.model_ready_timeout_s,
             max_input_bytes=self.runtime.max_pending_input_bytes_per_session,
+        )
+        #: every protocol's WebSocket route: a protocol added to the pod is one more here
+        self.socket_endpoints: tuple[SocketEndpoint, ...] = (
+            self.realtime,
+            self.moshi_chat,
+            self.live_sessions,
         )
         # chat requests go through WorkerClient too, so they count against the inbox budget
         self.chat = ChatCompletions(

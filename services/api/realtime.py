@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 from services.api.connection import RealtimeConnection
 from services.api.door import Door
 from services.api.metrics import ApiMetrics
+from services.api.socket_driver import SocketEndpoint
 from shared.protocol.duplex import SURFACE_DUPLEX, SURFACE_OPENAI
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,20 @@ def flag(value: str | None, default: bool) -> bool | None:
     return None
 
 
-class RealtimeEndpoint:
+class RealtimeEndpoint(SocketEndpoint):
+    """`/v1/realtime` (the openai surface, or the duplex one with `?duplex=1`) and
+    `/v1/duplex` (the duplex surface)."""
+
     def __init__(self, door: Door, metrics: ApiMetrics, connection: ConnectionFactory) -> None:
         self.door = door
         self.metrics = metrics
         self.connection = connection
 
-    async def __call__(self, websocket: WebSocket, force_duplex: bool) -> None:
+    def match(self, path: str) -> tuple[bool] | None:
+        force_duplex = REALTIME_PATHS.get(path)
+        return None if force_duplex is None else (force_duplex,)
+
+    async def __call__(self, websocket: WebSocket, force_duplex: bool) -> None:  # type: ignore[override]
         connection = await self._admit(websocket, force_duplex)
         if connection is None:
             return

@@ -59,6 +59,21 @@ PartsFactory = Callable[[str | None], SessionParts]
 DRAIN_S = 5.0
 
 
+class SocketEndpoint(abc.ABC):
+    """A WebSocket route of the pod: which paths are its (`match`), and what serves a socket
+    there (`__call__`: the door, the upgrade, the connection). The pod lists one per
+    protocol (`ApiPod.socket_endpoints`); the app asks each in turn for a socket's path."""
+
+    @abc.abstractmethod
+    def match(self, path: str) -> tuple[Any, ...] | None:
+        """The arguments `__call__` takes after the socket for a socket on `path` (below
+        the root path); None when the path is not this route's."""
+
+    @abc.abstractmethod
+    async def __call__(self, websocket: WebSocket, *args: Any) -> None:
+        """Serve one socket, from before its upgrade to its end."""
+
+
 class HandshakeFailed(Exception):
     """The socket could not open or resume a session; the client was told why."""
 

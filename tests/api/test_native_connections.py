@@ -18,12 +18,11 @@ import pytest
 import sphn
 
 from services.api import moshi_chat
-from services.api.app import moshi_chat_path
 from services.api.delivery import SessionParts
 from services.api.door import Door
 from services.api.live_sessions import LiveConnection
 from services.api.metrics import ApiMetrics
-from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection
+from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection, moshi_chat_path
 from services.api.output_queue import OutItem, OutputQueue
 from services.api.security import KeyChecker
 from shared.protocol.duplex import MOSHI_AUDIO

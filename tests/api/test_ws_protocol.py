@@ -19,6 +19,7 @@ from services.api.http_guard import GuardedH11Protocol
 from services.api.metrics import ApiMetrics
 from services.api.realtime import RealtimeEndpoint, realtime_route
 from services.api.security import KeyChecker
+from services.api.socket_driver import SocketEndpoint
 from services.api.waitables import Flag, Mailbox
 from services.api.ws_protocol import LeanWebSocketProtocol
 
@@ -85,7 +86,7 @@ class FakeConnection:
 def door_app() -> tuple[DuplexApp, list[str]]:
     endpoint = RealtimeEndpoint(Door(KeyChecker(["k1"]), frozenset()), ApiMetrics(), FakeConnection)
     app = DuplexApp()
-    app.realtime_endpoint = endpoint
+    app.socket_endpoints = (endpoint,)
     routed: list[str] = []
 
     @app.websocket("/v1/realtime")
@@ -115,6 +116,29 @@ def test_realtime_sockets_are_served_at_the_door_and_drop_their_request_headers(
     with client.websocket_connect("/other") as ws:
         assert ws.receive_json() == {"other": True}
     assert routed == ["other"]  # the router never saw a Realtime socket
+
+
+class FifthProtocol(SocketEndpoint):
+    """A protocol the pod does not have: registered, its paths are served at the door."""
+
+    def match(self, path: str):
+        return (path.rsplit("/", 1)[-1],) if path.startswith("/v1/fifth/") else None
+
+    async def __call__(self, websocket: WebSocket, name: str) -> None:  # type: ignore[override]
+        await websocket.accept()
+        await websocket.send_json({"protocol": "fifth", "name": name})
+        await websocket.close()
+
+
+def test_a_protocol_is_served_by_registering_its_endpoint():
+    app, routed = door_app()
+    app.socket_endpoints = (*app.socket_endpoints, FifthProtocol())
+    client = TestClient(app)
+    with client.websocket_connect("/v1/fifth/hello") as ws:
+        assert ws.receive_json() == {"protocol": "fifth", "name": "hello"}
+    with client.websocket_connect("/v1/duplex?api_key=k1") as ws:  # the others still theirs
+        assert ws.receive_json()["surface"] == "duplex"
+    assert routed == []
 
 
 def test_the_door_still_refuses_a_missing_key_before_accept():
