@@ -35,6 +35,8 @@ from services.api.liveness import PodLiveness
 from services.api.worker_client import WorkerClient
 from shared.ids import new_session_id
 from shared.protocol.duplex import (
+    NATIVE_SURFACES,
+    SURFACE_DUPLEX,
     DuplexCommand,
     DuplexErrorEvent,
     DuplexEvent,
@@ -118,6 +120,12 @@ class Attachment:
         #: only a native (frame-clocked) model's workers may take the session: Moshi's and
         #: GPT-Live's surfaces, whose sessions only those models serve
         self.native_only = False
+
+    def serve_surface(self, surface: str) -> None:
+        """The session is opened on `surface` (before `open`): what it may be (resumable,
+        which workers may take it) follows from it."""
+        self.duplex = surface == SURFACE_DUPLEX
+        self.native_only = surface in NATIVE_SURFACES
 
     def _move(self, to: AttachmentState) -> None:
         if to not in TRANSITIONS[self.state]:

@@ -97,9 +97,6 @@ class RealtimeConnection(SocketDriver):
         max_input_bytes: int,
     ):
         super().__init__(websocket, attachment, delivery, metrics)
-        # an append is not awaited (services/api/command_sender.py): its failure is queued
-        # for the client with the append's event_id, as the reader's own errors are
-        attachment.commands.report = delivery.send
         self.view = view
         self.model = model
         self.autostart = autostart and not resume_only
@@ -111,7 +108,7 @@ class RealtimeConnection(SocketDriver):
     def use_surface(self, surface: str) -> None:
         """Serve the socket as `surface` (realtime.py: before `run`)."""
         self.surface = surface
-        self.attachment.duplex = surface == SURFACE_DUPLEX
+        self.attachment.serve_surface(surface)
 
     @property
     def openai(self) -> bool:

@@ -217,8 +217,7 @@ class LiveConnection(SocketDriver):
         ready_timeout_s: float,
     ) -> None:
         super().__init__(websocket, parts.attachment, parts.delivery, metrics)
-        self.attachment.duplex = False  # no resume: the socket is the session
-        self.attachment.native_only = True
+        self.attachment.serve_surface(SURFACE_LIVE)  # no resume: the socket is the session
         self.max_input_bytes = max_input_bytes
         self.config_timeout_s = config_timeout_s
         self.ready_timeout_s = ready_timeout_s

@@ -188,8 +188,7 @@ class MoshiChatEndpoint(SocketEndpoint):
         backoff = Backoff(initial_s=0.1, max_s=1.0)
         while True:
             parts = self.parts(key)
-            parts.attachment.duplex = False  # no resume: the socket is the session
-            parts.attachment.native_only = True
+            parts.attachment.serve_surface(SURFACE_MOSHI)  # no resume: the socket is the session
             try:
                 reply = await parts.attachment.open(dict(session), None)
             except AttachFailed as failed:

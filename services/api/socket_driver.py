@@ -121,6 +121,9 @@ class SocketDriver(abc.ABC):
         self.attachment = attachment
         self.delivery = delivery
         self.metrics = metrics
+        # an append is not awaited (services/api/command_sender.py): its failure reaches
+        # the client as the protocol says a refusal, as the reader's own do
+        attachment.commands.report = self.refuse
         #: client messages read while the session got ready, for the reader
         self.early: collections.deque[Message] = collections.deque()
 

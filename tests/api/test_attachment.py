@@ -18,7 +18,13 @@ from services.api.attachment import (
 )
 from services.api.inbox_writer import InboxFull, InboxWriter
 from services.api.live import CATCH_UP, LiveFeed
-from shared.protocol.duplex import AppendAudio, Commit, Heartbeat, SessionResume
+from shared.protocol.duplex import (
+    SURFACE_MOSHI,
+    AppendAudio,
+    Commit,
+    Heartbeat,
+    SessionResume,
+)
 from shared.redis.boundary import CloseRequest, OpenRequest, TouchRequest
 from shared.redis.store import PublishItem
 from tests.api.parts import (
@@ -252,7 +258,7 @@ async def test_a_native_surfaces_open_goes_to_a_native_model_or_says_why_not(
     if native:
         await register_worker(parts.client, "moshi-1", model="moshi", native=True, active=4)
     attachment = parts.attachment(LiveFeed())
-    attachment.native_only = True
+    attachment.serve_surface(SURFACE_MOSHI)
     with pytest.raises(AttachFailed) as failed:
         await attachment.open(session, None)
     error = failed.value.event.to_dict()["error"]
@@ -266,7 +272,7 @@ async def test_a_native_surfaces_open_passes_the_other_models_workers_over(parts
     await register_worker(parts.client, "moshi-1", model="moshi", native=True)
     for _ in range(4):
         attachment = parts.attachment(LiveFeed())
-        attachment.native_only = True
+        attachment.serve_surface(SURFACE_MOSHI)
         await attachment.open({}, None)
     assert parts.workers.opens == ["moshi-1"] * 4
 

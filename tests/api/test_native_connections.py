@@ -11,6 +11,7 @@ sent, padded. GPT-Live: a model that never gets ready is given up with an error.
 from __future__ import annotations
 
 import asyncio
+import types
 
 import numpy as np
 import orjson
@@ -18,8 +19,10 @@ import pytest
 import sphn
 
 from services.api import moshi_chat
+from services.api.command_sender import failure_event
 from services.api.delivery import SessionParts
 from services.api.door import Door
+from services.api.inbox_writer import InboxFull
 from services.api.live_sessions import LiveConnection
 from services.api.metrics import ApiMetrics
 from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection, moshi_chat_path
@@ -70,11 +73,14 @@ class Session:
         self.session_id = "duplex-test"
         self.live = True
         self.released = False
-        self.commands: list = []
-        self.duplex = True
-        self.native_only = False
+        self.sent: list = []  # the commands the socket sent its session
+        self.commands = types.SimpleNamespace(report=None)  # where an append's failure goes
+        self.surface: str | None = None
 
     # the attachment's side
+    def serve_surface(self, surface: str) -> None:
+        self.surface = surface
+
     def created_delivered(self) -> None:
         pass
 
@@ -82,7 +88,7 @@ class Session:
         self.released = True
 
     async def command(self, command) -> None:
-        self.commands.append(command)
+        self.sent.append(command)
 
     # the delivery's side
     async def get(self) -> OutItem:
@@ -227,3 +233,24 @@ def test_the_key_of_a_moshi_path_is_read_as_the_server_decoded_it():
     assert moshi_chat_path("/key//api/chat") is None
     assert moshi_chat_path("/key/a/b/api/chat") is None
     assert moshi_chat_path("/v1/realtime") is None
+
+
+async def test_an_appends_failure_reaches_a_gpt_live_client_in_gpt_lives_words():
+    """An append is not awaited: its failure comes back later, through the attachment's
+    report, which the socket driver points at the protocol's refusal."""
+    session, socket = Session(), Socket()
+    parts = SessionParts(session, session, None)  # type: ignore[arg-type]
+    LiveConnection(
+        socket,  # type: ignore[arg-type]
+        parts,
+        ApiMetrics(),
+        1 << 20,
+        config_timeout_s=1,
+        ready_timeout_s=1,
+    )
+    assert session.surface == "live"
+    session.commands.report(failure_event(InboxFull("full"), "append-7"))
+    item = await session.get()
+    error = orjson.loads(item.data)["error"]
+    assert (error["code"], error["client_event_id"]) == ("input_backpressure", "append-7")
+    assert "event_id" not in error and "retryable" not in error  # GPT-Live's shape
