@@ -172,6 +172,7 @@ class SocketDriver(abc.ABC):
         # named tasks, not supervised loops: they end with the socket, never restart
         writer = asyncio.create_task(self._write_loop(), name=f"{self.protocol}-writer")
         pump: asyncio.Task[None] | None = None
+        reader: asyncio.Task[Close | None] | None = None
         close: Close | None = None
         try:
             if await self.open(writer) and self.attachment.session_id is not None:
@@ -180,7 +181,8 @@ class SocketDriver(abc.ABC):
                 )
                 ready = await self.ready(writer)
                 if ready is True:
-                    close = await self._read_loop(writer)
+                    reader = asyncio.create_task(self._read_loop(), name=f"{self.protocol}-reader")
+                    close = await self._read_until_the_end(reader, writer)
                 elif ready is not False:
                     close = ready
         except (HandshakeFailed, WebSocketDisconnect):
@@ -189,8 +191,9 @@ class SocketDriver(abc.ABC):
             log.exception("%s connection of %s failed", self.protocol, self.attachment.session_id)
             close = self.failed()
         finally:
-            if pump is not None:
-                pump.cancel()
+            for task in (reader, pump):
+                if task is not None:
+                    task.cancel()
             await self.attachment.release()
             await self._finish(writer, close)
 
@@ -211,15 +214,35 @@ class SocketDriver(abc.ABC):
         elif not writer.cancelled() and (exc := writer.exception()) is not None:
             log.error("the writer of session %s failed", self.attachment.session_id, exc_info=exc)
 
-    async def _read_loop(self, writer: asyncio.Task[None]) -> Close | None:
-        """Until the client leaves, falls silent, or the session ends (the writer closed
-        the socket); the close to send, if the protocol ends it."""
+    @staticmethod
+    async def _read_until_the_end(
+        reader: asyncio.Task[Close | None], writer: asyncio.Task[None]
+    ) -> Close | None:
+        """The reader's close, or None once the session ended first (the writer closed the
+        socket after its closure: the reader, waiting on the client, is stopped). One wait
+        for the socket's life, not one per message (a task per message was most of a JSON
+        append's cost on the pod)."""
+        await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            return None
+        return reader.result()
+
+    async def _read_loop(self) -> Close | None:
+        """Until the client leaves or falls silent; the close to send, if the protocol
+        ends the socket itself."""
         while True:
             if self.early:
-                message: Message | None = self.early.popleft()
+                message = self.early.popleft()
             else:
-                message = await next_message(self.ws, writer, timeout=self.idle_timeout_s)
-            if message is None or message["type"] == "websocket.disconnect":
+                try:
+                    async with asyncio.timeout(self.idle_timeout_s):
+                        message = await self.ws.receive()
+                except TimeoutError:
+                    return None  # an idle socket is a disconnect
+            if message["type"] == "websocket.disconnect":
                 return None
             close = await self.on_message(message)
             if close is not None:
