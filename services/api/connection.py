@@ -215,8 +215,7 @@ class RealtimeConnection(SocketDriver):
                 resume_token=resumed.resume_token,
             )
         )
-        self.delivery.last_seq = request.last_received_server_event_seq
-        await self.delivery.replay()
+        await self.delivery.resume_after(request.last_received_server_event_seq)
         await self.attachment.touch()
         self.metrics.resumes.inc()
 

@@ -275,6 +275,12 @@ class Delivery:
             )
             self.overflow_close.add_done_callback(_log_failure)
 
+    async def resume_after(self, seq: int) -> bool:
+        """A resumed session: the client has every event up to `seq`; queue the journal's
+        after it. False when some are gone."""
+        self.last_seq = seq
+        return await self.replay()
+
     async def replay(self, until_seq: int | None = None) -> bool:
         """Queue journal entries after `last_seq` (up to `until_seq`); False when some are gone."""
         records = await self.store.journal_records(
