@@ -139,7 +139,8 @@ class ProtocolClient(abc.ABC):
         self.ws.transport.abort()
         if self._reader is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._reader, WAIT_S)
+                async with asyncio.timeout(WAIT_S):  # its reader sees the socket end
+                    await self._reader
 
     async def close(self) -> None:
         if self.ws is not None:
