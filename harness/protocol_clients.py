@@ -56,6 +56,9 @@ class ProtocolClient(abc.ABC):
     barge_in_message: ClassVar[bool] = False
     #: what a client sends per message, in seconds of audio
     chunk_s: ClassVar[float] = 0.08
+    #: how the protocol says no to `send_malformed` (`refusal`): an error code, or
+    #: `close:<code>` for a protocol whose answer is the socket's close
+    malformed_refusal: ClassVar[str]
 
     def __init__(self, http_base: str, model: str, key: str | None = None) -> None:
         self.base = ws_base(http_base)
@@ -164,6 +167,7 @@ class _RealtimeJson(ProtocolClient):
 
     query: ClassVar[str]
     chunk_s = 0.04
+    malformed_refusal = "unknown_event"
 
     def __init__(self, http_base: str, model: str, key: str | None = None) -> None:
         super().__init__(http_base, model, key)
@@ -265,6 +269,7 @@ class LiveClient(ProtocolClient):
 
     protocol = "live"
     chunk_s = 0.1
+    malformed_refusal = "unknown_event"
 
     async def _open(self) -> str:
         self.ws = await connect(f"{self.base}/v1/live/sessions", additional_headers=self.headers())
@@ -309,6 +314,7 @@ class MoshiClient(ProtocolClient):
 
     protocol = "moshi"
     chunk_s = 0.08
+    malformed_refusal = "close:1003"
 
     async def _open(self) -> str:
         path = f"/key/{self.key}/api/chat" if self.key else "/api/chat"

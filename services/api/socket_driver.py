@@ -264,8 +264,12 @@ class SocketDriver(abc.ABC):
 
     async def receive(self, timeout: float | None = None) -> Message | None:
         """The client's next message (None: `timeout` passed); a disconnect raises."""
-        message = await next_message(self.ws, timeout=timeout)
-        if message is not None and message["type"] == "websocket.disconnect":
+        try:
+            async with asyncio.timeout(timeout):
+                message = await self.ws.receive()
+        except TimeoutError:
+            return None
+        if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         return message
 
