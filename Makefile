@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-vllm test-moshi test-nemotron lint venv redis-server chromium chart-check bench clean
+.PHONY: serve test test-vllm test-moshi test-nemotron test-minicpmo lint venv redis-server chromium chart-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -166,6 +166,29 @@ $(NEMOTRON_STAMP): pyproject.toml Makefile
 test-nemotron: $(NEMOTRON_STAMP) redis-server
 	HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m pytest tests/plugins/nemotron $(PYTEST_ARGS)
 
+# The MiniCPM-o 4.5 plugin (plugins/minicpmo) in its own venv: our implementation of the model
+# stands on transformers' building blocks (Qwen3 for the LLM, Llama for the speech-token model),
+# which our main venv does not carry; torch 2.13.0+cpu from the machine's wheel cache. Small:
+# no vendor package (the reference code is never imported; its vocoder, Token2wav, is CUDA-only
+# and belongs to the GPU extra). The tests build a tiny random checkpoint in the official layout;
+# nothing is downloaded (HF_HUB_OFFLINE=1).
+MINICPMO_VENV  := .venv-minicpmo
+MINICPMO_STAMP := $(MINICPMO_VENV)/.installed
+MINICPMO_TORCH := torch==2.13.0+cpu
+MINICPMO_DEPS  := 'transformers>=5.16,<5.20' 'tokenizers>=0.22,<0.24' 'safetensors>=0.4,<0.9' \
+                  'numpy>=1.26,<2.5'
+
+$(MINICPMO_STAMP): pyproject.toml Makefile
+	test -x $(MINICPMO_VENV)/bin/python || $(PYTHON) -m venv $(MINICPMO_VENV)
+	$(MINICPMO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MINICPMO_VENV)/bin/python -m pip install --quiet '$(MINICPMO_TORCH)' $(MINICPMO_DEPS)
+	$(MINICPMO_VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(MINICPMO_VENV)/bin/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
+	touch $(MINICPMO_STAMP)
+
+test-minicpmo: $(MINICPMO_STAMP) redis-server
+	HF_HUB_OFFLINE=1 $(MINICPMO_VENV)/bin/python -m pytest tests/plugins/minicpmo $(PYTEST_ARGS)
+
 # Every benchmark program in turn (about 10 minutes); each rewrites its section of
 # docs/benchmarks.md or docs/reliability.md and the plots in docs/img/.
 BENCHES := redis_path lifecycle latency capacity memory faults checkpoints chaos fuzz models cli_start inbox_codec surface_cpu
@@ -186,7 +209,7 @@ bench: venv redis-server
 	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.native_failover --model nemotron"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.native_failover --model nemotron --runs 2)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(MINICPMO_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
 
 # The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents
 # (with its OpenAI plugin, and its NVIDIA plugin's PersonaPlex client), the OpenAI Agents SDK and
