@@ -1,10 +1,12 @@
-"""The surfaces of native models' own clients: Moshi's protocol and OpenAI's GPT-Live.
+"""The surfaces of native models' own clients: Moshi's protocol, OpenAI's GPT-Live and
+OpenBMB's MAP Realtime V1.
 
-A session opened on `/api/chat` (surface "moshi") or `/v1/live/sessions` ("live") runs as
-any model-native session (native_stream.py); only what it sends differs, as on the openai
-surface (surface.py). `project` is called on every event its runner emits
-(`SessionBuilder._emitter`) and returns what the journal gets instead, which the API pod
-turns into the protocol (services/api/moshi_chat.py, services/api/live_sessions.py):
+A session opened on `/api/chat` (surface "moshi"), `/v1/live/sessions` ("live") or
+`/v1/realtime` with the subprotocol `map.realtime` ("map") runs as any model-native session
+(native_stream.py); only what it sends differs, as on the openai surface (surface.py).
+`project` is called on every event its runner emits (`SessionBuilder._emitter`) and returns
+what the journal gets instead, which the API pod turns into the protocol
+(services/api/moshi_chat.py, services/api/live_sessions.py, services/api/map_realtime.py):
 
 - **moshi**: the model's audio as its bytes (`MOSHI_AUDIO`, shared/protocol/duplex/moshi.py:
   the frame's pcm16, no base64, no JSON: the pod encodes it as Ogg Opus as it comes), its
@@ -20,14 +22,23 @@ turns into the protocol (services/api/moshi_chat.py, services/api/live_sessions.
   {usage: {seconds}}`, `session.closed {reason, usage}` and `error {error: {type, code,
   message, param, client_event_id}}`. `session.created` passes (the pod's open reads it
   and sends nothing for it).
+- **map**: MAP Realtime's own events (shared/protocol/duplex/map_realtime.py):
+  `response.output_audio.delta {response_id, audio}` (the session's output format, which
+  the pod opens as float32 at 24 kHz), `response.output.delta {response_id, kind: "text",
+  text}` for the model's words, `response.done {response: {id, status, status_details?}}`,
+  `error {error}` for an error the session does not outlive and `warning {warning}` for one
+  it does (the SDK takes any `error` as the end), `session.closed {reason}`. The model's
+  readiness is journaled as `session.started {session_id}`, which the pod sends as MAP's
+  `session.created` (ours is the open's reply and never journaled). `session.created`
+  passes, as for GPT-Live.
 
 What GPT-Live keeps for a session is kept with the session (`NativeSurfaceState`,
 in its checkpoint: it moves with it on a drain or a failover): whether `session.started`
-was sent (a restored model's second "ready" sends nothing), the mute flag, and the usage
-last reported. The session's timeline is its input stream: usage seconds are the input
-audio the session has taken (`InputLedger.stream_ms`, which the checkpoint keeps), and a
-transcript delta's `start_ms` is where the input stream was when the model said it, its
-`end_ms` one frame later.
+was sent (a restored model's second "ready" sends nothing; MAP's readiness too), the mute
+flag, and the usage last reported. The session's timeline is its input stream: usage
+seconds are the input audio the session has taken (`InputLedger.stream_ms`, which the
+checkpoint keeps), and a transcript delta's `start_ms` is where the input stream was when
+the model said it, its `end_ms` one frame later.
 
 The session's own signals to these surfaces are raw events (`DuplexRawEvent`, emitted only
 for a native-surface session, never seen on the others): `model.ready`, `input.muted` and
@@ -41,15 +52,20 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from shared.protocol.duplex import (
+    MAP_READY,
     MOSHI_AUDIO,
     RAW_EVENT_PREFIX,
     SURFACE_LIVE,
+    SURFACE_MAP,
+    SURFACE_MOSHI,
     DuplexErrorEvent,
     DuplexEvent,
     DuplexRawEvent,
     live_closed,
     live_error_body,
     live_usage,
+    map_closed,
+    map_refusal,
 )
 
 if TYPE_CHECKING:
@@ -157,15 +173,22 @@ def project(event: DuplexEvent, session: EngineSession) -> DuplexEvent | None:
     """`event` as a native surface's journal holds it, or None when it holds nothing."""
     wire_type = event.wire_type
     raw = event.internal_type if isinstance(event, DuplexRawEvent) else None
+    surface = session.config.surface
     if raw == READY:
         if session.surface_state.started:
             return None  # a restored slot is ready again: the client was told once
         session.surface_state.started = True
+        if surface == SURFACE_MAP:
+            return SurfaceEvent(type_name=MAP_READY, body={"session_id": session.session_id})
         body = {"session": {"id": session.session_id}}
         return SurfaceEvent(type_name="session.started", body=body)
     if wire_type in _TRANSCRIPT_TYPES and not event.delta:  # type: ignore[attr-defined]
         return None  # a frame without words (the response's audio goes on)
-    if session.config.surface != SURFACE_LIVE:
+    if surface == SURFACE_MAP:
+        if raw is not None or wire_type.startswith(RAW_EVENT_PREFIX):
+            return None  # GPT-Live's mute and usage: not MAP's
+        return _map(event, wire_type)
+    if surface == SURFACE_MOSHI:
         if wire_type == "response.output_audio.delta":
             return SurfaceBytes(
                 type_name=MOSHI_AUDIO,
@@ -226,4 +249,45 @@ def _live(event: DuplexEvent, wire_type: str, session: EngineSession) -> DuplexE
         return None
     if wire_type == "session.resync_required":
         return event  # the pod ends the socket on it (its journal is gone)
+    return None
+
+
+def _map(event: DuplexEvent, wire_type: str) -> DuplexEvent | None:
+    """A map session's event as MAP Realtime V1 has it (module docstring)."""
+    response_id = getattr(event, "response_id", None)
+    if wire_type == "session.created":
+        return event  # the pod's open reads it; MAP's session.created is the ready signal
+    if wire_type == "response.output_audio.delta":
+        return SurfaceEvent(
+            type_name="response.output_audio.delta",
+            body={"response_id": response_id, "audio": event.delta},  # type: ignore[attr-defined]
+            response_id=response_id,
+        )
+    if wire_type in _TRANSCRIPT_TYPES:
+        return SurfaceEvent(
+            type_name="response.output.delta",
+            body={"response_id": response_id, "kind": "text", "text": event.delta},  # type: ignore[attr-defined]
+            response_id=response_id,
+        )
+    if wire_type == "response.done":
+        response = event.response  # type: ignore[attr-defined]
+        done = {key: response[key] for key in ("id", "status") if key in response}
+        if response.get("status_details"):
+            done["status_details"] = response["status_details"]
+        return SurfaceEvent(
+            type_name="response.done", body={"response": done}, response_id=done.get("id")
+        )
+    if wire_type == "error" and isinstance(event, DuplexErrorEvent):
+        refusal = map_refusal(event.error_body())
+        kind = refusal.pop("type")
+        return SurfaceEvent(type_name=kind, body=refusal)
+    if wire_type == "session.closed":
+        return SurfaceEvent(
+            type_name="session.closed",
+            body=map_closed(event.reason),  # type: ignore[attr-defined]
+        )
+    if wire_type == "session.resync_required":
+        return event  # the pod ends the socket on it (its journal is gone)
+    # session.expired: the close that follows says it; a response's other events (created,
+    # items, parts, speak, done audio): MAP has none
     return None

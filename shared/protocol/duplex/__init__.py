@@ -28,6 +28,8 @@ from shared.protocol.duplex.events import *  # noqa: F403
 from shared.protocol.duplex.events import __all__ as _event_names
 from shared.protocol.duplex.live import *  # noqa: F403
 from shared.protocol.duplex.live import __all__ as _live_names
+from shared.protocol.duplex.map_realtime import *  # noqa: F403
+from shared.protocol.duplex.map_realtime import __all__ as _map_names
 from shared.protocol.duplex.moshi import *  # noqa: F403
 from shared.protocol.duplex.moshi import __all__ as _moshi_names
 from shared.protocol.duplex.session import *  # noqa: F403
@@ -57,6 +59,7 @@ __all__ = [
     *_command_names,
     *_event_names,
     *_live_names,
+    *_map_names,
     *_moshi_names,
     *_session_names,
     "ERROR_CODES",

@@ -86,10 +86,13 @@ SURFACE_OPENAI = "openai"
 SURFACE_MOSHI = "moshi"
 #: OpenAI's GPT-Live protocol (`/v1/live/sessions`; services/api/live_sessions.py)
 SURFACE_LIVE = "live"
-SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI, SURFACE_MOSHI, SURFACE_LIVE)
+#: OpenBMB's MAP Realtime V1 (`/v1/realtime` with the subprotocol `map.realtime`;
+#: services/api/map_realtime.py)
+SURFACE_MAP = "map"
+SURFACES = (SURFACE_DUPLEX, SURFACE_OPENAI, SURFACE_MOSHI, SURFACE_LIVE, SURFACE_MAP)
 #: the surfaces of native (frame-clocked) models only: the worker projects a session's events
 #: to what the API pod turns into that protocol (services/worker/engine/native_surfaces.py)
-NATIVE_SURFACES = (SURFACE_MOSHI, SURFACE_LIVE)
+NATIVE_SURFACES = (SURFACE_MOSHI, SURFACE_LIVE, SURFACE_MAP)
 #: the key the API pod adds to the opening session object (a client's own is stripped)
 SURFACE_KEY = "duplex_surface"
 
@@ -357,8 +360,9 @@ class DuplexSessionConfig:
 
     @property
     def native_surface(self) -> bool:
-        """Opened on `/api/chat` or `/v1/live/sessions`: the worker projects its events to
-        those protocols' (services/worker/engine/native_surfaces.py)."""
+        """Opened on `/api/chat`, `/v1/live/sessions` or MAP Realtime's `/v1/realtime`: the
+        worker projects its events to those protocols' (services/worker/engine/
+        native_surfaces.py)."""
         return self.surface in NATIVE_SURFACES
 
     @property
@@ -552,6 +556,7 @@ __all__ = [
     "SURFACE_DUPLEX",
     "SURFACE_KEY",
     "SURFACE_LIVE",
+    "SURFACE_MAP",
     "SURFACE_MOSHI",
     "SURFACE_OPENAI",
     "TURN_DETECTION_TYPES",
