@@ -192,7 +192,7 @@ class EchoFramePlugin(FrameClockedPlugin):
     plugin_id = "frame_echo"
     input_sample_rate_hz: ClassVar[int] = RATE
     output_sample_rate_hz: ClassVar[int] = RATE
-    listen_after_frames: ClassVar[int] = 3
+    listen_after_ms: ClassVar[float] = 240  # 3 frames
 
     def __init__(
         self, slots: int | None = None, delay_frames: int = 2, replay_chunk_frames: int = 8
@@ -340,7 +340,7 @@ class ToolEchoFramePlugin(FrameClockedPlugin):
     plugin_id = "frame_tool_echo"
     input_sample_rate_hz: ClassVar[int] = RATE
     output_sample_rate_hz: ClassVar[int] = RATE
-    listen_after_frames: ClassVar[int] = 3
+    listen_after_ms: ClassVar[float] = 240  # 3 frames
 
     def __init__(self, answer_frames: int = 4) -> None:
         self.answer_frames = answer_frames

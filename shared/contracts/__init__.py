@@ -12,6 +12,7 @@ from shared.contracts.frame_model import (
     FrameModel,
     FrameOutput,
     FrameStepError,
+    frames_in,
 )
 from shared.contracts.host import DuplexSessionError, OpenResult, SessionEventSink, SessionHost
 from shared.contracts.plugin import (
@@ -68,6 +69,7 @@ __all__ = [
     "TaskStagePort",
     "TextRequest",
     "TurnDetection",
+    "frames_in",
     "last_user_text",
     "parse_stage_request_id",
     "stage_request_id",

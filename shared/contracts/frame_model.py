@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -195,16 +196,28 @@ class FrameModel(abc.ABC):
         """Release the model's resources when the worker stops."""
 
 
+def frames_in(ms: float, frame_ms: float) -> int:
+    """The whole frames of `frame_ms` that last at least `ms` (at least one): how a time
+    set in ms (`FrameClockedPlugin.listen_after_ms`, the stage's bounds) becomes a count of
+    the model's frames."""
+    # a hair under: 480 ms / 80 ms is 6 frames, not 7 for a float's last bit
+    return max(1, math.ceil(ms / frame_ms - 1e-9))
+
+
 class FrameClockedPlugin(DuplexModelPlugin):
     """A plugin whose model is a `FrameModel`: the worker serves it with its
     tick-batched stage, not a stage port of the plugin's own, and the model, not a
     committed turn, starts every response (`plan_response` is never called)."""
 
-    #: quiet frames after which a speaking model is listening again: its response ends
-    listen_after_frames: ClassVar[int] = 6
-    #: a response longer than this many frames ends, and the next speaking frame opens
-    #: another (a model that never stops would otherwise hold one response forever)
-    max_response_frames: ClassVar[int] = 750
+    # Times, not frame counts: the stage counts whole frames of the loaded model's own
+    # period (`frames_in`), so a model of any clock gets the same pause and cap: 6 and 750
+    # of Mimi's 80 ms frames, 1 and 60 of a 1 s unit.
+    #: how long a speaking model is quiet before it is listening again (its response
+    #: ends): 480 ms, at least one frame
+    listen_after_ms: ClassVar[float] = 480
+    #: a response longer than this ends, and the next speaking frame opens another (a
+    #: model that never stops would otherwise hold one response forever): 60 s
+    max_response_ms: ClassVar[float] = 60_000
     #: the model's frame in ms, for the capabilities (`chunk_period_ms`) before the model
     #: is loaded; the stage's clock is the loaded model's own `FrameModel.frame_ms`
     frame_period_ms: ClassVar[int] = 80
@@ -257,4 +270,4 @@ class FrameClockedPlugin(DuplexModelPlugin):
         raise TypeError(f"{self.plugin_id} decides itself when it speaks: nothing to plan")
 
 
-__all__ = ["FrameClockedPlugin", "FrameModel", "FrameOutput", "FrameStepError"]
+__all__ = ["FrameClockedPlugin", "FrameModel", "FrameOutput", "FrameStepError", "frames_in"]

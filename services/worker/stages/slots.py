@@ -17,10 +17,18 @@ import numpy as np
 
 from shared.contracts import DuplexFence, ModelHistory, OutputSink
 
-#: the jitter buffer is never deeper than this (240 ms at Moshi's 80 ms frames)
-MAX_JITTER_FRAMES = 3
+#: the jitter buffer is never deeper than this (3 of Moshi's 80 ms frames): a time, the
+#: latency a burst may add, whatever the model's clock (`jitter_cap_samples`)
+MAX_JITTER_MS = 240
 #: the appends whose longest sets the jitter buffer's depth (about a second of GPT-Live's)
 RECENT_CHUNKS = 8
+
+
+def jitter_cap_samples(frame_samples: int, rate_hz: int) -> int:
+    """The deepest the jitter buffer gets (`SlotState.resume_at`): `MAX_JITTER_MS`, or a
+    frame and a quarter where that is more (a 1 s unit: the buffer must hold a whole frame
+    to take one, and the quarter frame of jitter the depth rule allows for)."""
+    return max(-(-MAX_JITTER_MS * rate_hz // 1000), frame_samples + frame_samples // 4)
 
 
 @dataclasses.dataclass
@@ -152,6 +160,8 @@ class SlotState:
     frame_samples: int
     #: input beyond this is cut back (oldest first): a client far ahead of the clock
     max_buffered_samples: int
+    #: the jitter buffer is never deeper than this (`jitter_cap_samples`)
+    max_jitter_samples: int
     #: where the session's outputs go (`bind`); None once its cleanup began
     sink: OutputSink | None = None
     #: the session let go of the slot (`cleanup`): no step, no output; the slot goes back
@@ -215,7 +225,7 @@ class SlotState:
     def resume_at(self) -> int:
         """The input a slot holds before it takes frames again (at the start, and after a
         frame found too little): one frame while the client sends chunks of a frame or
-        less; else a chunk and a quarter frame (at most `MAX_JITTER_FRAMES`).
+        less; else a chunk and a quarter frame (at most `max_jitter_samples`).
 
         Chunks longer than a frame arrive out of step with the ticks (GPT-Live's 100 ms
         against Moshi's 80): taken as they come, a tick before the next chunk finds too
@@ -227,7 +237,7 @@ class SlotState:
         if chunk <= frame:
             return frame
         # a burst (a client far ahead, a file sent at once) does not make the buffer deep
-        return min(chunk + frame // 4, MAX_JITTER_FRAMES * frame, self.max_buffered_samples)
+        return min(chunk + frame // 4, self.max_jitter_samples, self.max_buffered_samples)
 
     def take_frame(self, into: np.ndarray) -> bool:
         """Fill `into` with the next frame of input; False (and `into` left zero, the input

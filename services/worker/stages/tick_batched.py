@@ -6,13 +6,14 @@ worker. Each session holds a slot (a row of the batch) from its first `ensure` t
 runtime config) opens the slot in the model, and its converted input is `feed`-ed to the
 slot's buffer as the runner applies it.
 
-The tick: one task; every `frame_ms`, on a fixed grid (`tick_clock.py`), it takes one
-frame per open slot (`slots.py`; a zero frame, counted, when a whole frame has not
-arrived: the clock never waits for a slow client), runs `model.step` on the model thread,
-and fans the outputs out. The next tick is due one period after the previous due time; a
-step that ends past the next due time is a deadline miss, and the grid points it overran
-are skipped (no burst of steps to catch up). With no slot open the task waits on an
-event, not on the clock.
+The tick: one task; every `frame_ms` (the model's own clock: 80 ms for Mimi, 1 s for a
+model of 1 s units), on a fixed grid (`tick_clock.py`), it takes one frame per open slot
+(`slots.py`; a zero frame, counted, when a whole frame has not arrived: the clock never
+waits for a slow client; a 1 s unit steps once its client's 20-100 ms chunks make a whole
+unit), runs `model.step` on the model thread, and fans the outputs out. The next tick is
+due one period after the previous due time; a step that ends past the next due time is a
+deadline miss, and the grid points it overran are skipped (no burst of steps to catch up).
+With no slot open the task waits on an event, not on the clock.
 
 Every `FrameModel` method runs on one dedicated thread (a 1-thread executor), so a step
 never overlaps an open, reset or close, and those run between steps in call order.
@@ -20,7 +21,9 @@ never overlaps an open, reset or close, and those run between steps in call orde
 Turn taking is the model's (`FrameOutput.speaking`): a listening slot's frames are not
 sent; the first speaking frame and every frame after it go to the session as "audio"
 outputs stamped with the slot's request id and fence; `listen_after_frames` quiet frames,
-or `max_response_frames` frames, end the response with a "listen" output. A frame with
+or `max_response_frames` frames, end the response with a "listen" output (the plugin sets
+both as times, `FrameClockedPlugin.listen_after_ms` and `max_response_ms`, counted in whole
+frames of the model's period). A frame with
 tool calls (`FrameOutput.function_calls`) is a speaking frame: each call follows the
 frame's audio or text as a "function_call" output (before a "listen" that ends the
 response). A frame's `FrameOutput.error` is sent, speaking or not, as a "nonfatal_error"
@@ -59,8 +62,8 @@ time it has (`_replay`, `SlotReplay.chunk`):
   by that one frame a tick (a restore must end: its session has no voice until it does).
 
 When the slot steps again, the input that arrived meanwhile is cut to its newest
-`RESTORED_INPUT_FRAMES` frames: the model goes on in real time, not seconds behind. A
-restore's progress (frames replayed of frames to replay, its pace against real time) is
+`RESTORED_INPUT_MS` (in whole frames): the model goes on in real time, not seconds behind.
+A restore's progress (frames replayed of frames to replay, its pace against real time) is
 `restore_progress`, and the metrics' `duplex_native_restore_*`.
 """
 
@@ -77,7 +80,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from services.worker.stages.slots import ReplayCost, SlotReplay, SlotState
+from services.worker.stages.slots import (
+    ReplayCost,
+    SlotReplay,
+    SlotState,
+    jitter_cap_samples,
+)
 from services.worker.stages.tick_clock import TickClock, TickGrid
 from services.worker.stages.tick_metrics import TickMetrics
 from shared.contracts import (
@@ -94,6 +102,7 @@ from shared.contracts import (
     StageCleanupError,
     StageOutput,
     StagePlan,
+    frames_in,
     parse_stage_request_id,
     stage_request_id,
 )
@@ -103,13 +112,22 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: input a slot holds ahead of the clock before the oldest is cut (2 s at 80 ms)
-MAX_BUFFERED_FRAMES = 25
-#: input a restored slot keeps of what arrived while it replayed (160 ms at 80 ms)
-RESTORED_INPUT_FRAMES = 2
+# The stage's bounds on input are times, made whole frames of the model's period
+# (`frames_in`): what a client may be ahead, or what a restored slot keeps, is a matter of
+# the user's latency, whatever the model's clock (Mimi's 80 ms frames, a 1 s unit).
+#: input a slot holds ahead of the clock before the oldest is cut: 2 s (25 frames at 80 ms)
+MAX_BUFFERED_MS = 2000
+#: ... and never under 3 frames: after a late tick the slot holds the frame that was late
+#: and the next one before the tick takes one, and the next chunk arrives meanwhile (at 1 s
+#: units 2 s would cut the user's speech whenever a tick ran dry once; 3 s is held)
+MIN_BUFFERED_FRAMES = 3
+#: input a restored slot keeps of what arrived while it replayed: 160 ms (2 frames at
+#: 80 ms, one 1 s unit), and at least what its jitter buffer holds before it takes frames
+RESTORED_INPUT_MS = 160
 #: the part of a frame kept free after a tick's replay: what a chunk's time may exceed its
 #: estimate by before the next step starts late (measured costs drift with the history's
-#: length and with the machine's other work)
+#: length and with the machine's other work). A share of the period, not a time: a model
+#: whose step is longer varies by more (8 ms at 80 ms, 100 ms at 1 s)
 REPLAY_MARGIN = 0.1
 #: the weight of a restore's newest call in the fit of its cost (`ReplayCost`): the calls
 #: before it weigh 1 - this times less each (about the last five count)
@@ -174,13 +192,23 @@ class TickBatchedStagePort(InputFedStagePort):
         self,
         model: FrameModel,
         *,
-        listen_after_frames: int = FrameClockedPlugin.listen_after_frames,
-        max_response_frames: int = FrameClockedPlugin.max_response_frames,
+        listen_after_frames: int | None = None,
+        max_response_frames: int | None = None,
         model_name: str = "frame_model",
         metrics: TickMetrics | None = None,
         clock: TickClock | None = None,
-        max_buffered_frames: int = MAX_BUFFERED_FRAMES,
+        max_buffered_frames: int | None = None,
     ) -> None:
+        """The counts in frames of `model`'s period; None: the plugin ABC's times
+        (`FrameClockedPlugin.listen_after_ms`, `max_response_ms`) and `MAX_BUFFERED_MS`,
+        made frames of it."""
+        frame_ms = model.frame_ms
+        if listen_after_frames is None:
+            listen_after_frames = frames_in(FrameClockedPlugin.listen_after_ms, frame_ms)
+        if max_response_frames is None:
+            max_response_frames = frames_in(FrameClockedPlugin.max_response_ms, frame_ms)
+        if max_buffered_frames is None:
+            max_buffered_frames = max(frames_in(MAX_BUFFERED_MS, frame_ms), MIN_BUFFERED_FRAMES)
         if listen_after_frames < 1 or max_response_frames < 1 or max_buffered_frames < 1:
             raise ValueError("listen_after_frames, max_response_frames and buffers must be >= 1")
         self.model = model
@@ -188,9 +216,14 @@ class TickBatchedStagePort(InputFedStagePort):
         self.max_response_frames = max_response_frames
         self.model_name = model_name
         self.clock = clock or TickClock()
-        self.period_s = model.frame_ms / 1000
+        self.period_s = frame_ms / 1000
         self.grid = TickGrid(self.period_s)
         self.max_buffered_samples = max_buffered_frames * model.frame_samples
+        self.max_jitter_samples = jitter_cap_samples(
+            model.frame_samples, model.input_sample_rate_hz
+        )
+        #: frames of input a restored slot keeps (`RESTORED_INPUT_MS`)
+        self.restored_input_frames = frames_in(RESTORED_INPUT_MS, frame_ms)
         self._metrics = metrics
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-frame-model")
         #: each session's one record here, from its `bind` to its `cleanup`
@@ -225,8 +258,8 @@ class TickBatchedStagePort(InputFedStagePort):
     ) -> TickBatchedStagePort:
         return cls(
             model,
-            listen_after_frames=plugin.listen_after_frames,
-            max_response_frames=plugin.max_response_frames,
+            listen_after_frames=frames_in(plugin.listen_after_ms, model.frame_ms),
+            max_response_frames=frames_in(plugin.max_response_ms, model.frame_ms),
             model_name=plugin.plugin_id,
             metrics=metrics,
             clock=clock,
@@ -242,7 +275,13 @@ class TickBatchedStagePort(InputFedStagePort):
         slot.sink = sink
 
     def _new_slot(self, session_id: str) -> SlotState:
-        return SlotState(None, session_id, self.model.frame_samples, self.max_buffered_samples)
+        return SlotState(
+            None,
+            session_id,
+            self.model.frame_samples,
+            self.max_buffered_samples,
+            self.max_jitter_samples,
+        )
 
     async def ensure(self, fence: DuplexFence, role: str) -> str:
         """A slot for the session at its first ensure; a newer epoch re-stamps it."""
@@ -612,7 +651,7 @@ class TickBatchedStagePort(InputFedStagePort):
         slot.replayed = replay
         seconds = replay.ended - replay.started
         # the newest input, and at least what the jitter buffer holds before it takes frames
-        keep = max(RESTORED_INPUT_FRAMES, -(-slot.resume_at // self.model.frame_samples))
+        keep = max(self.restored_input_frames, -(-slot.resume_at // self.model.frame_samples))
         dropped = slot.keep_latest(keep)
         if dropped:
             self.counters.dropped_input_frames += dropped / self.model.frame_samples

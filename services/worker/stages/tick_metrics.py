@@ -9,14 +9,22 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-#: a tick's step time: a Mimi frame is 80 ms, so the interesting range is 1 ms - 0.5 s
-TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.25, 0.5)
-#: input buffered ahead of the clock: about one frame is healthy, seconds is a client ahead
-LAG_BUCKETS = (0.0, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+# One set of buckets serves every model's clock (a metric's buckets are the same for all
+# its labels): fine steps around Mimi's 80 ms frame, and on to past a 1 s unit's.
+#: a tick's step time: under a frame is on time (80 ms for Mimi; a 1 s unit's step can take
+#: hundreds of ms), so the range is 1 ms - 2.5 s
+TICK_BUCKETS = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.16, 0.25, 0.5),
+    *(0.75, 1.0, 1.5, 2.5),
+)
+#: input buffered ahead of the clock: about one frame is healthy (80 ms; a 1 s unit's up to
+#: 2 s, its next unit filling while one waits for the tick), seconds more is a client ahead
+LAG_BUCKETS = (0.0, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 
 
-#: a native session's restore: a short history in one tick, Moshi's whole context in a few s
-RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: a native session's restore: a short history in one tick, Moshi's whole context in a few
+#: s, a 1 s-unit model's long conversation (every unit a forward of its own) in minutes
+RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 #: a restore's pace (seconds of conversation replayed per second): under 1 it never catches up
 PACE_BUCKETS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 

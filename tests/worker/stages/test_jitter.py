@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from harness.frame_models import FRAME_SAMPLES, RATE
-from services.worker.stages.slots import MAX_JITTER_FRAMES, RECENT_CHUNKS, SlotState
+from services.worker.stages.slots import RECENT_CHUNKS, SlotState, jitter_cap_samples
 from tests.worker.stages.test_tick_batched import Rig
 
 CHUNK_MS = 100
 CHUNKS = 40  # 4 s of speech
+#: the jitter buffer's cap at Moshi's 80 ms frames: 240 ms, 3 frames
+JITTER_CAP = jitter_cap_samples(FRAME_SAMPLES, RATE)
 
 
 def speech(samples: int) -> np.ndarray:
@@ -46,7 +48,7 @@ async def stepped_frames(chunk_ms: int, phase_ms: int) -> tuple[list[np.ndarray]
     start = await rig.clock.next_sleeper()
     arrivals = [start + (phase_ms + i * chunk_ms) / 1000 for i in range(CHUNKS)]
     sent = 0
-    ticks = (phase_ms + CHUNKS * chunk_ms) // 80 + 2 * MAX_JITTER_FRAMES + 2
+    ticks = (phase_ms + CHUNKS * chunk_ms) // 80 + 2 * JITTER_CAP // FRAME_SAMPLES + 2
     try:
         for _ in range(ticks):
             due = await rig.clock.next_sleeper()
@@ -91,24 +93,24 @@ async def test_frame_sized_chunks_are_taken_as_they_come(phase_ms):
 
 
 def test_the_buffer_depth_follows_the_chunks_and_a_burst_is_capped():
-    slot = SlotState(0, "a", FRAME_SAMPLES, 25 * FRAME_SAMPLES)
+    slot = SlotState(0, "a", FRAME_SAMPLES, 25 * FRAME_SAMPLES, JITTER_CAP)
     assert slot.resume_at == FRAME_SAMPLES  # nothing fed yet: one frame
     slot.feed(np.ones(FRAME_SAMPLES // 4, np.float32))
     assert slot.resume_at == FRAME_SAMPLES
     slot.feed(np.ones(2400, np.float32))  # 100 ms
     assert slot.resume_at == 2400 + FRAME_SAMPLES // 4
     slot.feed(np.ones(RATE * 2, np.float32))  # a 2 s burst
-    assert slot.resume_at == MAX_JITTER_FRAMES * FRAME_SAMPLES
+    assert slot.resume_at == JITTER_CAP == 3 * FRAME_SAMPLES
     for _ in range(RECENT_CHUNKS):  # frame-sized appends again: the burst is forgotten
         slot.feed(np.ones(FRAME_SAMPLES, np.float32))
     assert slot.resume_at == FRAME_SAMPLES
-    small = SlotState(0, "b", FRAME_SAMPLES, 2600)
+    small = SlotState(0, "b", FRAME_SAMPLES, 2600, JITTER_CAP)
     small.feed(np.ones(2400, np.float32))
     assert small.resume_at == 2600  # never deeper than the input bound
 
 
 def test_a_dry_tick_waits_for_the_buffer_to_refill():
-    slot = SlotState(0, "a", FRAME_SAMPLES, 25 * FRAME_SAMPLES)
+    slot = SlotState(0, "a", FRAME_SAMPLES, 25 * FRAME_SAMPLES, JITTER_CAP)
     into = np.zeros(FRAME_SAMPLES, np.float32)
     slot.feed(np.ones(2400, np.float32))  # 100 ms: under 125 ms, not yet
     assert not slot.take_frame(into)

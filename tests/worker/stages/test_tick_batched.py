@@ -12,18 +12,27 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from harness.frame_models import FRAME_SAMPLES, EchoFrameModel, ManualClock, tone
+from harness.frame_models import (
+    FRAME_SAMPLES,
+    RATE,
+    EchoFrameModel,
+    EchoFramePlugin,
+    ManualClock,
+    tone,
+)
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from services.worker.stages.tick_clock import TickGrid
 from services.worker.stages.tick_metrics import TickMetrics
 from shared.contracts import (
     DuplexFence,
     DuplexSessionError,
+    FrameClockedPlugin,
     FrameModel,
     FrameStepError,
     ModelHistory,
     StageOutput,
     StagePlan,
+    frames_in,
 )
 
 
@@ -269,6 +278,32 @@ async def test_a_response_at_max_response_frames_ends_and_the_next_one_opens():
     await rig.port.shutdown()
     # 10 speaking frames: 4, listen, 4, listen, 2 (still speaking)
     assert rig.kinds("a") == ["audio"] * 4 + ["listen"] + ["audio"] * 4 + ["listen"] + ["audio"] * 2
+
+
+@pytest.mark.parametrize(
+    ("frame_ms", "counts"),
+    [
+        # Mimi's 80 ms frames: the counts the stage had as constants (6, 750, 25, 2, 3)
+        (80, {"listen": 6, "response": 750, "buffered": 25, "restored": 2, "jitter": 3.0}),
+        # a 1 s unit: one quiet unit ends a response, 60 s still caps one, and the input
+        # bound holds a unit being filled, a late one and the next (not 2 s: 2 units)
+        (1000, {"listen": 1, "response": 60, "buffered": 3, "restored": 1, "jitter": 1.25}),
+    ],
+)
+def test_the_stage_bounds_are_times_made_whole_frames_of_the_model_clock(frame_ms, counts):
+    samples = RATE * frame_ms // 1000
+    model = EchoFrameModel(1, frame_samples=samples)
+    port = TickBatchedStagePort(model)  # the plugin ABC's times: 480 ms and 60 s
+    assert FrameClockedPlugin.listen_after_ms == 480
+    assert model.frame_ms == frame_ms and port.period_s == frame_ms / 1000
+    assert port.listen_after_frames == counts["listen"]
+    assert port.max_response_frames == counts["response"]
+    assert port.max_buffered_samples == counts["buffered"] * samples
+    assert port.restored_input_frames == counts["restored"]
+    assert port.max_jitter_samples == counts["jitter"] * samples
+    # the plugin's own time (the echo plugin's 240 ms) is counted the same way
+    plugin_frames = TickBatchedStagePort.for_plugin(EchoFramePlugin(), model).listen_after_frames
+    assert plugin_frames == frames_in(240, frame_ms) == (3 if frame_ms == 80 else 1)
 
 
 async def test_a_client_far_ahead_of_the_clock_is_cut_back():
