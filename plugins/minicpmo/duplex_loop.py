@@ -1,0 +1,283 @@
+"""MiniCPM-o's duplex loop, one unit for many slots at once: hear, decide, speak.
+
+Every unit (one second of audio, and the camera frames that came with it) each slot:
+
+1. **Prefill.** `<unit>`, then per camera frame `<image>` + its 64 embeddings + `</image>`,
+   then the unit's 10 audio embeddings are fed. The last position's logits are the unit's
+   first decision.
+2. **Decide** (at most 20 steps; the reference's `streaming_generate`). Step j chooses a
+   token (text_sampling.py): `<|listen|>`, `<|chunk_eos|>` and `<|chunk_tts_eos|>` end the
+   unit's answer; anything else is fed and the next step decides again. Rules, as the
+   reference has them:
+   - at step 19 `<|chunk_eos|>` is fed without asking (at most 19 chosen tokens a unit);
+   - a forced listen (the first `force_listen_units` units, or a barge-in) is
+     `<|listen|>` without asking;
+   - `<|listen|>` while the turn is still open becomes `<|tts_bos|>`: the model may not fall
+     silent in the middle of a turn;
+   - `<|turn_eos|>` closes the turn (it is fed and the unit goes on); any other word opens
+     or continues one;
+   - the words of steps >= 1 (with the hidden state their feeding produced) are what the
+     speech model hears; step 0's token (normally `<|speak|>`) never is.
+   Then `</unit>` closes the unit (fed with the terminator, in one forward).
+3. **Speak** (slots that did not listen): the unit's words condition the speech-token
+   model (speech.py), which gives the unit's codec tokens; a turn's first unit and its last
+   may stop early, others give 25.
+
+All slots advance in lockstep: one forward for every slot's prefill, then one forward per
+decision step for the slots still deciding (each feeds one token, or its terminator and
+`</unit>`), then the speech model's steps for the speaking slots.
+
+What a unit leaves in the slot (`UnitResult`) is exactly what its record needs to rebuild
+the slot elsewhere: the fed tokens with which of them were forced or replaced, and the
+codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+import torch
+
+from plugins.minicpmo.decoder_stack import SlotKV
+from plugins.minicpmo.language import LanguageModel
+from plugins.minicpmo.speech import TTS_STEPS_PER_UNIT, SpeechRequest, SpeechTokenModel
+from plugins.minicpmo.text_sampling import TextDecider, TextHistory, TextSampling
+from plugins.minicpmo.vocabulary import Vocabulary
+
+#: decision steps a unit: the last is a forced `<|chunk_eos|>`
+MAX_STEPS_PER_UNIT = 20
+
+
+class TokenOrigin(enum.IntEnum):
+    """How a fed token came to be, as a record keeps it: a replay rebuilds the slot's
+    history of decisions from it (only CHOSEN and REPLACED tokens are decisions; a
+    REPLACED `<|tts_bos|>` was decided as `<|listen|>`)."""
+
+    CHOSEN = 0
+    FORCED = 1
+    REPLACED = 2
+
+
+@dataclasses.dataclass
+class UnitInput:
+    """One slot's unit: its audio embeddings ([10, hidden]) and camera frames' embeddings
+    ([64, hidden] each), and whether it must listen (a barge-in)."""
+
+    slot: int
+    audio: torch.Tensor
+    images: Sequence[torch.Tensor] = ()
+    force_listen: bool = False
+
+
+@dataclasses.dataclass
+class UnitResult:
+    slot: int
+    listen: bool
+    #: every token fed after the prefill, in order (the terminator included, `</unit>` not)
+    fed: list[int]
+    origins: list[TokenOrigin]
+    #: the words of the unit (special tokens left out)
+    text: str
+    #: the unit's last word closed the turn
+    end_of_turn: bool
+    #: the unit's codec tokens (empty when it listened)
+    codes: list[int]
+
+
+@dataclasses.dataclass
+class SlotTurn:
+    """A slot's decision state between units: whether its turn is closed, its history of
+    decisions, its random generators (None: greedy) and how many units it has decided."""
+
+    turn_ended: bool = True
+    history: TextHistory = dataclasses.field(default_factory=TextHistory)
+    text_generator: torch.Generator | None = None
+    speech_generator: torch.Generator | None = None
+    units: int = 0
+    force_listen_units: int = 0
+
+
+@dataclasses.dataclass
+class _Deciding:
+    """A slot's unit while it decides."""
+
+    unit: UnitInput
+    logits: torch.Tensor | None = None
+    step: int = 0
+    fed: list[int] = dataclasses.field(default_factory=list)
+    origins: list[TokenOrigin] = dataclasses.field(default_factory=list)
+    words: list[int] = dataclasses.field(default_factory=list)
+    hidden: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    listen: bool = False
+    end_of_turn: bool = False
+    done: bool = False
+
+
+class DuplexLoop:
+    """The language model's and the speech model's per-slot memory, and the unit step."""
+
+    def __init__(
+        self,
+        *,
+        language: LanguageModel,
+        speech: SpeechTokenModel,
+        vocabulary: Vocabulary,
+        slots: int,
+        context_tokens: int,
+        speech_tokens: int,
+        sampling: TextSampling,
+        speech_greedy: bool,
+    ) -> None:
+        self.language = language
+        self.speech = speech
+        self.vocabulary = vocabulary
+        self.special = vocabulary.special
+        self.sampling = sampling
+        self.speech_greedy = speech_greedy
+        self.memory: SlotKV = language.new_memory(slots, context_tokens)
+        self.speech_memory: SlotKV = speech.new_memory(slots, speech_tokens)
+        self.turns: list[SlotTurn] = [SlotTurn() for _ in range(slots)]
+        self.decider = TextDecider(
+            chunk_eos=self.special.chunk_eos,
+            turn_eos=self.special.turn_eos,
+            forbidden=vocabulary.forbidden,
+            sampling=sampling,
+        )
+
+    # ------------------------------------------------------------------ slots
+
+    def open(
+        self, slot: int, prompt_ids: Sequence[int], *, seed: int, force_listen_units: int = 0
+    ) -> None:
+        """A fresh conversation in `slot`, its system prompt fed."""
+        self.memory.reset(slot)
+        self.speech_memory.reset(slot)
+        turn = SlotTurn(force_listen_units=force_listen_units)
+        if not self.sampling.greedy:
+            turn.text_generator = torch.Generator().manual_seed(seed)
+        if not self.speech_greedy:
+            turn.speech_generator = torch.Generator().manual_seed(seed + 1)
+        self.turns[slot] = turn
+        if prompt_ids:
+            self.language.forward(self.memory, [(slot, self.language.embed(prompt_ids))])
+
+    # ------------------------------------------------------------------ a unit
+
+    def _prefill_row(self, unit: UnitInput) -> torch.Tensor:
+        special = self.special
+        parts = [self.language.embed([special.unit])]
+        for image in unit.images:
+            parts += [
+                self.language.embed([special.image]),
+                image.to(parts[0].dtype),
+                self.language.embed([special.image_end]),
+            ]
+        parts.append(unit.audio.to(parts[0].dtype))
+        return torch.cat(parts, dim=0)
+
+    def _decide(self, slot: int, state: _Deciding) -> list[int]:
+        """Step `state.step` of one slot: the token(s) it feeds now."""
+        special, turn = self.special, self.turns[slot]
+        if state.step == MAX_STEPS_PER_UNIT - 1:
+            state.fed.append(special.chunk_eos)
+            state.origins.append(TokenOrigin.FORCED)
+            state.done = True
+            return [special.chunk_eos, special.unit_end]
+        origin = TokenOrigin.CHOSEN
+        if state.unit.force_listen or turn.units < turn.force_listen_units:
+            token, origin = special.listen, TokenOrigin.FORCED
+        else:
+            assert state.logits is not None
+            token = self.decider.choose(state.logits, turn.history, turn.text_generator)
+            if token == special.listen and not turn.turn_ended:
+                token, origin = special.tts_bos, TokenOrigin.REPLACED
+        state.fed.append(token)
+        state.origins.append(origin)
+        state.listen = token == special.listen
+        if token in special.unit_terminators:
+            state.done = True
+            return [token, special.unit_end]
+        turn.turn_ended = False
+        state.end_of_turn = token == special.turn_eos
+        if state.end_of_turn:
+            turn.turn_ended = True
+        return [token]
+
+    @torch.no_grad()
+    def step(self, units: Sequence[UnitInput]) -> list[UnitResult]:
+        """One unit of every slot in `units`; results in the same order."""
+        states = {unit.slot: _Deciding(unit) for unit in units}
+        hidden = self.language.forward(
+            self.memory, [(unit.slot, self._prefill_row(unit)) for unit in units]
+        )
+        for unit, rows in zip(units, hidden, strict=True):
+            states[unit.slot].logits = self.language.logits(rows[-1])
+        while True:
+            deciding = [(slot, state) for slot, state in states.items() if not state.done]
+            if not deciding:
+                break
+            rows, wants = [], []
+            for slot, state in deciding:
+                tokens = self._decide(slot, state)
+                rows.append((slot, self.language.embed(tokens)))
+                wants.append((slot, state, not state.done))
+            out = self.language.forward(self.memory, rows)
+            for (_slot, state, goes_on), fed_hidden in zip(wants, out, strict=True):
+                if goes_on:
+                    state.logits = self.language.logits(fed_hidden[-1])
+                    if state.step != 0:
+                        state.words.append(state.fed[-1])
+                        state.hidden.append(fed_hidden[-1])
+                state.step += 1
+        results = {
+            slot: UnitResult(
+                slot=slot,
+                listen=state.listen,
+                fed=state.fed,
+                origins=state.origins,
+                text=self.vocabulary.decode(state.words) if state.words else "",
+                end_of_turn=state.end_of_turn,
+                codes=[],
+            )
+            for slot, state in states.items()
+        }
+        self._speak([states[u.slot] for u in units if not states[u.slot].listen], results)
+        for unit in units:
+            self.turns[unit.slot].units += 1
+        return [results[unit.slot] for unit in units]
+
+    def _speak(self, speaking: Sequence[_Deciding], results: dict[int, UnitResult]) -> None:
+        requests = []
+        for state in speaking:
+            slot = state.unit.slot
+            hidden = torch.stack(state.hidden) if state.hidden else None
+            # a turn's first unit (the speech memory is empty) and its last may stop early
+            opens_turn = self.speech_memory.length(slot) == 0
+            requests.append(
+                SpeechRequest(
+                    slot=slot,
+                    condition=self.speech.condition(state.words, hidden),
+                    min_new=0 if (state.end_of_turn or opens_turn) else TTS_STEPS_PER_UNIT,
+                    generator=self.turns[slot].speech_generator,
+                )
+            )
+        if not requests:
+            return
+        codes = self.speech.generate(self.speech_memory, requests)
+        for state in speaking:
+            slot = state.unit.slot
+            results[slot].codes = codes[slot]
+            if state.end_of_turn:
+                self.speech_memory.reset(slot)
+
+
+__all__ = [
+    "MAX_STEPS_PER_UNIT",
+    "DuplexLoop",
+    "SlotTurn",
+    "TokenOrigin",
+    "UnitInput",
+    "UnitResult",
+]
