@@ -51,7 +51,7 @@ import json
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -154,7 +154,12 @@ class EchoFrameModel(FrameModel):
         self.options[slot] = None
         self._replay_left[slot] = 0
 
-    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+    def step(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> list[FrameOutput | None]:
         if self.on_step is not None:
             self.on_step()
         assert frames.shape == (self.slots, self.frame_samples) and frames.dtype == np.float32
@@ -288,7 +293,12 @@ class ToolEchoFrameModel(FrameModel):
         t = np.arange(frames * self.frame_samples) / RATE
         return (0.2 * np.sin(2 * np.pi * ANSWER_HZ * t)).astype(np.float32)
 
-    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+    def step(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> list[FrameOutput | None]:
         outputs: list[FrameOutput | None] = []
         for slot in range(self.slots):
             if not active[slot]:

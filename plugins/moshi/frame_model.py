@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -501,8 +501,13 @@ class MoshiFrameModel(FrameModel):
     # ------------------------------------------------------------ the step
 
     @torch.no_grad()
-    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
-        active = self.checked_active(frames, active)
+    def step(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> list[FrameOutput | None]:
+        active = self.checked_active(frames, active, images)
         # the step's slot records (None: inactive), and its views over the batch from them
         on = active.tolist()
         stepped = [state if on[slot] else None for slot, state in enumerate(self._slots)]

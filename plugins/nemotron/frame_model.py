@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -332,8 +332,13 @@ class NemotronFrameModel(FrameModel):
     # ------------------------------------------------------------ the tick
 
     @torch.no_grad()
-    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
-        active = self.checked_active(frames, active)
+    def step(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> list[FrameOutput | None]:
+        active = self.checked_active(frames, active, images)
         slots = [int(s) for s in np.flatnonzero(active)]
         for slot in slots:
             if self._slot(slot).pending:

@@ -15,6 +15,7 @@ from shared.contracts.frame_model import (
     frames_in,
 )
 from shared.contracts.host import DuplexSessionError, OpenResult, SessionEventSink, SessionHost
+from shared.contracts.images import ImageInput, image_format
 from shared.contracts.plugin import (
     CommittedTurn,
     DuplexModelPlugin,
@@ -52,6 +53,7 @@ __all__ = [
     "FrameOutput",
     "FrameStepError",
     "FunctionCall",
+    "ImageInput",
     "InputFedStagePort",
     "ModelHistory",
     "OpenResult",
@@ -70,6 +72,7 @@ __all__ = [
     "TextRequest",
     "TurnDetection",
     "frames_in",
+    "image_format",
     "last_user_text",
     "parse_stage_request_id",
     "stage_request_id",

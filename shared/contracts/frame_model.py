@@ -1,7 +1,9 @@
 """`FrameModel` and `FrameClockedPlugin`: native full-duplex models, stepped per frame.
 
 A native full-duplex model (Moshi, PersonaPlex) hears and speaks on every audio frame
-(80 ms for Mimi at 12.5 Hz). Serving many sessions of one is not one runner per request:
+(80 ms for Mimi at 12.5 Hz; a frame is the model's own: MiniCPM-o steps once per 1 s unit,
+and sees the camera frames sent with it). Serving many sessions of one is not one runner
+per request:
 the worker's tick-batched stage (`services/worker/stages/tick_batched.py`) runs ONE
 batched model step per frame for every session on the worker. Each session holds a
 slot (a row of the batch) from open to close; a frame whose input has not arrived is
@@ -11,6 +13,10 @@ The plugin provides the model behind this ABC and never sees the clock, the slot
 owners or the sessions: `step` gets a batch of input frames and returns one output per
 slot. Every method of a `FrameModel` is blocking and runs on the stage's one model
 thread (never on the event loop, never two at once), so a model needs no lock.
+
+A model that sees (`image_input`) gets each slot's camera frames with the frame of audio
+they were sent with (`step`'s `images`: the encoded JPEG or PNG bytes, which the worker has
+checked for count, size and format but not decoded; `shared/contracts/images.py`).
 
 Turn taking is the model's: each output frame says whether the model speaks in it
 (`FrameOutput.speaking`). The stage turns runs of speaking frames into responses and a
@@ -47,12 +53,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from shared.contracts.config import DuplexCapabilities, SessionRuntimeConfig
+from shared.contracts.images import ImageInput
 from shared.contracts.plugin import (
     DuplexModelPlugin,
     DuplexRuntimeConfigError,
@@ -112,6 +119,9 @@ class FrameModel(abc.ABC):
     #: bytes of one frame's state record; 0: the model's state cannot be exported (a
     #: restored session opens a fresh slot)
     state_record_bytes: int = 0
+    #: the camera frames a step takes with its audio (`step`'s `images`); None: audio only
+    #: (the stage never passes it an image: the worker refuses video to it)
+    image_input: ImageInput | None = None
     #: the most frames one `replay_work` call may be asked for (what the model's replay
     #: buffers are sized for: Moshi's side ring holds its context plus this many); the stage
     #: asks for fewer whenever the tick's spare time holds fewer, and calls again while it
@@ -175,22 +185,46 @@ class FrameModel(abc.ABC):
     def close_slot(self, slot: int) -> None:
         """The session of `slot` ended: the slot is free for another."""
 
-    def checked_active(self, frames: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """`active` as bool [slots], once `frames` and `active` have the step's shapes
-        (ValueError otherwise): what every `step` checks first."""
+    def checked_active(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> np.ndarray:
+        """`active` as bool [slots], once `frames`, `active` (and `images`, given) have the
+        step's shapes (ValueError otherwise): what every `step` checks first."""
         active = np.asarray(active, dtype=bool)
         if frames.shape != (self.slots, self.frame_samples) or active.shape != (self.slots,):
             raise ValueError(
                 f"step wants frames [{self.slots}, {self.frame_samples}] and active "
                 f"[{self.slots}], got {frames.shape} and {active.shape}"
             )
+        if images is not None:
+            if self.image_input is None:
+                raise ValueError(f"{type(self).__name__} takes no images")
+            if len(images) != self.slots:
+                raise ValueError(f"step wants images for {self.slots} slots, got {len(images)}")
         return active
 
     @abc.abstractmethod
-    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+    def step(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> list[FrameOutput | None]:
         """One batched step. `frames`: float32 [slots, frame_samples] (zeros where the
         input was late or the slot is inactive); `active`: bool [slots]. Returns one
-        output per slot, None for the inactive ones."""
+        output per slot, None for the inactive ones.
+
+        `images`: the camera frames of this step, for a model with `image_input`: one
+        tuple per slot, of the encoded images (JPEG or PNG, as the client sent them)
+        attached to this frame of its input, oldest first; () where none (and for a slot
+        stepped on silence: an image waits for the audio it was sent with). At most
+        `image_input.max_per_frame` a slot, each at most `max_bytes`, not decoded: an image
+        the model cannot decode is its frame's `FrameOutput.error` (`invalid_video_frames`),
+        and the slot steps on without it. None: no slot has an image this step (always,
+        for a model without `image_input`)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model's resources when the worker stops."""
@@ -221,12 +255,16 @@ class FrameClockedPlugin(DuplexModelPlugin):
     #: the model's frame in ms, for the capabilities (`chunk_period_ms`) before the model
     #: is loaded; the stage's clock is the loaded model's own `FrameModel.frame_ms`
     frame_period_ms: ClassVar[int] = 80
+    #: the camera frames the model takes, for the capabilities before it is loaded: its
+    #: `FrameModel.image_input`, the same (the worker checks them at start)
+    image_input: ClassVar[ImageInput | None] = None
 
     def capabilities(self, max_sessions: int) -> DuplexCapabilities:
         """A model-native, full-duplex model: it decides when it speaks; barge-in and
         cancel interrupt its slot; a session restored elsewhere gets its model's memory
         back where the model exports its state (`FrameModel.state_record_bytes`), and
-        opens a fresh slot where it does not."""
+        opens a fresh slot where it does not. Video is an input only of a model that takes
+        images (`image_input`): to any other the worker refuses it."""
         return DuplexCapabilities(
             supports_model_native_turn_policy=True,
             supports_barge_in=True,
@@ -241,6 +279,8 @@ class FrameClockedPlugin(DuplexModelPlugin):
             session_admission_mode="engine_managed",
             chunk_period_ms=self.frame_period_ms,
             target_barge_in_latency_ms=self.frame_period_ms,
+            supports_image_input=self.image_input is not None,
+            optional_input_modalities=("video",) if self.image_input is not None else (),
         )
 
     def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.contracts.images import ImageInput
+
 
 @dataclasses.dataclass(frozen=True)
 class DuplexFence:
@@ -212,9 +214,16 @@ class InputFedStagePort(StagePort):
     converted append, in the order its runner applies them."""
 
     @abc.abstractmethod
-    def feed(self, session_id: str, samples: np.ndarray) -> None:
-        """`session_id`'s converted input: mono float32 at the model's input rate.
-        Non-blocking; a session with no stream open (closed meanwhile) takes none."""
+    def feed(self, session_id: str, samples: np.ndarray, images: tuple[bytes, ...] = ()) -> None:
+        """`session_id`'s converted input: mono float32 at the model's input rate, and the
+        camera frames sent with it (encoded images the worker checked against
+        `image_input`), which go to the model with the frame that holds the input's last
+        sample. Non-blocking; a session with no stream open (closed meanwhile) takes none."""
+
+    @property
+    def image_input(self) -> ImageInput | None:
+        """The camera frames the stage's model takes with its audio (None: audio only)."""
+        return None
 
     @property
     def state_record_bytes(self) -> int:

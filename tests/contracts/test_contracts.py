@@ -6,7 +6,9 @@ from services.worker.engine.lease import LeaseState
 from shared.contracts import (
     DuplexCapabilities,
     DuplexFence,
+    ImageInput,
     SessionRuntimeConfig,
+    image_format,
     parse_stage_request_id,
     stage_request_id,
 )
@@ -51,6 +53,29 @@ def test_capabilities_render_for_the_wire():
         "append_audio_chunk"
     ]
     assert DuplexCapabilities().to_realtime()["implementation_level"] == "turn_based_duplex"
+
+
+def test_a_frame_clocked_plugin_offers_video_only_where_its_model_takes_images():
+    from harness.frame_models import EchoFramePlugin
+
+    class Seeing(EchoFramePlugin):
+        frame_period_ms = 1000
+        image_input = ImageInput(max_per_frame=1, max_bytes=1 << 20)
+
+    blind = EchoFramePlugin().capabilities(4)
+    assert not blind.supports_image_input and blind.optional_input_modalities == ()
+    seeing = Seeing().capabilities(4)
+    assert seeing.supports_image_input and seeing.optional_input_modalities == ("video",)
+    assert seeing.required_input_modalities == ("audio",)  # never video alone
+    assert seeing.chunk_period_ms == 1000
+    with pytest.raises(ValueError):
+        ImageInput(max_per_frame=0, max_bytes=1)
+
+
+def test_images_are_told_by_their_first_bytes():
+    assert image_format(b"\xff\xd8\xff\xe0rest") == "jpeg"
+    assert image_format(b"\x89PNG\r\n\x1a\nrest") == "png"
+    assert image_format(b"GIF89a") is None and image_format(b"") is None
 
 
 def test_the_idle_lease_expires_idle_sessions_only():

@@ -2,9 +2,21 @@
 
 What the stage keeps of a session between ticks: its model slot and whether it is open,
 its request id and fence, its input buffer (bounded: input far ahead of the clock is cut,
-oldest first; a jitter buffer when the client's chunks are longer than a frame) and its
-turn taking (listening, or speaking a response that
-`listen_after_frames` quiet frames or `max_response_frames` end).
+oldest first; a jitter buffer when the client's chunks are longer than a frame), the camera
+frames waiting for the frame of input they go with, and its turn taking (listening, or
+speaking a response that `listen_after_frames` quiet frames or `max_response_frames` end).
+
+Camera frames (a model with `FrameModel.image_input`) go with their audio: an append's
+images are attached to the frame of input that holds the append's last sample (a client
+captures a frame as it sends the audio before it), so they reach the model in the step of
+that frame, whenever the tick takes it, and never with a frame stepped on silence. This is
+vLLM-Omni's MiniCPM-o rule (a frame queued with its append goes with the next whole unit
+of audio, one a unit) made exact for a buffer the clock drains: a frame of input takes
+every image attached to it, and those of input cut before it (a client far ahead, a
+restore's catch-up). Where more than the model takes in one frame (`max_per_frame`) come
+due, the newest are kept and the oldest dropped (counted): a camera frame shows the scene
+now, and a backlog, which vLLM-Omni's unbounded queue lets grow, would show the model a
+scene further behind its audio each unit.
 """
 
 from __future__ import annotations
@@ -148,6 +160,16 @@ class SlotReplay:
         self.cost.add(frames, seconds)
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingImage:
+    """A camera frame waiting for the frame of input it goes with."""
+
+    #: the input sample its append's audio ended at (exclusive, counted from the slot's
+    #: first): it goes with the frame of input that holds the sample before it
+    at: int
+    data: bytes
+
+
 @dataclasses.dataclass
 class SlotState:
     """One session's slot: everything the stage keeps of the session, from its `bind`
@@ -162,6 +184,8 @@ class SlotState:
     max_buffered_samples: int
     #: the jitter buffer is never deeper than this (`jitter_cap_samples`)
     max_jitter_samples: int
+    #: the most images one frame of it carries to the model (0: the model takes none)
+    max_images: int = 0
     #: where the session's outputs go (`bind`); None once its cleanup began
     sink: OutputSink | None = None
     #: the session let go of the slot (`cleanup`): no step, no output; the slot goes back
@@ -191,6 +215,12 @@ class SlotState:
     announce_ready: bool = False
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
+    #: the input sample (counted from the slot's first) the buffer starts at: the end of
+    #: the input taken or cut so far
+    start_sample: int = 0
+    #: camera frames waiting for their frame of input, oldest first
+    images: collections.deque[PendingImage] = dataclasses.field(default_factory=collections.deque)
+    dropped_images: int = 0
     #: the sizes of the latest appends (samples): the jitter buffer's depth follows the
     #: longest (a burst deepens it for these appends only)
     recent_chunks: collections.deque[int] = dataclasses.field(
@@ -220,6 +250,33 @@ class SlotState:
         self.buffered += samples.size
         self.recent_chunks.append(samples.size)
         return self._cut_to(self.max_buffered_samples)
+
+    def attach(self, images: tuple[bytes, ...]) -> int:
+        """The camera frames of the input fed last: they go with the frame that holds its
+        last sample (module head). Returns the images dropped: the oldest, past what the
+        input buffer's frames could carry (a client sending more images than audio; the
+        frames would drop them anyway when taken)."""
+        at = self.start_sample + self.buffered
+        self.images.extend(PendingImage(at, image) for image in images)
+        most = self.max_images * (self.max_buffered_samples // self.frame_samples + 1)
+        dropped = 0
+        while len(self.images) > most:
+            self.images.popleft()
+            dropped += 1
+        self.dropped_images += dropped
+        return dropped
+
+    def take_images(self) -> tuple[tuple[bytes, ...], int]:
+        """After `take_frame` took a frame: (the images that go with it, oldest first; the
+        images dropped). It takes every image whose audio ended in it or before it (cut
+        input), the newest `max_images` of them (module head)."""
+        due: list[bytes] = []
+        while self.images and self.images[0].at <= self.start_sample:
+            due.append(self.images.popleft().data)
+        kept = due[len(due) - self.max_images :] if len(due) > self.max_images else due
+        dropped = len(due) - len(kept)
+        self.dropped_images += dropped
+        return tuple(kept), dropped
 
     @property
     def resume_at(self) -> int:
@@ -253,6 +310,7 @@ class SlotState:
         into[:] = audio[: self.frame_samples]
         rest = audio[self.frame_samples :]
         self.chunks, self.buffered = ([rest] if rest.size else []), rest.size
+        self.start_sample += self.frame_samples
         return True
 
     def keep_latest(self, frames: int) -> int:
@@ -266,6 +324,7 @@ class SlotState:
             return 0
         audio = np.concatenate(self.chunks)[excess:]
         self.chunks, self.buffered = [audio], audio.size
+        self.start_sample += excess  # images of the input cut go with the next frame taken
         self.dropped_samples += excess
         return excess
 

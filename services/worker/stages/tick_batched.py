@@ -95,6 +95,7 @@ from shared.contracts import (
     FrameModel,
     FrameOutput,
     FrameStepError,
+    ImageInput,
     InputFedStagePort,
     ModelHistory,
     OutputKind,
@@ -166,6 +167,9 @@ class TickCounters:
     deadline_misses: int = 0
     silence_frames: int = 0
     dropped_input_frames: float = 0.0
+    #: camera frames passed to the model, and dropped (`SlotState.take_images`, `feed`)
+    stepped_images: int = 0
+    dropped_images: int = 0
     last_tick_s: float = 0.0
     max_tick_s: float = 0.0
     restores: int = 0
@@ -224,6 +228,9 @@ class TickBatchedStagePort(InputFedStagePort):
         )
         #: frames of input a restored slot keeps (`RESTORED_INPUT_MS`)
         self.restored_input_frames = frames_in(RESTORED_INPUT_MS, frame_ms)
+        images = model.image_input
+        #: the most images a slot's frame carries to the model (0: it takes none)
+        self.max_images = images.max_per_frame if images is not None else 0
         self._metrics = metrics
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-frame-model")
         #: each session's one record here, from its `bind` to its `cleanup`
@@ -256,6 +263,12 @@ class TickBatchedStagePort(InputFedStagePort):
         metrics: TickMetrics | None = None,
         clock: TickClock | None = None,
     ) -> TickBatchedStagePort:
+        if plugin.image_input != model.image_input:
+            # the capabilities say what the plugin declares, the worker checks the model's
+            raise ValueError(
+                f"{plugin.plugin_id} declares image input {plugin.image_input}, "
+                f"its model takes {model.image_input}"
+            )
         return cls(
             model,
             listen_after_frames=frames_in(plugin.listen_after_ms, model.frame_ms),
@@ -281,6 +294,7 @@ class TickBatchedStagePort(InputFedStagePort):
             self.model.frame_samples,
             self.max_buffered_samples,
             self.max_jitter_samples,
+            self.max_images,
         )
 
     async def ensure(self, fence: DuplexFence, role: str) -> str:
@@ -335,14 +349,26 @@ class TickBatchedStagePort(InputFedStagePort):
         self._start()
         self._wake.set()
 
-    def feed(self, session_id: str, samples: np.ndarray) -> None:
-        """The session's converted input (mono float32 at the model's input rate)."""
+    def feed(self, session_id: str, samples: np.ndarray, images: tuple[bytes, ...] = ()) -> None:
+        """The session's converted input (mono float32 at the model's input rate), and the
+        camera frames sent with it: they go to the model with the frame that holds the
+        input's last sample (slots.py). The worker refused what the model does not take;
+        what gets here regardless (more than it takes, an image past its size, any image
+        for a model that takes none) is dropped and counted, never passed on."""
         slot = self._slots.get(session_id)
         if slot is None or slot.index is None:
             return  # closed meanwhile (or no slot yet): nothing to step it for
         dropped = slot.feed(samples)
         if dropped:
             self.counters.dropped_input_frames += dropped / self.model.frame_samples
+        if images:
+            spec = self.model.image_input
+            fit = tuple(i for i in images if spec is not None and len(i) <= spec.max_bytes)
+            self._dropped_images(len(images) - len(fit) + slot.attach(fit))
+
+    @property
+    def image_input(self) -> ImageInput | None:
+        return self.model.image_input
 
     @property
     def state_record_bytes(self) -> int:
@@ -721,6 +747,7 @@ class TickBatchedStagePort(InputFedStagePort):
         model = self.model
         frames = np.zeros((model.slots, model.frame_samples), np.float32)
         active = np.zeros(model.slots, bool)
+        images: list[tuple[bytes, ...]] = [()] * model.slots
         stepped: list[tuple[SlotState, int]] = []
         silence = 0
         for slot in self._slots.values():
@@ -728,7 +755,11 @@ class TickBatchedStagePort(InputFedStagePort):
                 continue
             active[slot.index] = True
             if not slot.take_frame(frames[slot.index]):
-                silence += 1
+                silence += 1  # its images wait for their audio
+            elif slot.images:
+                images[slot.index], dropped = slot.take_images()
+                self.counters.stepped_images += len(images[slot.index])
+                self._dropped_images(dropped)
             stepped.append((slot, slot.generation))
             if self._metrics is not None:
                 lag = slot.buffered / model.input_sample_rate_hz
@@ -736,7 +767,8 @@ class TickBatchedStagePort(InputFedStagePort):
         started = self.clock.now()
         records: list[bytes | None] = [None] * model.slots
         try:
-            outputs = await self._on_model(model.step, frames, active)
+            seen = images if any(images) else None  # None: no image this step (the common one)
+            outputs = await self._on_model(model.step, frames, active, seen)
             records = [o.record if o is not None else None for o in outputs]
         except Exception as exc:
             log.exception("%s: model step failed", self.model_name)
@@ -760,6 +792,12 @@ class TickBatchedStagePort(InputFedStagePort):
             if generation == slot.generation:
                 self._fan_out(slot, output)
         return ended
+
+    def _dropped_images(self, count: int) -> None:
+        if count:
+            self.counters.dropped_images += count
+            if self._metrics is not None:
+                self._metrics.dropped_images.labels(self.model_name).inc(count)
 
     def _ready(self, slot: SlotState) -> None:
         """The slot has stepped its prompt: its session hears the next frame's input."""

@@ -52,6 +52,13 @@ class TickMetrics:
             ["model"],
             registry=registry,
         )
+        self.dropped_images = Counter(
+            "duplex_tick_dropped_images_total",
+            "Camera frames not passed to the model: more came due for one frame of input "
+            "than the model takes (the oldest go), or the model takes none",
+            ["model"],
+            registry=registry,
+        )
         self.input_lag = Histogram(
             "duplex_tick_input_lag_seconds",
             "Input buffered ahead of the clock, per session per tick",

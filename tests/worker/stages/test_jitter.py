@@ -36,10 +36,10 @@ async def stepped_frames(chunk_ms: int, phase_ms: int) -> tuple[list[np.ndarray]
     stepped: list[np.ndarray] = []
     step = rig.model.step
 
-    def recording(frames: np.ndarray, active: np.ndarray):
+    def recording(frames: np.ndarray, active: np.ndarray, images=None):
         if active[0]:
             stepped.append(frames[0].copy())
-        return step(frames, active)
+        return step(frames, active, images)
 
     rig.model.step = recording
     chunk = RATE * chunk_ms // 1000

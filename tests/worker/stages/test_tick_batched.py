@@ -37,9 +37,9 @@ from shared.contracts import (
 
 
 class Rig:
-    def __init__(self, slots: int = 4, **port_options) -> None:
+    def __init__(self, slots: int = 4, model: EchoFrameModel | None = None, **port_options) -> None:
         self.clock = ManualClock()
-        self.model = EchoFrameModel(slots, delay_frames=2)
+        self.model = model or EchoFrameModel(slots, delay_frames=2)
         self.registry = CollectorRegistry()
         self.port = TickBatchedStagePort(
             self.model,

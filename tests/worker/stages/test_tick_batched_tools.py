@@ -10,7 +10,7 @@ import asyncio
 import functools
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,12 @@ class ScriptedModel(FrameModel):
     def close_slot(self, slot: int) -> None:
         pass
 
-    def step(self, frames: np.ndarray, active: np.ndarray) -> list[FrameOutput | None]:
+    def step(
+        self,
+        frames: np.ndarray,
+        active: np.ndarray,
+        images: Sequence[tuple[bytes, ...]] | None = None,
+    ) -> list[FrameOutput | None]:
         quiet = FrameOutput(np.zeros(0, np.float32))  # no audio: a quiet frame sends nothing
         first = self.script.pop(0) if self.script else quiet
         return [first if active[0] else None] + [
