@@ -4,9 +4,11 @@ suite that runs over every protocol (`tests/e2e/test_protocol_suite.py`).
 Each client does on the wire what that protocol's own clients do: the openai surface as
 the official SDK (GA events), the duplex surface as `DuplexClient` (our extensions:
 `barge_in`, `session.resume`), GPT-Live as LiveKit's `GPTLiveModel` (`session.start`,
-100 ms base64 appends) and Moshi's protocol as LiveKit's PersonaPlex plugin (the `0x00`
-handshake, Ogg Opus pages). A protocol added to the pod gets the suite by adding its
-client here and naming it in `PROTOCOL_CLIENTS`.
+100 ms base64 appends), Moshi's protocol as LiveKit's PersonaPlex plugin (the `0x00`
+handshake, Ogg Opus pages) and MAP Realtime V1 as OpenBMB's `openbmb-realtime` SDK
+(`session.queue_done` before `session.init`, float32 audio, `force_listen`). A protocol
+added to the pod gets the suite by adding its client here and naming it in
+`PROTOCOL_CLIENTS`.
 
 Every client reads its socket in a task of its own and counts what it heard: the loud
 audio frames (`loud`, the model's speech; silence is not counted), the errors by code,
@@ -347,8 +349,84 @@ class MoshiClient(ProtocolClient):
         return f"close:{self.close_code}" if self.close_code is not None else None
 
 
+class MapClient(ProtocolClient):
+    """OpenBMB's MAP Realtime V1 (`/v1/realtime` with the subprotocol `map.realtime`), as
+    the `openbmb-realtime` SDK speaks it: `session.init` once the server said
+    `session.queue_done`, base64 float32 16 kHz appends (100 ms here), the SDK's
+    `interrupt()` as `force_listen` on the next append, float32 24 kHz audio back. A refusal
+    the session outlives is a `warning` (an `error` would end the SDK's session): both are
+    counted in `errors`."""
+
+    protocol = "map"
+    chunk_s = 0.1
+    barge_in_message = True
+    malformed_refusal = "unknown_event"
+    input_rate = 16_000
+
+    def __init__(self, http_base: str, model: str, key: str | None = None) -> None:
+        super().__init__(http_base, model, key)
+        self.statuses: list[str] = []  # each response.done's status, in order
+        self.force_listen = False  # set by barge_in: the next append carries it
+
+    async def _open(self) -> str:
+        url = f"{self.base}/v1/realtime?mode=audio&model={self.model}"
+        self.ws = await connect(
+            url,
+            additional_headers=self.headers(),
+            subprotocols=["map.realtime"],  # type: ignore[list-item]
+        )
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                event = orjson.loads(await self.ws.recv())
+                self._take_event(event)
+                if event["type"] == "session.queue_done":
+                    await self.send({"type": "session.init", "payload": {}})
+                elif event["type"] == "session.created":
+                    return str(event["session_id"])
+
+    def _take(self, message: str | bytes) -> None:
+        self._take_event(orjson.loads(message))
+
+    def _take_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        self.events.append(str(kind))
+        if kind == "response.output_audio.delta":
+            self.heard_loud(np.frombuffer(base64.b64decode(event["audio"]), "<f4"))
+        elif kind == "response.done":
+            self.statuses.append(str(event["response"].get("status")))
+        elif kind in ("error", "warning"):
+            self.errors.append(str(event[kind].get("code")))
+
+    async def send(self, event: dict[str, Any]) -> None:
+        assert self.ws is not None
+        await self.ws.send(orjson.dumps(event).decode())
+
+    async def _send_audio(self, audio: np.ndarray) -> None:
+        at_16k = np.interp(
+            np.arange(len(audio) * self.input_rate // RATE) * RATE / self.input_rate,
+            np.arange(len(audio)),
+            audio,
+        ).astype("<f4")
+        payload: dict[str, Any] = {"audio": base64.b64encode(at_16k.tobytes()).decode()}
+        if self.force_listen:
+            payload["force_listen"], self.force_listen = True, False
+        await self.send({"type": "input.append", "input": payload})
+
+    async def send_malformed(self) -> None:
+        await self.send({"type": "dance"})
+
+    def refusal(self) -> str | None:
+        return self.errors[-1] if self.errors else None
+
+    async def barge_in(self) -> None:
+        self.force_listen = True
+
+    def cancelled(self) -> bool:
+        return "cancelled" in self.statuses
+
+
 #: every protocol the pod speaks, by name: the suite runs over each
 PROTOCOL_CLIENTS: dict[str, type[ProtocolClient]] = {
     client.protocol: client
-    for client in (OpenAIClient, DuplexSurfaceClient, LiveClient, MoshiClient)
+    for client in (OpenAIClient, DuplexSurfaceClient, LiveClient, MoshiClient, MapClient)
 }

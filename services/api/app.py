@@ -14,10 +14,11 @@ from pathlib import Path
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from services.api.chat import openai_error
-from services.api.door import bearer
+from services.api.door import bearer, offered_subprotocols
 from services.api.pod import ApiPod
 from services.api.realtime import REALTIME_PATHS, websocket_path
 from services.api.security import SecurityHeaders
@@ -47,7 +48,13 @@ class DuplexApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = websocket_path(scope)
         if path is not None:
+            offered: list[str] | None = None  # read only where a route is named by one
             for endpoint in self.socket_endpoints:
+                if endpoint.subprotocol is not None:
+                    if offered is None:
+                        offered = offered_subprotocols(Headers(scope=scope))
+                    if endpoint.subprotocol not in offered:
+                        continue
                 if (args := endpoint.match(path)) is not None:
                     await endpoint(WebSocket(scope, receive, send), *args)
                     return

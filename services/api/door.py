@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
+def offered_subprotocols(headers: Headers) -> list[str]:
+    """The subprotocols a WebSocket's client offered (`Sec-WebSocket-Protocol`), in order."""
+    return [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+
+
 def bearer(header: str | None) -> str | None:
     if header and header.lower().startswith("bearer "):
         return header[7:].strip()
@@ -80,7 +85,7 @@ class Door:
         (their copy was about 0.9 KiB of every idle session, docs/benchmarks.md)."""
         headers = Headers(scope=websocket.scope)
         query = QueryParams(websocket.scope["query_string"])
-        offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p]
+        offered = offered_subprotocols(headers)
         key = path_key or bearer(headers.get("authorization")) or query.get("api_key")
         for protocol in offered:
             if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):

@@ -29,6 +29,7 @@ from services.api.janitor import Janitor
 from services.api.live import LiveFeed, LiveHub
 from services.api.live_sessions import LiveSessionsEndpoint
 from services.api.liveness import PodLiveness
+from services.api.map_realtime import MapRealtimeEndpoint
 from services.api.metrics import ApiMetrics
 from services.api.moshi_chat import MoshiChatEndpoint
 from services.api.output_queue import OutputQueue
@@ -111,8 +112,20 @@ class ApiPod:
             ready_timeout_s=settings.model_ready_timeout_s,
             max_input_bytes=self.runtime.max_pending_input_bytes_per_session,
         )
+        self.map_realtime = MapRealtimeEndpoint(
+            self.door,
+            self.metrics,
+            self.session_parts,
+            self.directory,
+            admission_wait_s=settings.admission_wait_s,
+            config_timeout_s=settings.config_timeout_s,
+            ready_timeout_s=settings.model_ready_timeout_s,
+            max_input_bytes=self.runtime.max_pending_input_bytes_per_session,
+        )
         #: every protocol's WebSocket route: a protocol added to the pod is one more here
+        #: (MAP Realtime before OpenAI's Realtime: it shares the path, named by its subprotocol)
         self.socket_endpoints: tuple[SocketEndpoint, ...] = (
+            self.map_realtime,
             self.realtime,
             self.moshi_chat,
             self.live_sessions,

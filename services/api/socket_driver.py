@@ -34,7 +34,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -63,6 +63,11 @@ class SocketEndpoint(abc.ABC):
     """A WebSocket route of the pod: which paths are its (`match`), and what serves a socket
     there (`__call__`: the door, the upgrade, the connection). The pod lists one per
     protocol (`ApiPod.socket_endpoints`); the app asks each in turn for a socket's path."""
+
+    #: the WebSocket subprotocol that names this route's protocol on a path another route
+    #: shares (MAP Realtime's `map.realtime` on `/v1/realtime`): the endpoint is asked only
+    #: for a socket that offers it, and is listed before the route it shares the path with
+    subprotocol: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def match(self, path: str) -> tuple[Any, ...] | None:
