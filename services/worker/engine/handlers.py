@@ -176,7 +176,15 @@ async def _append(ctx: SessionContext, command: AppendAudio, ticket: CommandTick
                 "invalid_video_frames", "this model needs audio with every video frame"
             )
         return  # an empty append is a no-op
-    ctx.input.schedule_append(command, ticket)
+    images: tuple[bytes, ...] = ()
+    if command.video_frames and (native := ctx.responses.native) is not None:
+        # checked before anything of the append is applied: a bad one is refused whole
+        try:
+            images = native.camera_frames(command.video_frames)
+        except DuplexSessionError:
+            ctx.input.release(ctx.session.input_generation, input_bytes=ticket.reserved)
+            raise
+    ctx.input.schedule_append(command, ticket, images)
 
 
 async def _append_text(ctx: SessionContext, command: AppendText, ticket: CommandTicket) -> None:

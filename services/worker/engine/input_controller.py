@@ -117,9 +117,14 @@ class InputController:
 
     # ------------------------------------------------------------ scheduling
 
-    def schedule_append(self, command: AppendAudio, ticket: CommandTicket) -> None:
+    def schedule_append(
+        self, command: AppendAudio, ticket: CommandTicket, images: tuple[bytes, ...] = ()
+    ) -> None:
+        """`images`: the append's camera frames, decoded and checked for a model-native
+        stream's model (`NativeStream.camera_frames`); they go with its audio."""
         generation = self.session.input_generation
-        self.queue.put(AppendWork(command, generation, ticket.reserved, ticket.defer()))
+        mark = ticket.defer()
+        self.queue.put(AppendWork(command, generation, ticket.reserved, mark, images))
 
     def schedule_commit(self, command: Commit, ticket: CommandTicket | None = None) -> None:
         """`ticket`: the client's commit, dispatched with its pending turn reserved; None: a
@@ -163,7 +168,7 @@ class InputController:
             samples = np.zeros_like(samples)  # does everything after (nothing keeps the audio)
         session.input.append(samples)
         if self.responses.native is not None:
-            self.responses.native.feed(samples)
+            self.responses.native.feed(samples, ready.images)
         if usage_due(session):
             self.emit(usage_event(session.input.stream_ms))
         if not self.pipeline.has_vad and result.speech and session.input.speech_started_ms is None:

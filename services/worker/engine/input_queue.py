@@ -48,6 +48,8 @@ class AppendReady:
     error: RealtimeProtocolError | None = None
     failed: bool = False
     mark: Mark = NO_MARK
+    #: its camera frames for a model-native stream's model (`AppendWork.images`)
+    images: tuple[bytes, ...] = ()
 
 
 @dataclasses.dataclass
@@ -91,6 +93,9 @@ class AppendWork:
     generation: int
     reserved: int
     mark: Mark = NO_MARK
+    #: the append's camera frames, decoded at its dispatch (a model-native stream's
+    #: model takes them with its audio; nothing here looks at them)
+    images: tuple[bytes, ...] = ()
 
 
 @dataclasses.dataclass
@@ -184,7 +189,9 @@ class InputQueue:
 
     async def _convert(self, work: AppendWork) -> AppendReady:
         # hot path: every audio frame of the session passes here, one at a time
-        ready = AppendReady(work.command, work.generation, work.reserved, mark=work.mark)
+        ready = AppendReady(
+            work.command, work.generation, work.reserved, mark=work.mark, images=work.images
+        )
         silence_rms = self._session.config.overlap_silence_rms
         try:
             if self.pipeline.runs_inline(work.command):

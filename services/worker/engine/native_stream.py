@@ -18,7 +18,10 @@ stream request on it:
   check without its model (a PersonaPlex voice file) it refuses at the open itself;
 - every converted append is fed to the slot as the runner applies it (`feed`: the stage
   is an `InputFedStagePort`), so input reaches the model in order and an input.cancel's
-  dropped appends never reach it;
+  dropped appends never reach it; an append's camera frames (`video_frames`) go with it,
+  checked at its dispatch against what the model takes (`camera_frames`,
+  video_frames.py: refused with `invalid_video_frames` otherwise, the session goes on) and
+  handed to the model with the frame of audio the append's last sample lands in;
 - the stage's frames open responses: an "audio" (or "text") output with no active
   response opens one on the current epoch (`opens`), later frames are its deltas, and a
   "listen" output completes it (`ResponseController.on_stage_output`);
@@ -44,10 +47,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
 from services.worker.engine.engine_session import EngineSession
+from services.worker.engine.video_frames import camera_frames
 from shared.contracts import (
     DuplexModelPlugin,
     DuplexRuntimeConfigError,
@@ -137,10 +142,19 @@ class NativeStream:
         """After an epoch advance: the stream goes on under the new fence."""
         self.request_id = await self.port.ensure(self.session.fence, self.role)
 
-    def feed(self, samples: np.ndarray) -> None:
-        """An applied append: to the model's slot, and the ledger kept within its window."""
+    def camera_frames(self, frames: Sequence[str]) -> tuple[bytes, ...]:
+        """An append's `video_frames`, checked against what the stage's model takes (at
+        the append's dispatch): the images to `feed` with its audio, or
+        `invalid_video_frames` (video_frames.py)."""
+        port = self.port
+        spec = port.image_input if isinstance(port, InputFedStagePort) else None
+        return camera_frames(frames, spec)
+
+    def feed(self, samples: np.ndarray, images: tuple[bytes, ...] = ()) -> None:
+        """An applied append (and its camera frames, `camera_frames`): to the model's slot,
+        and the ledger kept within its window."""
         if isinstance(self.port, InputFedStagePort):
-            self.port.feed(self.session.session_id, samples)
+            self.port.feed(self.session.session_id, samples, images)
         ledger = self.session.input
         # the stream's input is never replayed into a model (its memory moves as the
         # model's history): a checkpoint's `applied` must not go back to the stream's first

@@ -33,8 +33,10 @@ VAD = {
 
 
 class Rig:
-    def __init__(self, slots: int = 4, max_sessions: int = 4) -> None:
-        self.plugin = EchoFramePlugin(slots=slots)
+    def __init__(
+        self, slots: int = 4, max_sessions: int = 4, plugin: EchoFramePlugin | None = None
+    ) -> None:
+        self.plugin = plugin or EchoFramePlugin(slots=slots)
         self.model = self.plugin.frame_model(max_sessions)
         self.clock = ManualClock()
         self.port = TickBatchedStagePort.for_plugin(self.plugin, self.model, clock=self.clock)
