@@ -90,6 +90,8 @@ from shared.redis.placement import WorkerDirectory
 
 log = logging.getLogger(__name__)
 
+#: the capability of a model that takes camera frames (a mode=video session needs one)
+IMAGE_CAPABILITY = "supports_image_input"
 #: the route (shared with OpenAI's Realtime; the subprotocol says which)
 MAP_PATH = "/v1/realtime"
 #: while the session waits for a slot, a `session.queue_update` this often (OpenBMB's
@@ -97,6 +99,10 @@ MAP_PATH = "/v1/realtime"
 QUEUE_UPDATE_S = 3.0
 #: what ends the socket: the closures, and a journal gone (nothing can continue)
 ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
+#: the queue's type of an `error` this socket says itself before it closes (the open
+#: refused, the model never ready): sent as it is, whatever its code (the session's errors
+#: are said as `error` only when their code ends it: `_map_error_json`)
+FINAL_ERROR = "map.final_error"
 #: client messages kept while the model gets ready (the SDK sends none before
 #: session.created: a bound, not a buffer)
 MAX_EARLY_EVENTS = 64
@@ -420,10 +426,19 @@ class MapConnection(SocketDriver):
     async def _room(self) -> bool:
         """Whether a native worker of the model has a free slot now (the open decides: two
         clients may see the same one). Raises `InitRefused` when none ever will: the model
-        is not served, or not a native one."""
+        is not served, not a native one, or (mode=video) takes no camera frames."""
         workers = await self.directory.live_workers()
         mine = [w for w in workers if self.model is None or w.model == self.model]
         native = [w for w in mine if w.capabilities.get(NATIVE_CAPABILITY)]
+        if self.mode == "video":
+            seeing = [w for w in native if w.capabilities.get(IMAGE_CAPABILITY)]
+            if native and not seeing:
+                raise InitRefused(
+                    "invalid_session_config",
+                    f"model {native[0].model!r} takes no camera frames: connect with mode=audio",
+                    "mode",
+                )
+            native = seeing
         if any(not w.draining and w.active < w.max_sessions for w in native):
             return True
         if native or not workers or self.model is None:
@@ -583,12 +598,12 @@ class MapConnection(SocketDriver):
 
     # ------------------------------------------------------------ session -> client
 
-    def _say(self, body: dict[str, Any]) -> None:
+    def _say(self, body: dict[str, Any], wire_type: str | None = None) -> None:
         """One event of this socket's own, queued behind the session's."""
         if body["type"] in ("error", MAP_WARNING):
             code = body[body["type"]].get("code")
             self.metrics.errors.labels(code or "unknown").inc()
-        self.delivery.queue.put(OutItem(orjson.dumps(body), body["type"]))
+        self.delivery.queue.put(OutItem(orjson.dumps(body), wire_type or body["type"]))
 
     def _warn(self, code: str, message: str, param: str | None = None) -> None:
         """A refusal the session outlives (MAP's SDK would end the session on an `error`)."""
@@ -598,7 +613,7 @@ class MapConnection(SocketDriver):
     def _end(self, code: str, message: str, param: str | None = None) -> None:
         """The error the socket closes after (the open returned False)."""
         error = {"type": error_type_for(code), "code": code, "message": message}
-        self._say(map_refusal({**error, "param": param}, ends=True))
+        self._say(map_refusal({**error, "param": param}, ends=True), FINAL_ERROR)
 
     async def send_item(self, item: OutItem) -> bool:
         wire_type = item.wire_type
@@ -609,6 +624,8 @@ class MapConnection(SocketDriver):
             event["type"] = "session.created"
             await self.ws.send_text(orjson.dumps(event).decode())
             self.created.set()
+        elif wire_type == FINAL_ERROR:
+            await self.ws.send_text(item.data.decode())  # this socket's own: said as it is
         elif wire_type == "error":
             await self.ws.send_text(_map_error_json(item.data))
         elif wire_type in ENDINGS:
