@@ -250,7 +250,7 @@ class RedisEventPublisher(SessionEventSink):
         unwritten = history.unwritten() if history is not None else None
         if history is None or unwritten is None:
             return None
-        return ModelAppend(unwritten[0], unwritten[1], history.record_bytes)
+        return ModelAppend(unwritten[0], unwritten[1], history.meta_record_bytes)
 
     def _snapshot(self, session_id: str) -> bytes | None:
         if self.host is None:

@@ -16,6 +16,7 @@ from shared.contracts.frame_model import (
 )
 from shared.contracts.host import DuplexSessionError, OpenResult, SessionEventSink, SessionHost
 from shared.contracts.images import ImageInput, image_format
+from shared.contracts.model_history import SIZED_RECORDS, join_records, split_records
 from shared.contracts.plugin import (
     CommittedTurn,
     DuplexModelPlugin,
@@ -41,6 +42,7 @@ from shared.contracts.stages import (
 from shared.contracts.task_stage import TaskStagePort
 
 __all__ = [
+    "SIZED_RECORDS",
     "CommittedTurn",
     "DuplexCapabilities",
     "DuplexFence",
@@ -73,7 +75,9 @@ __all__ = [
     "TurnDetection",
     "frames_in",
     "image_format",
+    "join_records",
     "last_user_text",
     "parse_stage_request_id",
+    "split_records",
     "stage_request_id",
 ]

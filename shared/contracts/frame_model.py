@@ -26,7 +26,9 @@ run of quiet frames back into listening; barge-in and cancel interrupt one slot
 The model's memory moves with its session. A model with `state_record_bytes` > 0 gives,
 with every output, the frame's state record (`FrameOutput.record`): what the step fed into
 the model, such that the slot's state after N steps is a pure function of the options it
-was opened with and its N records, concatenated (the session's *history*). The worker
+was opened with and its N records, in the model's layout (the session's *history*: every
+record alike and concatenated, or, `state_records_sized`, each of its own size after its
+length; shared/contracts/model_history.py). The worker
 writes the history to Redis as it grows (append-only), and a session moved to another
 worker gets its slot back by `restore_slot`: the model replays the history in chunks
 (`replay_work(slot, frames)`, one call at a time between steps). The stage, not the model,
@@ -79,8 +81,8 @@ class FrameOutput:
     text: str = ""
     #: the model speaks in this frame (model-native turn taking)
     speaking: bool = False
-    #: the frame's state record (`FrameModel.state_record_bytes` bytes; b"" for a model
-    #: whose state does not move)
+    #: the frame's state record (`FrameModel.state_record_bytes` bytes, or at most that many
+    #: where the model's records are sized; b"" for a model whose state does not move)
     record: bytes = b""
     #: the complete tool calls the model made in this frame (a frame with calls counts as
     #: speaking: it opens a response if none is open)
@@ -116,9 +118,13 @@ class FrameModel(abc.ABC):
     output_sample_rate_hz: int
     #: sessions one batched step serves
     slots: int
-    #: bytes of one frame's state record; 0: the model's state cannot be exported (a
-    #: restored session opens a fresh slot)
+    #: bytes of one frame's state record (the most one holds where they are sized); 0: the
+    #: model's state cannot be exported (a restored session opens a fresh slot)
     state_record_bytes: int = 0
+    #: its records have sizes of their own (a 1 s unit's tokens and camera frames vary):
+    #: its history length-prefixes each (the "sized" layout, model_history.py); False:
+    #: every record is `state_record_bytes` long, concatenated (the "fixed" layout)
+    state_records_sized: bool = False
     #: the camera frames a step takes with its audio (`step`'s `images`); None: audio only
     #: (the stage never passes it an image: the worker refuses video to it)
     image_input: ImageInput | None = None
@@ -146,9 +152,10 @@ class FrameModel(abc.ABC):
         untouched."""
 
     def restore_slot(self, slot: int, options: Mapping[str, Any], history: bytes) -> None:
-        """Open `slot` as the session whose history (its frames' records, concatenated) is
-        `history`: what `open_slot` does, then the history replayed. Only a model with
-        `state_record_bytes` > 0 implements it."""
+        """Open `slot` as the session whose history (its frames' records in the model's
+        layout: concatenated, or each after its length where they are sized;
+        `split_records` reads them) is `history`: what `open_slot` does, then the history
+        replayed. Only a model with `state_record_bytes` > 0 implements it."""
         raise NotImplementedError(f"{type(self).__name__} cannot restore a slot's state")
 
     def replay_pending(self, slot: int) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from shared.contracts.images import ImageInput
+from shared.contracts.model_history import ModelHistory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,45 +169,6 @@ class StagePort(abc.ABC):
         """Release engine resources when the worker stops."""
 
 
-class ModelHistory:
-    """A model-native session's model state, as the model's records of its frames
-    (`FrameOutput.record`), appended frame by frame; how much of it is in Redis already
-    (`written`, in bytes: the publisher appends the rest, about once a second); and how
-    many frames the session came back with at its last restore. One per session, owned by
-    its stream (`NativeStream`), so it outlives the stage's slot."""
-
-    def __init__(self, record_bytes: int, data: bytes = b"") -> None:
-        if record_bytes < 1 or len(data) % record_bytes:
-            raise ValueError(f"a history of {len(data)} bytes is not whole records")
-        self.record_bytes = record_bytes
-        self.data = bytearray(data)
-        self.written = len(data)  # what it came back with is in Redis already
-        self.restored_frames = len(data) // record_bytes
-
-    @property
-    def frames(self) -> int:
-        return len(self.data) // self.record_bytes
-
-    def append(self, record: bytes) -> None:
-        if len(record) != self.record_bytes:
-            raise ValueError(f"a record of {len(record)} bytes, not {self.record_bytes}")
-        self.data += record
-
-    @property
-    def behind(self) -> bool:
-        """Frames not in Redis yet."""
-        return self.written < len(self.data)
-
-    def unwritten(self) -> tuple[int, bytes] | None:
-        """(offset, bytes) not in Redis yet, or None."""
-        if not self.behind:
-            return None
-        return self.written, bytes(self.data[self.written :])
-
-    def mark_written(self, upto: int) -> None:
-        self.written = max(self.written, upto)
-
-
 class InputFedStagePort(StagePort):
     """A stage port whose stream request hears the session's input as it is applied, not
     in a plan's payload: the tick-batched stage of a frame-clocked model, whose slot is
@@ -227,8 +189,14 @@ class InputFedStagePort(StagePort):
 
     @property
     def state_record_bytes(self) -> int:
-        """Bytes of one frame's record of the stage's model (0: its state does not move)."""
+        """Bytes of one frame's record of the stage's model, or the most one holds where
+        they are sized (`state_records_sized`); 0: its state does not move."""
         return 0
+
+    @property
+    def state_records_sized(self) -> bool:
+        """The model's records have sizes of their own (model_history.py's layouts)."""
+        return False
 
     def keep_history(self, session_id: str, history: ModelHistory, *, responding: bool) -> None:
         """Before the session's stream request: the model's records of its frames go to

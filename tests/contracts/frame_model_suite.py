@@ -29,7 +29,13 @@ the same seed (a model of one slot, that conversation alone from its open). The 
    every n in 1..`replay_chunk_frames` and returns what is left (the stage's cost per
    frame is its time over those frames), and refuses any other n (ValueError); a model
    with `state_record_bytes == 0` refuses `restore_slot` (NotImplementedError) instead and
-   has nothing to replay.
+   has nothing to replay;
+7. a model that takes images (`image_input`) sees them: a conversation's camera frames
+   (`subject.images`) change what it does from the frame they come with, and a model that
+   takes none is never passed any.
+
+Records are checked in the model's layout (shared/contracts/model_history.py): every record
+`state_record_bytes` long, or, sized, at most that; histories are built and counted in it.
 
 Where part of a model's state is deliberately not in its records, the subject says which
 observations may differ for how many frames after a restore, and why
@@ -49,6 +55,7 @@ import numpy as np
 import pytest
 
 from shared.contracts.frame_model import FrameModel, FrameOutput, FrameStepError
+from shared.contracts.model_history import count_records, join_records
 
 #: what the suite compares of one output frame: name -> value (arrays within `atol`)
 Observation = dict[str, Any]
@@ -94,6 +101,11 @@ class FrameSubject(abc.ABC):
         """The input frame `index` of conversation `seed` (in `slot` of `model`), float32
         [frame_samples]; called right before the step that takes it."""
 
+    def images(self, model: FrameModel, slot: int, seed: int, index: int) -> tuple[bytes, ...]:
+        """The camera frames that go with input frame `index` of conversation `seed`, for a
+        model with `image_input` (none by default)."""
+        return ()
+
     @abc.abstractmethod
     def observe(self, model: FrameModel, slot: int, output: FrameOutput) -> Observation:
         """What is compared of `slot`'s output frame (called right after its step)."""
@@ -117,8 +129,10 @@ class Run:
     """A model the suite steps: which conversation each open slot holds, at which frame, and
     what each slot's outputs were since it was opened or restored."""
 
-    def __init__(self, subject: FrameSubject, slots: int) -> None:
+    def __init__(self, subject: FrameSubject, slots: int, *, blind: bool = False) -> None:
+        """`blind`: the steps are given no images (the conversations without a camera)."""
         self.subject = subject
+        self.blind = blind
         self.model = subject.make(slots)
         assert self.model.slots == slots
         self.seed: dict[int, int] = {}
@@ -132,11 +146,20 @@ class Run:
         self.seed[slot], self.index[slot], self.traces[slot] = seed, start, Trace()
         self.finish_replay(slot)
 
-    def restore(self, slot: int, seed: int, history: bytes) -> None:
-        """Restore `slot` as conversation `seed` from `history`, nothing replayed yet."""
+    def restore(self, slot: int, seed: int, records: Sequence[bytes]) -> None:
+        """Restore `slot` as conversation `seed` from the history of `records` (in the
+        model's layout), nothing replayed yet."""
+        history = self.layout(records)
         self.model.restore_slot(slot, self.subject.options(seed), history)
-        frames = len(history) // self.model.state_record_bytes
+        model = self.model
+        frames = count_records(history, model.state_record_bytes, sized=model.state_records_sized)
+        assert frames == len(records)
         self.seed[slot], self.index[slot], self.traces[slot] = seed, frames, Trace()
+
+    def layout(self, records: Sequence[bytes]) -> bytes:
+        """A history of `records` in the model's layout."""
+        record_bytes, sized = self.model.state_record_bytes, self.model.state_records_sized
+        return join_records(list(records), record_bytes, sized=sized)
 
     def replay(self, slot: int, frames: int) -> int:
         """One `replay_work` call: the frames it took off `replay_pending`."""
@@ -153,13 +176,18 @@ class Run:
         self.model.close_slot(slot)
         del self.seed[slot], self.index[slot]
 
-    def batch(self, slots: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def batch(
+        self, slots: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[bytes, ...]] | None]:
         frames = np.zeros((self.model.slots, self.model.frame_samples), np.float32)
         active = np.zeros(self.model.slots, bool)
+        images: list[tuple[bytes, ...]] = [()] * self.model.slots
         for slot in slots:
-            frame = self.subject.frame(self.model, slot, self.seed[slot], self.index[slot])
-            frames[slot], active[slot] = frame, True
-        return frames, active
+            seed, index = self.seed[slot], self.index[slot]
+            frames[slot], active[slot] = self.subject.frame(self.model, slot, seed, index), True
+            if self.model.image_input is not None and not self.blind:
+                images[slot] = self.subject.images(self.model, slot, seed, index)
+        return frames, active, (images if any(images) else None)
 
     def step(self, slots: Sequence[int]) -> list[FrameOutput | None]:
         """One batched step of `slots` (the others inactive): outputs checked and kept."""
@@ -170,7 +198,10 @@ class Run:
                 assert output is None, f"inactive slot {slot} gave an output"
                 continue
             assert output is not None, f"active slot {slot} gave no output"
-            assert len(output.record) == self.model.state_record_bytes
+            if self.model.state_records_sized:
+                assert len(output.record) <= self.model.state_record_bytes
+            else:
+                assert len(output.record) == self.model.state_record_bytes
             trace = self.traces[slot]
             trace.seen.append(self.subject.observe(self.model, slot, output))
             trace.records.append(output.record)
@@ -181,8 +212,9 @@ class Run:
         for _ in range(count):
             self.step(slots)
 
-    def history(self, slot: int) -> bytes:
-        return b"".join(self.traces[slot].records)
+    def history(self, slot: int) -> list[bytes]:
+        """The records of `slot` since it was opened or restored."""
+        return list(self.traces[slot].records)
 
 
 def reference(
@@ -260,8 +292,8 @@ def uneven(most: int) -> Iterator[int]:
     return itertools.cycle(n for pair in zip(low, high, strict=True) for n in pair)
 
 
-def records_of(trace: Trace, frames: int) -> bytes:
-    return b"".join(trace.records[:frames])
+def records_of(trace: Trace, frames: int) -> list[bytes]:
+    return trace.records[:frames]
 
 
 class FrameModelContract:
@@ -412,7 +444,7 @@ class FrameModelContract:
             alone = reference(subject, run.seed[slot], k + 1 + n)
             assert records[slot] == alone.records[k], f"slot {slot}: not the frame's record"
             other = Run(subject, 1)
-            other.restore(0, run.seed[slot], run.history(slot) + records[slot])
+            other.restore(0, run.seed[slot], [*run.history(slot), records[slot]])
             other.finish_replay(0)
             other.steps([0], n)
             assert_same(
@@ -484,6 +516,29 @@ class FrameModelContract:
         assert model.replay_work(1, most) == 0  # nothing left: nothing taken
         run.step([1])  # done: it steps
 
+    # 7 --------------------------------------------------------------------------------
+
+    def test_a_model_that_takes_images_sees_them_with_their_frame(self, subject: FrameSubject):
+        """With a camera, a conversation goes as without one until the first frame that
+        carries an image, and differs from there on (the model saw it); a model that takes
+        no images is never given any."""
+        n = subject.frames
+        probe = Run(subject, 1)
+        if probe.model.image_input is None:
+            probe.open(0, 1)
+            assert probe.batch([0])[2] is None  # the suite passes it none
+            return
+        first = next((i for i in range(n) if subject.images(probe.model, 0, 1, i)), None)
+        assert first is not None, "the subject's conversation 1 has no image in its frames"
+        seeing = reference(subject, 1, n)
+        blind = Run(subject, 1, blind=True)
+        blind.open(0, 1)
+        blind.steps([0], n)
+        assert_same(subject, seeing.seen[:first], blind.traces[0].seen[:first], "before it")
+        assert differ(subject, seeing.seen[first:], blind.traces[0].seen[first:]), (
+            "the images changed nothing: the model did not see them"
+        )
+
     # ----------------------------------------------------------------------------------
 
     @staticmethod
@@ -496,6 +551,7 @@ class FrameModelContract:
         if run.model.state_record_bytes:
             subject.restores = True
             return True
+        assert not run.model.state_records_sized  # sized records of no size
         with pytest.raises(NotImplementedError):
             run.model.restore_slot(0, subject.options(1), b"")
         run.open(0, 1)

@@ -54,6 +54,7 @@ import numpy as np
 from services.worker.engine.engine_session import EngineSession
 from services.worker.engine.video_frames import camera_frames
 from shared.contracts import (
+    SIZED_RECORDS,
     DuplexModelPlugin,
     DuplexRuntimeConfigError,
     DuplexSessionError,
@@ -93,31 +94,33 @@ class NativeStream:
         #: the model's memory of the session (None: the stage's model exports none)
         self.history: ModelHistory | None = None
         if isinstance(port, InputFedStagePort) and port.state_record_bytes:
-            self.history = ModelHistory(port.state_record_bytes)
+            self.history = ModelHistory(port.state_record_bytes, sized=port.state_records_sized)
         #: a response was in flight when the session moved here: the model goes on with it
         self.responding = False
 
     def restored_history(self, data: bytes, record_bytes: int | None = None) -> None:
-        """A restore: the history written to Redis so far (what the model replays), in
-        records of `record_bytes` as its writer said (None: this model's). A history of
-        another record size (written by a worker of another version) or not of whole
-        records is refused (`invalid_duplex_runtime_config`: the move is refused, the
-        session closes), never replayed misaligned."""
+        """A restore: the history written to Redis so far (what the model replays), in the
+        layout its writer said (`record_bytes`: the session hash's `model_record_bytes`,
+        every record's size or `SIZED_RECORDS` for sized ones; None: this model's). A
+        history of another layout or record size (written by a worker of another version)
+        or not of whole records is refused (`invalid_duplex_runtime_config`: the move is
+        refused, the session closes), never replayed misaligned."""
         if self.history is None:
             return
-        mine = self.history.record_bytes
-        if record_bytes is not None and record_bytes != mine:
+        mine = self.history
+        if record_bytes is not None and record_bytes != mine.meta_record_bytes:
             raise DuplexSessionError(
                 "invalid_duplex_runtime_config",
-                f"the session's model history has {record_bytes}-byte records, "
-                f"this worker's {self.plugin.plugin_id} makes {mine}-byte ones",
+                f"the session's model history has {_layout(record_bytes)} records, this "
+                f"worker's {self.plugin.plugin_id} makes {_layout(mine.meta_record_bytes)} ones",
             )
-        if len(data) % mine:
+        try:
+            self.history = ModelHistory(mine.record_bytes, data, sized=mine.sized)
+        except ValueError as exc:
             raise DuplexSessionError(
                 "invalid_duplex_runtime_config",
-                f"the session's model history ({len(data)} bytes) is not whole {mine}-byte records",
-            )
-        self.history = ModelHistory(mine, data)
+                f"the session's model history ({len(data)} bytes) is not whole records: {exc}",
+            ) from None
 
     async def open(self) -> None:
         """Ensure and submit the stream under the session's fence (the slot opens)."""
@@ -212,6 +215,11 @@ class NativeStream:
             and fence.session_id == self.session.session_id
             and fence.epoch == self.session.epoch
         )
+
+
+def _layout(meta_record_bytes: int) -> str:
+    """A history's layout as the session hash's `model_record_bytes` says it, in words."""
+    return "sized" if meta_record_bytes == SIZED_RECORDS else f"{meta_record_bytes}-byte"
 
 
 def refuse_response_create() -> DuplexSessionError:

@@ -135,6 +135,10 @@ REPLAY_MARGIN = 0.1
 REPLAY_COST_WEIGHT = 0.2
 
 
+def _layout(record_bytes: int, sized: bool) -> str:
+    return f"sized (up to {record_bytes} bytes)" if sized else f"{record_bytes}-byte"
+
+
 @dataclasses.dataclass(frozen=True)
 class RestoreProgress:
     """How far a session's restore is (`TickBatchedStagePort.restore_progress`)."""
@@ -374,16 +378,25 @@ class TickBatchedStagePort(InputFedStagePort):
     def state_record_bytes(self) -> int:
         return self.model.state_record_bytes
 
+    @property
+    def state_records_sized(self) -> bool:
+        return self.model.state_records_sized
+
     def keep_history(self, session_id: str, history: ModelHistory, *, responding: bool) -> None:
         """Between the session's `ensure` and its `submit_initial`."""
         slot = self._slots.get(session_id)
         if slot is None or slot.index is None:
             raise DuplexSessionError("unknown_session", f"no slot for {session_id}")
-        if history.record_bytes != self.model.state_record_bytes:
+        model = self.model
+        if (history.record_bytes, history.sized) != (
+            model.state_record_bytes,
+            model.state_records_sized,
+        ):
             raise DuplexSessionError(
                 "invalid_duplex_runtime_config",
-                f"the session's model history has {history.record_bytes}-byte records, "
-                f"{self.model_name} makes {self.model.state_record_bytes}-byte ones",
+                f"the session's model history has {_layout(history.record_bytes, history.sized)}"
+                f" records, {self.model_name} makes "
+                f"{_layout(model.state_record_bytes, model.state_records_sized)} ones",
             )
         slot.history = history
         slot.responding = responding
@@ -779,10 +792,12 @@ class TickBatchedStagePort(InputFedStagePort):
         ended = self.clock.now()
         self._count(ended - started, silence)
         for slot, generation in stepped:
-            record = records[slot.index]
-            if record and slot.history is not None and self._slots.get(slot.session_id) is slot:
+            record, history = records[slot.index], slot.history
+            # a sized record may be empty and is a frame all the same
+            kept = record is not None and (bool(record) or (history is not None and history.sized))
+            if kept and history is not None and self._slots.get(slot.session_id) is slot:
                 # the model stepped it: its memory holds this frame, aborted or not
-                slot.history.append(record)
+                history.append(record)
             if slot.announce_ready and not self.model.prompt_frames_left(slot.index):
                 self._ready(slot)
             output = outputs[slot.index]

@@ -16,7 +16,12 @@ from services.worker.control.manager import SessionManager
 from services.worker.engine.native_stream import TURN_WINDOW_MS
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.client.inline import InlineDuplexClient, InlineEventRouter
-from shared.contracts import DuplexRuntimeConfigError, DuplexSessionError, SessionRuntimeConfig
+from shared.contracts import (
+    SIZED_RECORDS,
+    DuplexRuntimeConfigError,
+    DuplexSessionError,
+    SessionRuntimeConfig,
+)
 from shared.protocol.duplex import BargeIn, CancelResponse, Commit, CreateResponse
 from tests.worker.session_parts import LoudnessVad
 
@@ -301,6 +306,15 @@ async def test_a_history_of_another_record_size_is_refused_not_replayed(rig):
                 reason="worker_lost",
                 model_history=bytes(16),
                 model_record_bytes=8,
+            )
+        with pytest.raises(DuplexSessionError, match=r"sized records, .* makes 4-byte ones"):
+            await other.manager.moves.restore(  # written by a model of sized records
+                session.session_id,
+                checkpoint,
+                owner_generation=2,
+                reason="worker_lost",
+                model_history=bytes(16),
+                model_record_bytes=SIZED_RECORDS,
             )
         with pytest.raises(DuplexSessionError, match="not whole 4-byte records"):
             await other.manager.moves.restore(
