@@ -84,6 +84,9 @@ class UnitResult:
     end_of_turn: bool
     #: the unit's codec tokens (empty when it listened)
     codes: list[int]
+    #: the unit spoke first in its turn (the speech model's memory was empty): the vocoder
+    #: flushes what it can rather than waiting for a whole second
+    opens_turn: bool = False
 
 
 @dataclasses.dataclass
@@ -255,6 +258,7 @@ class DuplexLoop:
             hidden = torch.stack(state.hidden) if state.hidden else None
             # a turn's first unit (the speech memory is empty) and its last may stop early
             opens_turn = self.speech_memory.length(slot) == 0
+            results[slot].opens_turn = opens_turn
             requests.append(
                 SpeechRequest(
                     slot=slot,

@@ -75,11 +75,16 @@ class WeightNormHead(nn.Module):
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
         self.parametrizations = _Parametrizations(out_features, in_features)
+        self._weight: torch.Tensor | None = None
 
     def weight(self) -> torch.Tensor:
-        params = self.parametrizations.weight
-        v = params.original1
-        return params.original0 * v / v.norm(dim=1, keepdim=True)
+        """g * v / ||v||, computed once: the weights never change once loaded (inference
+        only), and the norm of a [6562, 768] matrix at every code step is not free."""
+        if self._weight is None:
+            params = self.parametrizations.weight
+            v = params.original1.detach()
+            self._weight = params.original0.detach() * v / v.norm(dim=1, keepdim=True)
+        return self._weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight())

@@ -530,11 +530,16 @@ class Resampler(nn.Module):
         # one axis's sin-cos codes (positions x D/2); a patch at (row, col) gets
         # [codes(col), codes(row)] (the reference's grid puts the column first). Not in the
         # checkpoint; grows for grids past 70 patches as the reference's table does
-        self.register_buffer(
-            "axis_codes",
-            torch.from_numpy(_sincos_table(_SINCOS_INITIAL_POSITIONS, width // 2)),
-            persistent=False,
-        )
+        self.register_buffer("axis_codes", self._initial_codes(), persistent=False)
+
+    def _initial_codes(self) -> Tensor:
+        return torch.from_numpy(_sincos_table(_SINCOS_INITIAL_POSITIONS, self.query.shape[1] // 2))
+
+    def rebuild_position_codes(self, device: torch.device | str, dtype: torch.dtype) -> None:
+        """Compute the sin-cos table again, on `device`: for a resampler built on the meta
+        device (its weights loaded later), where the table, not being a weight, was never
+        computed."""
+        self.axis_codes = self._initial_codes().to(device=device, dtype=dtype)
 
     def _positions(self, grid: tuple[int, int]) -> Tensor:
         rows, cols = grid

@@ -1,0 +1,200 @@
+"""MiniCPM-o 4.5 served to many slots: a unit of raw input in (one second of 16 kHz audio and
+the camera frames sent with it), the model's decision, words, voice and record out.
+
+`UnitEngine` owns what each slot holds between units besides the duplex loop's memory: its
+mel stream and audio-encoder memory (audio.py), its voice stream (vocoder.py), and the
+records it made. A unit of several slots is:
+
+1. the audio quantised to pcm16 (what the record keeps, so a replay hears the same numbers),
+   each slot's mel computed (numpy, per slot), then the audio encoder for all slots in one
+   forward;
+2. every slot's camera frames decoded, checked and embedded, all in one vision forward (a
+   frame that cannot be used is reported as the unit's error; the unit goes on without it);
+3. the duplex loop's unit step for all slots (duplex_loop.py);
+4. each speaking slot's codes through its voice stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from plugins.minicpmo.audio import EncoderKV, MelStream
+from plugins.minicpmo.duplex_loop import DuplexLoop, TokenOrigin, UnitInput
+from plugins.minicpmo.model import MiniCPMOWeights
+from plugins.minicpmo.records import UNIT_SAMPLES, UnitRecord, dequantise, quantise
+from plugins.minicpmo.text_sampling import TextSampling
+from plugins.minicpmo.vision import (
+    DEFAULT_FRAME_BOUNDS,
+    FrameBounds,
+    ImageRejected,
+    PreparedFrame,
+    load_frame,
+)
+from plugins.minicpmo.vocoder import OUTPUT_RATE, CodecDecoder, SpeechStream
+
+#: the speech model's memory per slot: a turn's conditions and codes (about 45 positions a
+#: second of speech); a turn that outgrows it starts the speech model's context afresh
+DEFAULT_SPEECH_TOKENS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    slots: int
+    #: positions of the language model's memory per slot (prompt + units)
+    context_tokens: int
+    sampling: TextSampling = TextSampling()
+    speech_greedy: bool = False
+    speech_tokens: int = DEFAULT_SPEECH_TOKENS
+    frame_bounds: FrameBounds = DEFAULT_FRAME_BOUNDS
+
+
+@dataclasses.dataclass
+class UnitRequest:
+    slot: int
+    audio: np.ndarray  # float32 [16000] at 16 kHz
+    images: Sequence[bytes] = ()
+    force_listen: bool = False
+
+
+@dataclasses.dataclass
+class UnitOutcome:
+    slot: int
+    listen: bool
+    text: str
+    end_of_turn: bool
+    #: the voice this unit releases: float32 at 24 kHz (1 s of silence when it listened)
+    audio: np.ndarray
+    record: UnitRecord
+    fed: list[int]
+    origins: list[TokenOrigin]
+    codes: list[int]
+    #: (code, message) of a camera frame the unit could not use (the unit went on without it)
+    error: tuple[str, str] | None = None
+
+
+class _SlotInput:
+    """A slot's audio front end and voice between units."""
+
+    def __init__(self, engine: UnitEngine) -> None:
+        self.mel = MelStream()
+        self.encoder: EncoderKV = engine.weights.audio.new_kv()
+        self.voice = SpeechStream(engine.decoder)
+
+
+class UnitEngine:
+    def __init__(
+        self, weights: MiniCPMOWeights, decoder: CodecDecoder, settings: EngineSettings
+    ) -> None:
+        self.weights = weights
+        self.decoder = decoder
+        self.settings = settings
+        self.loop = DuplexLoop(
+            language=weights.language,
+            speech=weights.speech,
+            vocabulary=weights.vocabulary,
+            slots=settings.slots,
+            context_tokens=settings.context_tokens,
+            speech_tokens=settings.speech_tokens,
+            sampling=settings.sampling,
+            speech_greedy=settings.speech_greedy,
+        )
+        self.inputs: list[_SlotInput | None] = [None] * settings.slots
+
+    def prompt_ids(self, prefix: str, suffix: str) -> list[int]:
+        """The system prompt's tokens: prefix and suffix encoded apart, as the reference
+        feeds them (a merge across their boundary would change the ids)."""
+        vocabulary = self.weights.vocabulary
+        return vocabulary.encode(prefix) + vocabulary.encode(suffix)
+
+    def open(self, slot: int, prompt_ids: Sequence[int], *, seed: int) -> None:
+        self.inputs[slot] = _SlotInput(self)
+        self.loop.open(slot, prompt_ids, seed=seed)
+
+    def close(self, slot: int) -> None:
+        self.inputs[slot] = None
+
+    def _frames(
+        self, requests: Sequence[UnitRequest]
+    ) -> tuple[dict[int, list[tuple[bytes, PreparedFrame]]], dict[int, tuple[str, str]]]:
+        prepared: dict[int, list[tuple[bytes, PreparedFrame]]] = {}
+        errors: dict[int, tuple[str, str]] = {}
+        for request in requests:
+            kept = []
+            for data in request.images:
+                try:
+                    frame = load_frame(data, self.weights.vision.config, self.settings.frame_bounds)
+                except ImageRejected as exc:
+                    errors[request.slot] = (exc.code, exc.message)
+                    continue
+                kept.append((data, frame))
+            prepared[request.slot] = kept
+        return prepared, errors
+
+    @torch.no_grad()
+    def step(self, requests: Sequence[UnitRequest]) -> list[UnitOutcome]:
+        """One unit of every slot in `requests` (each opened, each once)."""
+        if not requests:
+            return []
+        weights = self.weights
+        heard: dict[int, np.ndarray] = {}
+        mels, kvs = [], []
+        for request in requests:
+            slot_input = self.inputs[request.slot]
+            if slot_input is None:
+                raise ValueError(f"slot {request.slot} is not open")
+            if request.audio.shape != (UNIT_SAMPLES,):
+                raise ValueError(f"a unit is {UNIT_SAMPLES} samples, got {request.audio.shape}")
+            heard[request.slot] = quantise(request.audio)
+            mels.append(slot_input.mel.push(dequantise(heard[request.slot])))
+            kvs.append(slot_input.encoder)
+        audio_embeds = weights.audio.step(mels, kvs)
+        prepared, errors = self._frames(requests)
+        flat = [frame for request in requests for _, frame in prepared[request.slot]]
+        embedded = iter(weights.vision.embed_frames(flat) if flat else [])
+        units = [
+            UnitInput(
+                slot=request.slot,
+                audio=audio_embeds[index],
+                images=[next(embedded) for _ in prepared[request.slot]],
+                force_listen=request.force_listen,
+            )
+            for index, request in enumerate(requests)
+        ]
+        outcomes = []
+        for request, result in zip(requests, self.loop.step(units), strict=True):
+            slot_input = self.inputs[request.slot]
+            assert slot_input is not None
+            if result.listen:
+                voice = np.zeros(OUTPUT_RATE, np.float32)
+            else:
+                voice = slot_input.voice.push(
+                    result.codes, first_unit=result.opens_turn, end_of_turn=result.end_of_turn
+                )
+            outcomes.append(
+                UnitOutcome(
+                    slot=request.slot,
+                    listen=result.listen,
+                    text=result.text,
+                    end_of_turn=result.end_of_turn,
+                    audio=voice,
+                    record=UnitRecord(
+                        audio=heard[request.slot],
+                        fed=tuple(result.fed),
+                        origins=tuple(result.origins),
+                        codes=tuple(result.codes),
+                        images=tuple(data for data, _ in prepared[request.slot]),
+                    ),
+                    fed=result.fed,
+                    origins=result.origins,
+                    codes=result.codes,
+                    error=errors.get(request.slot),
+                )
+            )
+        return outcomes
+
+
+__all__ = ["EngineSettings", "UnitEngine", "UnitOutcome", "UnitRequest"]
