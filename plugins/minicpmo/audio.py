@@ -89,35 +89,47 @@ class AudioConfig:
     chunk_length: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
-                     "llm_hidden_size", "pool_step"):
+        for name in (
+            "d_model",
+            "encoder_layers",
+            "encoder_attention_heads",
+            "encoder_ffn_dim",
+            "llm_hidden_size",
+            "pool_step",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"audio config: {name} must be a positive integer, got {value!r}")
         if self.d_model % self.encoder_attention_heads:
             raise ValueError(
                 f"audio config: d_model {self.d_model} is not a multiple of "
-                f"encoder_attention_heads {self.encoder_attention_heads}")
+                f"encoder_attention_heads {self.encoder_attention_heads}"
+            )
         # the projector's input width is encoder_ffn_dim // 4 but it is fed d_model features
         if self.encoder_ffn_dim != 4 * self.d_model:
             raise ValueError(
                 f"audio config: encoder_ffn_dim must be 4 * d_model = {4 * self.d_model} (the "
-                f"audio projector takes encoder_ffn_dim // 4 features), got {self.encoder_ffn_dim}")
+                f"audio projector takes encoder_ffn_dim // 4 features), got {self.encoder_ffn_dim}"
+            )
         if self.num_mel_bins != N_MELS:
             raise ValueError(
                 f"audio config: num_mel_bins must be {N_MELS} (the streaming log-mel's bank), "
-                f"got {self.num_mel_bins}")
+                f"got {self.num_mel_bins}"
+            )
         if self.max_source_positions != WHISPER_POSITIONS:
             raise ValueError(
                 f"audio config: max_source_positions must be {WHISPER_POSITIONS} (Whisper's 30 s; "
-                f"the streaming KV resets on it every 29 units), got {self.max_source_positions}")
+                f"the streaming KV resets on it every 29 units), got {self.max_source_positions}"
+            )
         if POSITIONS_PER_UNIT % self.pool_step:
             raise ValueError(
                 f"audio_pool_step must divide the {POSITIONS_PER_UNIT} encoder positions of a "
-                f"unit, got {self.pool_step}")
+                f"unit, got {self.pool_step}"
+            )
         if self.chunk_length != 1.0:
             raise ValueError(
-                f"audio_chunk_length must be 1.0 (1 s units), got {self.chunk_length!r}")
+                f"audio_chunk_length must be 1.0 (1 s units), got {self.chunk_length!r}"
+            )
 
     @classmethod
     def from_json(cls, config_json: Mapping[str, Any]) -> AudioConfig:
@@ -136,7 +148,8 @@ class AudioConfig:
         activation = audio.get("activation_function", "gelu")
         if activation != "gelu":
             raise ValueError(
-                f"config.json audio_config.activation_function must be 'gelu', got {activation!r}")
+                f"config.json audio_config.activation_function must be 'gelu', got {activation!r}"
+            )
         return cls(
             d_model=audio["d_model"],
             encoder_layers=audio["encoder_layers"],
@@ -191,7 +204,9 @@ def _slaney_mel_to_hz(mels: np.ndarray) -> np.ndarray:
 
 
 def slaney_mel_filters(
-    n_fft: int = N_FFT, n_mels: int = N_MELS, sample_rate: int = SAMPLE_RATE,
+    n_fft: int = N_FFT,
+    n_mels: int = N_MELS,
+    sample_rate: int = SAMPLE_RATE,
     fmax: float = MEL_FMAX,
 ) -> np.ndarray:
     """Whisper's filter bank, [n_fft // 2 + 1, n_mels] float64: triangles between Slaney-mel
@@ -199,7 +214,8 @@ def slaney_mel_filters(
     bins = n_fft // 2 + 1
     fft_hz = np.linspace(0.0, sample_rate // 2, bins)
     edges_hz = _slaney_mel_to_hz(
-        np.linspace(0.0, _hz_to_slaney_mel(np.array([fmax]))[0], n_mels + 2))
+        np.linspace(0.0, _hz_to_slaney_mel(np.array([fmax]))[0], n_mels + 2)
+    )
     widths = np.diff(edges_hz)
     offsets = edges_hz[None, :] - fft_hz[:, None]
     rising = -offsets[:, :-2] / widths[:-1]
@@ -226,8 +242,15 @@ def log_mel_spectrogram(samples: np.ndarray, *, dynamic_floor: bool) -> np.ndarr
     if samples.ndim != 1 or samples.shape[0] < N_FFT:
         raise ValueError(f"log-mel needs 1-D audio of >= {N_FFT} samples, got {samples.shape}")
     wave = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))[None]
-    spectrum = torch.stft(wave, n_fft=N_FFT, hop_length=HOP_LENGTH, window=_hann_window(),
-                          center=True, pad_mode="reflect", return_complex=True)
+    spectrum = torch.stft(
+        wave,
+        n_fft=N_FFT,
+        hop_length=HOP_LENGTH,
+        window=_hann_window(),
+        center=True,
+        pad_mode="reflect",
+        return_complex=True,
+    )
     power = spectrum[..., :-1].abs() ** 2
     log_spec = torch.clamp(_mel_filters().T @ power, min=1e-10).log10()
     if dynamic_floor:
@@ -257,8 +280,9 @@ class MelUnit:
 
 def _check_unit(samples: np.ndarray) -> np.ndarray:
     if samples.shape != (UNIT_SAMPLES,):
-        raise ValueError(f"an audio unit is {UNIT_SAMPLES} samples (1 s at 16 kHz), "
-                         f"got shape {samples.shape}")
+        raise ValueError(
+            f"an audio unit is {UNIT_SAMPLES} samples (1 s at 16 kHz), got shape {samples.shape}"
+        )
     return samples.astype(np.float32, copy=False)
 
 
@@ -313,18 +337,21 @@ class MelStream:
         index = self._units
         self.skip(samples)
         mel = log_mel_spectrogram(
-            self._buffer, dynamic_floor=self._buffer.shape[0] >= DYNAMIC_FLOOR_FROM_SAMPLES)
+            self._buffer, dynamic_floor=self._buffer.shape[0] >= DYNAMIC_FLOOR_FROM_SAMPLES
+        )
         prefix = 0 if index == 0 else REDUNDANCY_FRAMES
         start = index * UNIT_FRAMES - prefix - self._buffer_start_frame
         end = (index + 1) * UNIT_FRAMES + REDUNDANCY_FRAMES - self._buffer_start_frame
         # every emitted frame's window lies inside the buffer (its centre + n_fft/2 <= length)
         assert start >= 0 and end <= mel.shape[1], (index, start, end, mel.shape)
-        return MelUnit(index=index, frames=np.ascontiguousarray(mel[:, start:end]),
-                       prefix_frames=prefix)
+        return MelUnit(
+            index=index, frames=np.ascontiguousarray(mel[:, start:end]), prefix_frames=prefix
+        )
 
     @classmethod
-    def replay(cls, units: Sequence[np.ndarray], *,
-               emit_from: int = 0) -> tuple[MelStream, list[MelUnit]]:
+    def replay(
+        cls, units: Sequence[np.ndarray], *, emit_from: int = 0
+    ) -> tuple[MelStream, list[MelUnit]]:
         """The stream after `units`, and the mel of each unit from `emit_from` on (a restore
         needs only those since the start of the Whisper context)."""
         stream = cls()
@@ -345,12 +372,19 @@ class EncoderKV:
     """One session's Whisper streaming KV: keys and values, [layers, heads, capacity, head_dim],
     of the `length` positions cached since the last reset; `next_unit` is the unit it expects."""
 
-    def __init__(self, config: AudioConfig, *, dtype: torch.dtype, device: torch.device | str,
-                 next_unit: int = 0) -> None:
+    def __init__(
+        self,
+        config: AudioConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        next_unit: int = 0,
+    ) -> None:
         if config.context_start(next_unit) != next_unit:
             raise ValueError(
                 f"an empty Whisper KV can start only where a context starts (a multiple of "
-                f"{config.units_per_context}), not at unit {next_unit}")
+                f"{config.units_per_context}), not at unit {next_unit}"
+            )
         # a context never caches more than its units' positions (1450 of Whisper's 1500)
         capacity = config.units_per_context * POSITIONS_PER_UNIT
         shape = (config.encoder_layers, config.encoder_attention_heads, capacity, config.head_dim)
@@ -384,9 +418,13 @@ class WhisperEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, hidden: torch.Tensor, past_keys: torch.Tensor | None,
-                past_values: torch.Tensor | None, mask: torch.Tensor,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        past_keys: torch.Tensor | None,
+        past_values: torch.Tensor | None,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden [rows, n, d]; past_* [rows, heads, c, head_dim] or None; mask [rows, 1, n, c + n]
         (True = attend). Returns the new hidden and this call's keys and values."""
         rows, n, d = hidden.shape
@@ -434,15 +472,15 @@ class StreamingWhisperEncoder(nn.Module):
         self.conv2 = nn.Conv1d(config.d_model, config.d_model, kernel_size=3, stride=2, padding=1)
         self.embed_positions = nn.Embedding(config.max_source_positions, config.d_model)
         self.layers = nn.ModuleList(
-            [WhisperEncoderLayer(config) for _ in range(config.encoder_layers)])
+            [WhisperEncoderLayer(config) for _ in range(config.encoder_layers)]
+        )
         self.layer_norm = nn.LayerNorm(config.d_model)
 
     def new_kv(self, next_unit: int = 0) -> EncoderKV:
         """An empty KV on this encoder's device and dtype, for a session whose next unit is
         `next_unit` (0, or the start of a context when restoring)."""
         weight = self.conv1.weight
-        return EncoderKV(self.config, dtype=weight.dtype, device=weight.device,
-                         next_unit=next_unit)
+        return EncoderKV(self.config, dtype=weight.dtype, device=weight.device, next_unit=next_unit)
 
     def _plan(self, runs: Sequence[tuple[EncoderKV, Sequence[MelUnit]]]) -> list[_Row]:
         """Splits each session's run at its KV resets: the rows of one forward."""
@@ -459,7 +497,8 @@ class StreamingWhisperEncoder(nn.Module):
             for offset, mel in enumerate(mels):
                 if mel.index != kv.next_unit + offset:
                     raise ValueError(
-                        f"mel unit {mel.index} given where unit {kv.next_unit + offset} is next")
+                        f"mel unit {mel.index} given where unit {kv.next_unit + offset} is next"
+                    )
                 conv_positions = (mel.frames.shape[1] - 1) // 2 + 1
                 if length and length + conv_positions >= self.config.max_source_positions:
                     if row.mels:
@@ -475,8 +514,13 @@ class StreamingWhisperEncoder(nn.Module):
     def _embed_units(self, mels: list[MelUnit]) -> torch.Tensor:
         """The convolutions, the redundancy trim and nothing else: [units, 50, d_model]."""
         weight = self.conv1.weight
-        out = torch.empty(len(mels), POSITIONS_PER_UNIT, self.config.d_model,
-                          dtype=weight.dtype, device=weight.device)
+        out = torch.empty(
+            len(mels),
+            POSITIONS_PER_UNIT,
+            self.config.d_model,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
         # units of one frame count go through the convolutions together (the first unit of a
         # session is 2 frames shorter)
         by_length: dict[int, list[int]] = {}
@@ -490,7 +534,7 @@ class StreamingWhisperEncoder(nn.Module):
                 # a redundancy frame pair became one conv position on that side
                 prefix = (mels[i].prefix_frames + 1) // 2
                 suffix = (mels[i].suffix_frames + 1) // 2
-                out[i] = conv[j, :, prefix:conv.shape[2] - suffix].transpose(0, 1)
+                out[i] = conv[j, :, prefix : conv.shape[2] - suffix].transpose(0, 1)
         return out
 
     def _mask(self, rows: list[_Row], past_max: int, new_max: int) -> torch.Tensor:
@@ -502,7 +546,8 @@ class StreamingWhisperEncoder(nn.Module):
         past = torch.arange(past_max, device=device)[None, :] < past_lengths[:, None]
         unit_of = torch.arange(new_max, device=device) // POSITIONS_PER_UNIT
         new = (unit_of[None, :] <= unit_of[:, None])[None] & (
-            unit_of[None, None, :] < unit_counts[:, None, None])
+            unit_of[None, None, :] < unit_counts[:, None, None]
+        )
         # padded queries see the row's first unit (never empty), so no row of the softmax is
         # empty; their outputs are thrown away
         past = past[:, None, :].expand(len(rows), new_max, past_max)
@@ -518,15 +563,17 @@ class StreamingWhisperEncoder(nn.Module):
         past_max = max(row.past_length for row in rows)
         new_max = max(row.positions for row in rows)
         weight = self.conv1.weight
-        hidden = torch.zeros(len(rows), new_max, self.config.d_model,
-                             dtype=weight.dtype, device=weight.device)
+        hidden = torch.zeros(
+            len(rows), new_max, self.config.d_model, dtype=weight.dtype, device=weight.device
+        )
         position_ids = torch.zeros(len(rows), new_max, dtype=torch.long, device=weight.device)
         first = 0
         for r, row in enumerate(rows):
             n = row.positions
-            hidden[r, :n] = embedded[first:first + len(row.mels)].reshape(n, -1)
+            hidden[r, :n] = embedded[first : first + len(row.mels)].reshape(n, -1)
             position_ids[r] = torch.arange(row.past_length, row.past_length + new_max).clamp(
-                max=self.config.max_source_positions - 1)
+                max=self.config.max_source_positions - 1
+            )
             first += len(row.mels)
         hidden = hidden + self.embed_positions(position_ids)
         mask = self._mask(rows, past_max, new_max)
@@ -535,8 +582,7 @@ class StreamingWhisperEncoder(nn.Module):
             past_keys = past_values = None
             if past_max:
                 # a copy of every row's cache, taken before any row writes this layer's slot
-                past_keys = hidden.new_zeros(len(rows), layer.heads, past_max,
-                                             self.config.head_dim)
+                past_keys = hidden.new_zeros(len(rows), layer.heads, past_max, self.config.head_dim)
                 past_values = torch.zeros_like(past_keys)
                 for r, row in enumerate(rows):
                     if row.past is not None and row.past_length:
@@ -547,14 +593,15 @@ class StreamingWhisperEncoder(nn.Module):
             for r, row in enumerate(rows):
                 if row.target is not None:
                     start, n = row.past_length, row.positions
-                    row.target.keys[index, :, start:start + n] = keys[r, :, :n]
-                    row.target.values[index, :, start:start + n] = values[r, :, :n]
+                    row.target.keys[index, :, start : start + n] = keys[r, :, :n]
+                    row.target.values[index, :, start : start + n] = values[r, :, :n]
         hidden = self.layer_norm(hidden)
 
         outputs: list[list[torch.Tensor]] = [[] for _ in runs]
         for r, row in enumerate(rows):
             outputs[row.run].append(
-                hidden[r, :row.positions].reshape(len(row.mels), POSITIONS_PER_UNIT, -1))
+                hidden[r, : row.positions].reshape(len(row.mels), POSITIONS_PER_UNIT, -1)
+            )
             if row.target is not None:
                 row.target.length = row.past_length + row.positions
         for kv, run_mels in runs:
@@ -583,8 +630,13 @@ class AudioTower(nn.Module):
     `audio_projection_layer.*`): mel units in, `embeddings_per_unit` LLM embeddings per unit
     out."""
 
-    def __init__(self, config: AudioConfig, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        config: AudioConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__()
         self.config = config
         self.apm = StreamingWhisperEncoder(config)
@@ -598,8 +650,9 @@ class AudioTower(nn.Module):
     def embed(self, hidden: torch.Tensor) -> torch.Tensor:
         """Projector then the mean of each `pool_step` positions: [u, 50, d] -> [u, 10, D]."""
         projected = self.audio_projection_layer(hidden)
-        pooled = F.avg_pool1d(projected.transpose(1, 2), self.config.pool_step,
-                              stride=self.config.pool_step)
+        pooled = F.avg_pool1d(
+            projected.transpose(1, 2), self.config.pool_step, stride=self.config.pool_step
+        )
         return pooled.transpose(1, 2)
 
     @torch.no_grad()

@@ -35,29 +35,19 @@ codes.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Sequence
 
 import torch
 
 from plugins.minicpmo.decoder_stack import SlotKV
 from plugins.minicpmo.language import LanguageModel
+from plugins.minicpmo.records import TokenOrigin, decisions
 from plugins.minicpmo.speech import TTS_STEPS_PER_UNIT, SpeechRequest, SpeechTokenModel
 from plugins.minicpmo.text_sampling import TextDecider, TextHistory, TextSampling
 from plugins.minicpmo.vocabulary import Vocabulary
 
 #: decision steps a unit: the last is a forced `<|chunk_eos|>`
 MAX_STEPS_PER_UNIT = 20
-
-
-class TokenOrigin(enum.IntEnum):
-    """How a fed token came to be, as a record keeps it: a replay rebuilds the slot's
-    history of decisions from it (only CHOSEN and REPLACED tokens are decisions; a
-    REPLACED `<|tts_bos|>` was decided as `<|listen|>`)."""
-
-    CHOSEN = 0
-    FORCED = 1
-    REPLACED = 2
 
 
 @dataclasses.dataclass
@@ -96,10 +86,26 @@ class SlotTurn:
 
     turn_ended: bool = True
     history: TextHistory = dataclasses.field(default_factory=TextHistory)
+    #: the session's seed: each unit's draws come from generators seeded by (seed, unit),
+    #: so a slot restored from its records draws what it would have drawn
+    seed: int = 0
     text_generator: torch.Generator | None = None
     speech_generator: torch.Generator | None = None
     units: int = 0
     force_listen_units: int = 0
+    #: the speaking units whose conditions and codes the speech model's memory holds (the
+    #: open turn): what a replay feeds it again
+    speech_units: list[tuple[list[int], torch.Tensor | None, list[int]]] = dataclasses.field(
+        default_factory=list
+    )
+    speech_length: int = 0
+
+    def seed_unit(self) -> None:
+        base = (self.seed * 1_000_003 + self.units * 2) % (1 << 63)
+        if self.text_generator is not None:
+            self.text_generator.manual_seed(base)
+        if self.speech_generator is not None:
+            self.speech_generator.manual_seed(base + 1)
 
 
 @dataclasses.dataclass
@@ -116,6 +122,18 @@ class _Deciding:
     listen: bool = False
     end_of_turn: bool = False
     done: bool = False
+    hidden_stack: torch.Tensor | None = None
+    condition_length: int = 0
+
+
+@dataclasses.dataclass
+class ReplayUnit:
+    """A recorded unit, its inputs embedded again: what `DuplexLoop.replay` feeds."""
+
+    unit: UnitInput
+    fed: Sequence[int]
+    origins: Sequence[TokenOrigin]
+    codes: Sequence[int]
 
 
 class DuplexLoop:
@@ -157,11 +175,11 @@ class DuplexLoop:
         """A fresh conversation in `slot`, its system prompt fed."""
         self.memory.reset(slot)
         self.speech_memory.reset(slot)
-        turn = SlotTurn(force_listen_units=force_listen_units)
+        turn = SlotTurn(seed=seed, force_listen_units=force_listen_units)
         if not self.sampling.greedy:
-            turn.text_generator = torch.Generator().manual_seed(seed)
+            turn.text_generator = torch.Generator()
         if not self.speech_greedy:
-            turn.speech_generator = torch.Generator().manual_seed(seed + 1)
+            turn.speech_generator = torch.Generator()
         self.turns[slot] = turn
         if prompt_ids:
             self.language.forward(self.memory, [(slot, self.language.embed(prompt_ids))])
@@ -212,6 +230,8 @@ class DuplexLoop:
     def step(self, units: Sequence[UnitInput]) -> list[UnitResult]:
         """One unit of every slot in `units`; results in the same order."""
         states = {unit.slot: _Deciding(unit) for unit in units}
+        for unit in units:
+            self.turns[unit.slot].seed_unit()
         hidden = self.language.forward(
             self.memory, [(unit.slot, self._prefill_row(unit)) for unit in units]
         )
@@ -251,18 +271,51 @@ class DuplexLoop:
             self.turns[unit.slot].units += 1
         return [results[unit.slot] for unit in units]
 
+    def _make_room(self, slot: int, condition: int) -> None:
+        """A turn longer than the speech model's memory starts its context afresh (the
+        reference has no bound; its model was trained on 4096 positions): before a unit
+        whose condition and 26 steps would not fit."""
+        turn = self.turns[slot]
+        if turn.speech_length + condition + TTS_STEPS_PER_UNIT > self.speech_memory.capacity:
+            self.speech_memory.reset(slot)
+            turn.speech_units.clear()
+            turn.speech_length = 0
+
+    def _spoke(
+        self,
+        slot: int,
+        words: list[int],
+        hidden: torch.Tensor | None,
+        codes: list[int],
+        *,
+        end_of_turn: bool,
+        condition: int,
+    ) -> None:
+        """What the speech model's memory now holds for `slot` (replays feed it again)."""
+        turn = self.turns[slot]
+        if end_of_turn:
+            turn.speech_units.clear()
+            turn.speech_length = 0
+            return
+        turn.speech_units.append((words, hidden, codes))
+        turn.speech_length += condition + len(codes)
+
     def _speak(self, speaking: Sequence[_Deciding], results: dict[int, UnitResult]) -> None:
         requests = []
         for state in speaking:
             slot = state.unit.slot
             hidden = torch.stack(state.hidden) if state.hidden else None
+            condition = self.speech.condition(state.words, hidden)
+            self._make_room(slot, condition.shape[0])
             # a turn's first unit (the speech memory is empty) and its last may stop early
             opens_turn = self.speech_memory.length(slot) == 0
             results[slot].opens_turn = opens_turn
+            state.hidden_stack = hidden
+            state.condition_length = condition.shape[0]
             requests.append(
                 SpeechRequest(
                     slot=slot,
-                    condition=self.speech.condition(state.words, hidden),
+                    condition=condition,
                     min_new=0 if (state.end_of_turn or opens_turn) else TTS_STEPS_PER_UNIT,
                     generator=self.turns[slot].speech_generator,
                 )
@@ -273,15 +326,85 @@ class DuplexLoop:
         for state in speaking:
             slot = state.unit.slot
             results[slot].codes = codes[slot]
+            self._spoke(
+                slot,
+                state.words,
+                state.hidden_stack,
+                codes[slot],
+                end_of_turn=state.end_of_turn,
+                condition=state.condition_length,
+            )
             if state.end_of_turn:
                 self.speech_memory.reset(slot)
+
+    # ------------------------------------------------------------------ replay
+
+    @torch.no_grad()
+    def replay(self, slot: int, units: Sequence[ReplayUnit]) -> None:
+        """Feed recorded units to an opened slot, as they were fed when they were made:
+        every unit's prefill, fed tokens and `</unit>` in one forward; the decision history,
+        the turn state and the speech model's open turn rebuilt from what was fed. Call
+        `finish_replay` after the last."""
+        special = self.special
+        rows, spans = [], []
+        at = 0
+        for unit in units:
+            prefill = self._prefill_row(unit.unit)
+            tokens = self.language.embed([*unit.fed, special.unit_end])
+            rows.append(torch.cat([prefill, tokens]))
+            spans.append(at + prefill.shape[0])
+            at += prefill.shape[0] + tokens.shape[0]
+        (hidden,) = self.language.forward(self.memory, [(slot, torch.cat(rows))])
+        turn = self.turns[slot]
+        for unit, start in zip(units, spans, strict=True):
+            for token in decisions(
+                unit.fed, unit.origins, listen=special.listen, chunk_eos=special.chunk_eos
+            ):
+                turn.history.add(token)
+            end_of_turn = False
+            for token in unit.fed[:-1]:  # the last fed token ends the unit
+                turn.turn_ended = False
+                end_of_turn = token == special.turn_eos
+                turn.turn_ended = end_of_turn
+            turn.units += 1
+            if unit.fed[-1] == special.listen:
+                continue
+            words = list(unit.fed[1:-1])
+            word_hidden = hidden[start + 1 : start + len(unit.fed) - 1] if words else None
+            condition = len(words) + 1
+            if turn.speech_length + condition + TTS_STEPS_PER_UNIT > self.speech_memory.capacity:
+                turn.speech_units.clear()
+                turn.speech_length = 0
+            self._spoke(
+                slot,
+                words,
+                word_hidden,
+                list(unit.codes),
+                end_of_turn=end_of_turn,
+                condition=condition,
+            )
+
+    @torch.no_grad()
+    def finish_replay(self, slot: int) -> None:
+        """The speech model's memory of the open turn, fed again (its conditions and the
+        codes it gave, in one forward)."""
+        turn = self.turns[slot]
+        self.speech_memory.reset(slot)
+        pieces = []
+        for words, hidden, codes in turn.speech_units:
+            pieces.append(self.speech.condition(words, hidden))
+            if codes:
+                device = pieces[-1].device
+                pieces.append(self.speech.emb_code[0](torch.tensor(codes, device=device)))
+        if pieces:
+            self.speech.stack.forward(self.speech_memory, [(slot, torch.cat(pieces))])
 
 
 __all__ = [
     "MAX_STEPS_PER_UNIT",
     "DuplexLoop",
+    "ReplayUnit",
     "SlotTurn",
-    "TokenOrigin",
     "UnitInput",
     "UnitResult",
 ]

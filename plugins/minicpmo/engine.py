@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from plugins.minicpmo.audio import EncoderKV, MelStream
-from plugins.minicpmo.duplex_loop import DuplexLoop, TokenOrigin, UnitInput
+from plugins.minicpmo.duplex_loop import DuplexLoop, ReplayUnit, UnitInput
 from plugins.minicpmo.model import MiniCPMOWeights
-from plugins.minicpmo.records import UNIT_SAMPLES, UnitRecord, dequantise, quantise
+from plugins.minicpmo.records import UNIT_SAMPLES, TokenOrigin, UnitRecord, dequantise, quantise
 from plugins.minicpmo.text_sampling import TextSampling
 from plugins.minicpmo.vision import (
     DEFAULT_FRAME_BOUNDS,
@@ -103,6 +103,8 @@ class UnitEngine:
             speech_greedy=settings.speech_greedy,
         )
         self.inputs: list[_SlotInput | None] = [None] * settings.slots
+        #: the records each restoring slot has still to replay
+        self.restoring: dict[int, list[UnitRecord]] = {}
 
     def prompt_ids(self, prefix: str, suffix: str) -> list[int]:
         """The system prompt's tokens: prefix and suffix encoded apart, as the reference
@@ -116,6 +118,65 @@ class UnitEngine:
 
     def close(self, slot: int) -> None:
         self.inputs[slot] = None
+        self.restoring.pop(slot, None)
+
+    # ------------------------------------------------------------------ restore
+
+    def begin_restore(
+        self, slot: int, prompt_ids: Sequence[int], *, seed: int, records: Sequence[UnitRecord]
+    ) -> None:
+        """Open `slot` as the session whose units made `records`; `replay` then feeds them
+        (in as many calls as the caller likes) until none is left."""
+        self.open(slot, prompt_ids, seed=seed)
+        self.restoring[slot] = list(records)
+
+    def replay_left(self, slot: int) -> int:
+        return len(self.restoring.get(slot, ()))
+
+    @torch.no_grad()
+    def replay(self, slot: int, units: int) -> int:
+        """Replay the slot's next `units` recorded units (at least one); returns how many
+        are left. Each unit is heard again from its recorded audio (mel, then the audio
+        encoder over the units in one forward), its camera frames embedded again, and the
+        language model fed the units in one forward; after the last, the speech model's
+        open turn. The voice stream starts afresh: a restored turn goes on after a short
+        silence (the vocoder's state is not worth a record)."""
+        pending = self.restoring[slot]
+        slot_input = self.inputs[slot]
+        assert slot_input is not None
+        batch, self.restoring[slot] = pending[:units], pending[units:]
+        mels = [slot_input.mel.push(dequantise(record.audio)) for record in batch]
+        embeds = self.weights.audio.replay(mels, slot_input.encoder)
+        frames = [
+            [
+                load_frame(data, self.weights.vision.config, self.settings.frame_bounds)
+                for data in record.images
+            ]
+            for record in batch
+        ]
+        flat = [frame for unit_frames in frames for frame in unit_frames]
+        embedded = iter(self.weights.vision.embed_frames(flat) if flat else [])
+        self.loop.replay(
+            slot,
+            [
+                ReplayUnit(
+                    unit=UnitInput(
+                        slot=slot,
+                        audio=embeds[index],
+                        images=[next(embedded) for _ in frames[index]],
+                    ),
+                    fed=record.fed,
+                    origins=record.origins,
+                    codes=record.codes,
+                )
+                for index, record in enumerate(batch)
+            ],
+        )
+        if self.restoring[slot]:
+            return len(self.restoring[slot])
+        del self.restoring[slot]
+        self.loop.finish_replay(slot)
+        return 0
 
     def _frames(
         self, requests: Sequence[UnitRequest]

@@ -33,12 +33,11 @@ Size: 32,004 bytes + 4 per fed token + 2 per code: 32,008 for a listening unit (
 from __future__ import annotations
 
 import dataclasses
+import enum
 import struct
 from collections.abc import Sequence
 
 import numpy as np
-
-from plugins.minicpmo.duplex_loop import TokenOrigin
 
 RECORD_VERSION = 1
 UNIT_SAMPLES = 16000
@@ -48,6 +47,16 @@ _ID_BITS = 30
 _ID_MASK = (1 << _ID_BITS) - 1
 #: camera frames one unit may carry (what the session's input bounds too)
 MAX_IMAGES = 4
+
+
+class TokenOrigin(enum.IntEnum):
+    """How a fed token came to be, as a record keeps it: a replay rebuilds the slot's
+    history of decisions from it (only CHOSEN and REPLACED tokens are decisions; a
+    REPLACED `<|tts_bos|>` was decided as `<|listen|>`)."""
+
+    CHOSEN = 0
+    FORCED = 1
+    REPLACED = 2
 
 
 class RecordError(ValueError):
@@ -151,6 +160,7 @@ __all__ = [
     "RECORD_VERSION",
     "UNIT_SAMPLES",
     "RecordError",
+    "TokenOrigin",
     "UnitRecord",
     "decisions",
     "dequantise",

@@ -5,9 +5,9 @@ drives it."""
 import numpy as np
 import pytest
 
-from plugins.minicpmo.duplex_loop import TokenOrigin
 from plugins.minicpmo.records import (
     RecordError,
+    TokenOrigin,
     UnitRecord,
     decisions,
     dequantise,

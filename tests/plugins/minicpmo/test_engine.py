@@ -1,0 +1,89 @@
+"""The unit engine on the tiny checkpoint: a session's outcomes do not depend on who shares
+its batch or when they joined; a slot restored from its records goes on exactly as the
+original does (greedy and sampled); the records say what was fed."""
+
+import numpy as np
+import pytest
+
+from plugins.minicpmo.engine import EngineSettings, UnitEngine, UnitRequest
+from plugins.minicpmo.records import UnitRecord
+from plugins.minicpmo.text_sampling import TextSampling
+from plugins.minicpmo.vocoder import ToneDecoder
+from tests.plugins.minicpmo.golden import scenarios
+
+
+def engine(weights, *, greedy=True, slots=2):
+    return UnitEngine(
+        weights,
+        ToneDecoder(),
+        EngineSettings(
+            slots=slots,
+            context_tokens=2048,
+            sampling=TextSampling(greedy=greedy),
+            speech_greedy=greedy,
+        ),
+    )
+
+
+def summary(outcome):
+    return (outcome.listen, tuple(outcome.fed), tuple(outcome.codes), outcome.text)
+
+
+def run_alone(weights, scenario, *, greedy=True, seed=7):
+    e = engine(weights, greedy=greedy, slots=1)
+    e.open(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=seed)
+    return [e.step([UnitRequest(0, u.audio, u.frames)])[0] for u in scenario.units]
+
+
+def test_a_session_says_the_same_whoever_joins_its_batch_and_when(tiny_weights):
+    camera, short = scenarios.camera(), scenarios.audio_short()
+    alone_camera = [summary(o) for o in run_alone(tiny_weights, camera)]
+    alone_short = [summary(o) for o in run_alone(tiny_weights, short)]
+    e = engine(tiny_weights)
+    e.open(1, e.prompt_ids(camera.prefix, camera.suffix), seed=7)
+    together_camera, together_short = [], []
+    join = 3
+    for index, unit in enumerate(camera.units):
+        requests = [UnitRequest(1, unit.audio, unit.frames)]
+        if index == join:
+            e.open(0, e.prompt_ids(short.prefix, short.suffix), seed=7)
+        if index >= join and index - join < len(short.units):
+            requests.append(UnitRequest(0, short.units[index - join].audio))
+        outcomes = e.step(requests)
+        together_camera.append(summary(outcomes[0]))
+        together_short += [summary(o) for o in outcomes[1:]]
+    assert together_camera == alone_camera
+    assert together_short == alone_short[: len(together_short)]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_restored_slot_goes_on_as_the_original_does(tiny_weights, greedy):
+    scenario = scenarios.camera()
+    original = run_alone(tiny_weights, scenario, greedy=greedy)
+    cut = 6
+    records = [UnitRecord.decode(o.record.encode()) for o in original[:cut]]
+    e = engine(tiny_weights, greedy=greedy)
+    # slot 0 is busy with another session meanwhile: the restore is slot 1's own
+    other = scenarios.audio_short()
+    e.open(0, e.prompt_ids(other.prefix, other.suffix), seed=3)
+    e.begin_restore(1, e.prompt_ids(scenario.prefix, scenario.suffix), seed=7, records=records)
+    assert e.replay_left(1) == cut
+    left = e.replay(1, 4)
+    e.step([UnitRequest(0, other.units[0].audio)])  # a unit of the other slot between
+    assert left == cut - 4
+    assert e.replay(1, 4) == 0 and e.replay_left(1) == 0
+    resumed = [e.step([UnitRequest(1, u.audio, u.frames)])[0] for u in scenario.units[cut:]]
+    assert [summary(o) for o in resumed] == [summary(o) for o in original[cut:]]
+
+
+def test_records_hold_the_heard_audio_and_what_was_fed(tiny_weights):
+    scenario = scenarios.camera()
+    outcomes = run_alone(tiny_weights, scenario)
+    for unit, outcome in zip(scenario.units, outcomes, strict=True):
+        record = outcome.record
+        assert np.array_equal(record.audio.astype(np.float32) / 32768, unit.audio)
+        assert record.fed == tuple(outcome.fed) and record.codes == tuple(outcome.codes)
+        assert record.images == tuple(unit.frames)
+        assert outcome.audio.dtype == np.float32
+        if outcome.listen:
+            assert outcome.audio.size == 24000 and not outcome.audio.any()
