@@ -209,7 +209,7 @@ bench: venv redis-server
 	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.native_failover --model nemotron"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.native_failover --model nemotron --runs 2)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(MINICPMO_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(MINICPMO_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) $(MAP_VENV) .pytest_cache .ruff_cache .hypothesis
 
 # The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents
 # (with its OpenAI plugin, and its NVIDIA plugin's PersonaPlex client), the OpenAI Agents SDK and
@@ -283,3 +283,39 @@ $(SEED_STAMP): Makefile $(SEED_WHEEL)
 test-seed-client: venv $(SEED_STAMP)
 	SEED_PYTHON=$(CURDIR)/$(SEED_VENV)/bin/python SEED_CLIENT_PATH=$(CURDIR)/$(SEED_CLIENT) \
 	  $(BIN)/python -m pytest tests/seed_client $(PYTEST_ARGS)
+
+# OpenBMB's realtime SDK for MiniCPM-o as a client of `duplex serve` (tests/map_client): the
+# `openbmb-realtime` 0.1.6 wheel, unchanged, speaking MAP Realtime V1. The wheel (15 kB) is
+# fetched once, with `pip download --no-deps`, into $(MAP_VENV)/wheel (git-ignored) and
+# checked against its SHA-256, then installed without resolving, beside the one package it
+# imports, websockets, pinned within its own bounds (>=16,<18); `pip check` holds the two to
+# each other and the installed version is asserted. A small venv of its own (about 20 MB, pip
+# included; seconds to install). Each test runs a client program with this venv's python
+# against a `duplex serve` the main venv starts with a frame model that sees (about a minute).
+# Its code is never copied into the repository. A plain `pytest` never collects these tests
+# (pyproject's norecursedirs): they run when named, here.
+MAP_VENV   := .venv-map
+MAP_STAMP  := $(MAP_VENV)/.installed
+MAP_WHEEL  := $(MAP_VENV)/wheel/openbmb_realtime-0.1.6-py3-none-any.whl
+MAP_SHA256 := 912c11edaf930fe3787146631f5841817d7ebf0004b9cd370c139f77b558d894
+MAP_DEPS   := 'websockets==16.1'
+
+.PHONY: test-map-client
+
+$(MAP_VENV)/bin/python:
+	$(PYTHON) -m venv $(MAP_VENV)
+
+$(MAP_WHEEL): | $(MAP_VENV)/bin/python
+	$(MAP_VENV)/bin/python -m pip download --quiet --no-deps --only-binary=:all: \
+	  --dest $(dir $@) 'openbmb-realtime==0.1.6'
+	echo "$(MAP_SHA256)  $@" | sha256sum --check --quiet || { rm -f $@; exit 1; }
+
+$(MAP_STAMP): Makefile $(MAP_WHEEL)
+	$(MAP_VENV)/bin/python -m pip install --quiet --no-deps $(MAP_WHEEL) $(MAP_DEPS)
+	$(MAP_VENV)/bin/python -m pip check
+	$(MAP_VENV)/bin/python -c "import openbmb_realtime as sdk; \
+	  assert sdk.__version__ == '0.1.6', sdk.__version__"
+	touch $(MAP_STAMP)
+
+test-map-client: venv $(MAP_STAMP)
+	MAP_PYTHON=$(CURDIR)/$(MAP_VENV)/bin/python $(BIN)/python -m pytest tests/map_client $(PYTEST_ARGS)
