@@ -11,7 +11,10 @@ Every unit (one second of audio, and the camera frames that came with it) each s
    reference has them:
    - at step 19 `<|chunk_eos|>` is fed without asking (at most 19 chosen tokens a unit);
    - a forced listen (the first `force_listen_units` units, or a barge-in) is
-     `<|listen|>` without asking;
+     `<|listen|>` without asking; a barge-in in an open turn first feeds `<|turn_eos|>`
+     (forced: the turn is closed and the speech model's memory of it dropped, as the
+     reference's demo server does), so that the model does not resume the interrupted
+     turn at the next unit;
    - `<|listen|>` while the turn is still open becomes `<|tts_bos|>`: the model may not fall
      silent in the middle of a turn;
    - `<|turn_eos|>` closes the turn (it is fed and the unit goes on); any other word opens
@@ -124,6 +127,7 @@ class _Deciding:
     done: bool = False
     hidden_stack: torch.Tensor | None = None
     condition_length: int = 0
+    barged_in: bool = False
 
 
 @dataclasses.dataclass
@@ -207,7 +211,13 @@ class DuplexLoop:
             state.done = True
             return [special.chunk_eos, special.unit_end]
         origin = TokenOrigin.CHOSEN
-        if state.unit.force_listen or turn.units < turn.force_listen_units:
+        if state.unit.force_listen and state.step == 0 and not turn.turn_ended:
+            # a barge-in closes the open turn first (the reference's demo server does the
+            # same: a forced listen alone would leave the turn open, and the next unit's
+            # `<|listen|>` would become `<|tts_bos|>`: the model would talk on)
+            token, origin = special.turn_eos, TokenOrigin.FORCED
+            state.barged_in = True
+        elif state.unit.force_listen or turn.units < turn.force_listen_units:
             token, origin = special.listen, TokenOrigin.FORCED
         else:
             assert state.logits is not None
@@ -267,9 +277,20 @@ class DuplexLoop:
             for slot, state in states.items()
         }
         self._speak([states[u.slot] for u in units if not states[u.slot].listen], results)
+        for slot, state in states.items():
+            if state.barged_in:
+                self._end_speech(slot)
         for unit in units:
             self.turns[unit.slot].units += 1
         return [results[unit.slot] for unit in units]
+
+    def _end_speech(self, slot: int) -> None:
+        """The open turn's speech is over (a barge-in closed it): the speech model starts
+        the next turn afresh."""
+        self.speech_memory.reset(slot)
+        turn = self.turns[slot]
+        turn.speech_units.clear()
+        turn.speech_length = 0
 
     def _make_room(self, slot: int, condition: int) -> None:
         """A turn longer than the speech model's memory starts its context afresh (the
@@ -367,6 +388,9 @@ class DuplexLoop:
                 end_of_turn = token == special.turn_eos
                 turn.turn_ended = end_of_turn
             turn.units += 1
+            if unit.fed[0] == special.turn_eos and unit.origins[0] == TokenOrigin.FORCED:
+                turn.speech_units.clear()  # a barge-in ended the turn's speech
+                turn.speech_length = 0
             if unit.fed[-1] == special.listen:
                 continue
             words = list(unit.fed[1:-1])

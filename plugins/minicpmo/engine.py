@@ -57,6 +57,7 @@ class UnitRequest:
     slot: int
     audio: np.ndarray  # float32 [16000] at 16 kHz
     images: Sequence[bytes] = ()
+    #: a barge-in: the model stops speaking (its open turn is closed) and listens this unit
     force_listen: bool = False
 
 
@@ -229,6 +230,8 @@ class UnitEngine:
         for request, result in zip(requests, self.loop.step(units), strict=True):
             slot_input = self.inputs[request.slot]
             assert slot_input is not None
+            if request.force_listen:
+                slot_input.voice.drop()
             if result.listen:
                 voice = np.zeros(OUTPUT_RATE, np.float32)
             else:

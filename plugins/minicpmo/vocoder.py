@@ -74,6 +74,12 @@ class SpeechStream:
         self.stream = self.decoder.new_stream()
         self.buffer = [SILENCE_CODE] * LOOKAHEAD_CODES
 
+    def drop(self) -> None:
+        """A barge-in: what the turn had still to say is not said; the next speaking unit
+        starts a new stream."""
+        self.stream = None
+        self.buffer = []
+
     def push(self, codes: list[int], *, first_unit: bool, end_of_turn: bool) -> np.ndarray:
         """The audio a unit's codes release (empty when they release none yet)."""
         if self.stream is None:

@@ -87,3 +87,34 @@ def test_records_hold_the_heard_audio_and_what_was_fed(tiny_weights):
         assert outcome.audio.dtype == np.float32
         if outcome.listen:
             assert outcome.audio.size == 24000 and not outcome.audio.any()
+
+
+def run_with_barge_in(weights, scenario, barge_at, *, upto=None):
+    e = engine(weights, slots=1)
+    e.open(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=7)
+    units = scenario.units[:upto]
+    return [
+        e.step([UnitRequest(0, u.audio, u.frames, force_listen=i == barge_at)])[0]
+        for i, u in enumerate(units)
+    ]
+
+
+def test_a_barge_in_closes_the_open_turn_and_survives_a_restore(tiny_weights):
+    scenario = scenarios.audio_long()
+    plain = run_alone(tiny_weights, scenario)
+    speaking = [i for i, o in enumerate(plain[:-4]) if not o.listen and not o.end_of_turn]
+    assert speaking, "the tiny model never speaks mid-turn: no barge-in to test"
+    barge_at = speaking[0] + 1
+    special = tiny_weights.vocabulary.special
+    interrupted = run_with_barge_in(tiny_weights, scenario, barge_at)
+    cut = interrupted[barge_at]
+    assert cut.listen and cut.fed == [special.turn_eos, special.listen]
+    assert not cut.audio.any() and cut.codes == []
+    # restored right after the barge-in, the session goes on as the original
+    records = [o.record for o in interrupted[: barge_at + 1]]
+    e = engine(tiny_weights, slots=1)
+    e.begin_restore(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=7, records=records)
+    while e.replay(0, 8):
+        pass
+    resumed = [e.step([UnitRequest(0, u.audio)])[0] for u in scenario.units[barge_at + 1 :]]
+    assert [summary(o) for o in resumed] == [summary(o) for o in interrupted[barge_at + 1 :]]
