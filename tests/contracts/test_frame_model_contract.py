@@ -1,11 +1,13 @@
 """The FrameModel contract (tests/contracts/frame_model_suite.py) over the test models of
-harness/frame_models.py: EchoFrameModel and ToolEchoFrameModel, in the main venv."""
+harness/frame_models.py, EchoFrameModel and ToolEchoFrameModel, and harness/unit_echo.py's
+UnitEchoFrameModel (1 s units, camera frames, sized records), in the main venv."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from harness import unit_echo
 from harness.frame_models import RATE, EchoFrameModel, ToolEchoFrameModel
 from shared.contracts import FrameModel, FrameOutput
 from tests.contracts.frame_model_suite import FrameModelContract, FrameSubject, Observation
@@ -83,10 +85,58 @@ class ToolEchoSubject(FrameSubject):
         }
 
 
-@pytest.fixture(scope="module", params=[EchoSubject, ToolEchoSubject], ids=lambda c: c.__name__)
+class UnitEchoSubject(FrameSubject):
+    """1 s units of a tone of the conversation's own pitch, quiet one unit in three (its own
+    phase), and a camera frame (a JPEG's first bytes and a body of the conversation's, of
+    its own length) with every other unit: records of three sizes, the images in them.
+    Exact after a restore: the audio it is about to say is in the last record."""
+
+    frames = 8
+
+    def make(self, slots: int) -> unit_echo.UnitEchoFrameModel:
+        return unit_echo.UnitEchoFrameModel(slots, replay_chunk_frames=3)
+
+    def frame(self, model: FrameModel, slot: int, seed: int, index: int) -> np.ndarray:
+        loud = (index + seed) % 3 != 2
+        t = (np.arange(model.frame_samples) + index * model.frame_samples) / unit_echo.RATE
+        return ((0.3 if loud else 0.0) * np.sin(2 * np.pi * (200 + 60 * seed) * t)).astype(
+            np.float32
+        )
+
+    def images(self, model: FrameModel, slot: int, seed: int, index: int) -> tuple[bytes, ...]:
+        if (index + seed) % 2:
+            return ()
+        return (b"\xff\xd8\xff" + bytes([seed, index % 256]) * (20 + 7 * index),)
+
+    def observe(self, model: FrameModel, slot: int, output: FrameOutput) -> Observation:
+        return {
+            "record": output.record,
+            "audio": output.audio,
+            "text": output.text,
+            "speaking": output.speaking,
+            "error": output.error,
+        }
+
+    def fail_next_step(self, model: FrameModel) -> str:
+        """Its step hook raises: before the model advanced."""
+        assert isinstance(model, unit_echo.UnitEchoFrameModel)
+
+        def broken() -> None:
+            model.on_step = None
+            raise RuntimeError("out of memory")
+
+        model.on_step = broken
+        return "before"
+
+
+@pytest.fixture(
+    scope="module",
+    params=[EchoSubject, ToolEchoSubject, UnitEchoSubject],
+    ids=lambda c: c.__name__,
+)
 def subject(request) -> FrameSubject:
     return request.param()
 
 
 class TestFrameModelContract(FrameModelContract):
-    """EchoFrameModel and ToolEchoFrameModel under the contract."""
+    """EchoFrameModel, ToolEchoFrameModel and UnitEchoFrameModel under the contract."""

@@ -37,7 +37,7 @@ from shared.contracts import (
 
 
 class Rig:
-    def __init__(self, slots: int = 4, model: EchoFrameModel | None = None, **port_options) -> None:
+    def __init__(self, slots: int = 4, model: FrameModel | None = None, **port_options) -> None:
         self.clock = ManualClock()
         self.model = model or EchoFrameModel(slots, delay_frames=2)
         self.registry = CollectorRegistry()
