@@ -119,6 +119,30 @@ class DecoderStack:
         return x * cos + rotated * sin
 
     @torch.no_grad()
+    def drop(self, memory: SlotKV, slot: int, start: int, end: int) -> None:
+        """Forget positions [start, end) of `slot`: the later ones move down and their keys
+        are rotated back by the distance they moved, so the memory is what feeding the kept
+        positions at their new places would have made (RoPE rotations compose), and the
+        next position follows the shorter memory."""
+        length = memory.lengths[slot]
+        if not 0 <= start <= end <= length:
+            raise ValueError(f"cannot drop [{start}, {end}) of a slot holding {length}")
+        gone, kept = end - start, length - end
+        if gone == 0:
+            return
+        if kept:
+            back = torch.full((kept,), -float(gone), device=memory.keys.device)
+            freqs = back[:, None] * self.inv_freq.to(memory.keys.device)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos().to(memory.keys.dtype)
+            sin = emb.sin().to(memory.keys.dtype)
+            keys = memory.keys[:, slot, :, end:length].clone()
+            memory.keys[:, slot, :, start : start + kept] = self._rotate(keys, cos, sin)
+            values = memory.values[:, slot, :, end:length].clone()
+            memory.values[:, slot, :, start : start + kept] = values
+        memory.lengths[slot] = start + kept
+
+    @torch.no_grad()
     def forward(
         self, memory: SlotKV, rows: Sequence[tuple[int, torch.Tensor]]
     ) -> list[torch.Tensor]:

@@ -38,6 +38,7 @@ codes.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -102,6 +103,9 @@ class SlotTurn:
         default_factory=list
     )
     speech_length: int = 0
+    #: positions of the system prompt (never dropped) and of each unit the memory holds
+    prompt_length: int = 0
+    unit_lengths: deque[int] = dataclasses.field(default_factory=deque)
 
     def seed_unit(self) -> None:
         base = (self.seed * 1_000_003 + self.units * 2) % (1 << 63)
@@ -139,6 +143,41 @@ class ReplayUnit:
     origins: Sequence[TokenOrigin]
     codes: Sequence[int]
 
+    @property
+    def positions(self) -> int:
+        """What the unit put in the memory: `<unit>`, the frames, the audio, what it fed,
+        `</unit>`."""
+        images = sum(2 + image.shape[0] for image in self.unit.images)
+        return 1 + images + self.unit.audio.shape[0] + len(self.fed) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextWindow:
+    """How much of the conversation the language model keeps (positions per slot): past
+    `high` after a unit, its oldest units are forgotten down to `low` (the reference's
+    "basic" sliding window; vLLM-Omni's defaults 8000 / 6000). The memory is sized so that
+    any unit fits above `high`."""
+
+    high: int = 8000
+    low: int = 6000
+    #: camera frames a unit may carry, and the positions each takes (`<image>`, the
+    #: resampler's embeddings, `</image>`)
+    max_images: int = 1
+    image_positions: int = 66
+    audio_positions: int = 10
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.high:
+            raise ValueError(f"a context window needs 0 < low <= high, got {self.low}/{self.high}")
+
+    def unit_positions(self, images: int) -> int:
+        """The most positions a unit with `images` camera frames takes."""
+        return 1 + images * self.image_positions + self.audio_positions + MAX_STEPS_PER_UNIT + 1
+
+    @property
+    def capacity(self) -> int:
+        return self.high + self.unit_positions(self.max_images)
+
 
 class DuplexLoop:
     """The language model's and the speech model's per-slot memory, and the unit step."""
@@ -150,7 +189,7 @@ class DuplexLoop:
         speech: SpeechTokenModel,
         vocabulary: Vocabulary,
         slots: int,
-        context_tokens: int,
+        window: ContextWindow,
         speech_tokens: int,
         sampling: TextSampling,
         speech_greedy: bool,
@@ -161,7 +200,8 @@ class DuplexLoop:
         self.special = vocabulary.special
         self.sampling = sampling
         self.speech_greedy = speech_greedy
-        self.memory: SlotKV = language.new_memory(slots, context_tokens)
+        self.window = window
+        self.memory: SlotKV = language.new_memory(slots, window.capacity)
         self.speech_memory: SlotKV = speech.new_memory(slots, speech_tokens)
         self.turns: list[SlotTurn] = [SlotTurn() for _ in range(slots)]
         self.decider = TextDecider(
@@ -187,6 +227,7 @@ class DuplexLoop:
         self.turns[slot] = turn
         if prompt_ids:
             self.language.forward(self.memory, [(slot, self.language.embed(prompt_ids))])
+        turn.prompt_length = self.memory.length(slot)
 
     # ------------------------------------------------------------------ a unit
 
@@ -240,8 +281,15 @@ class DuplexLoop:
     def step(self, units: Sequence[UnitInput]) -> list[UnitResult]:
         """One unit of every slot in `units`; results in the same order."""
         states = {unit.slot: _Deciding(unit) for unit in units}
+        before = {}
         for unit in units:
             self.turns[unit.slot].seed_unit()
+            before[unit.slot] = self.memory.length(unit.slot)
+            if (
+                before[unit.slot] + self.window.unit_positions(len(unit.images))
+                > self.memory.capacity
+            ):
+                raise ValueError(f"slot {unit.slot}'s memory has no room for a unit")
         hidden = self.language.forward(
             self.memory, [(unit.slot, self._prefill_row(unit)) for unit in units]
         )
@@ -281,8 +329,26 @@ class DuplexLoop:
             if state.barged_in:
                 self._end_speech(slot)
         for unit in units:
-            self.turns[unit.slot].units += 1
+            turn = self.turns[unit.slot]
+            turn.units += 1
+            turn.unit_lengths.append(self.memory.length(unit.slot) - before[unit.slot])
+            self._slide(unit.slot)
         return [results[unit.slot] for unit in units]
+
+    def _slide(self, slot: int) -> None:
+        """The reference's "basic" sliding window, after a unit: a memory past the high
+        mark forgets its oldest whole units (never the system prompt) until it is at or
+        below the low mark; the kept keys are rotated back to their new places, and the
+        conversation goes on from the shorter memory."""
+        length = self.memory.length(slot)
+        if length <= self.window.high:
+            return
+        turn = self.turns[slot]
+        gone = 0
+        while turn.unit_lengths and length - gone > self.window.low:
+            gone += turn.unit_lengths.popleft()
+        start = turn.prompt_length
+        self.language.stack.drop(self.memory, slot, start, start + gone)
 
     def _end_speech(self, slot: int) -> None:
         """The open turn's speech is over (a barge-in closed it): the speech model starts
@@ -363,9 +429,23 @@ class DuplexLoop:
     @torch.no_grad()
     def replay(self, slot: int, units: Sequence[ReplayUnit]) -> None:
         """Feed recorded units to an opened slot, as they were fed when they were made:
-        every unit's prefill, fed tokens and `</unit>` in one forward; the decision history,
-        the turn state and the speech model's open turn rebuilt from what was fed. Call
-        `finish_replay` after the last."""
+        the units' prefills, fed tokens and `</unit>`s in one forward (one per stretch
+        between two slides of the window, which happen after the same units as they did);
+        the decision history, the turn state and the speech model's open turn rebuilt from
+        what was fed. Call `finish_replay` after the last."""
+        group: list[ReplayUnit] = []
+        length = self.memory.length(slot)
+        for unit in units:
+            group.append(unit)
+            length += unit.positions
+            if length > self.window.high:
+                self._replay_group(slot, group)
+                self._slide(slot)
+                group, length = [], self.memory.length(slot)
+        if group:
+            self._replay_group(slot, group)
+
+    def _replay_group(self, slot: int, units: Sequence[ReplayUnit]) -> None:
         special = self.special
         rows, spans = [], []
         at = 0
@@ -388,6 +468,7 @@ class DuplexLoop:
                 end_of_turn = token == special.turn_eos
                 turn.turn_ended = end_of_turn
             turn.units += 1
+            turn.unit_lengths.append(unit.positions)
             if unit.fed[0] == special.turn_eos and unit.origins[0] == TokenOrigin.FORCED:
                 turn.speech_units.clear()  # a barge-in ended the turn's speech
                 turn.speech_length = 0
@@ -426,6 +507,7 @@ class DuplexLoop:
 
 __all__ = [
     "MAX_STEPS_PER_UNIT",
+    "ContextWindow",
     "DuplexLoop",
     "ReplayUnit",
     "SlotTurn",

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from plugins.minicpmo.audio import EncoderKV, MelStream
-from plugins.minicpmo.duplex_loop import DuplexLoop, ReplayUnit, UnitInput
+from plugins.minicpmo.duplex_loop import ContextWindow, DuplexLoop, ReplayUnit, UnitInput
 from plugins.minicpmo.model import MiniCPMOWeights
 from plugins.minicpmo.records import UNIT_SAMPLES, TokenOrigin, UnitRecord, dequantise, quantise
 from plugins.minicpmo.text_sampling import TextSampling
@@ -44,8 +44,8 @@ DEFAULT_SPEECH_TOKENS = 4096
 @dataclasses.dataclass(frozen=True)
 class EngineSettings:
     slots: int
-    #: positions of the language model's memory per slot (prompt + units)
-    context_tokens: int
+    #: how much of the conversation the language model keeps
+    window: ContextWindow = ContextWindow()
     sampling: TextSampling = TextSampling()
     speech_greedy: bool = False
     speech_tokens: int = DEFAULT_SPEECH_TOKENS
@@ -98,7 +98,7 @@ class UnitEngine:
             speech=weights.speech,
             vocabulary=weights.vocabulary,
             slots=settings.slots,
-            context_tokens=settings.context_tokens,
+            window=settings.window,
             speech_tokens=settings.speech_tokens,
             sampling=settings.sampling,
             speech_greedy=settings.speech_greedy,

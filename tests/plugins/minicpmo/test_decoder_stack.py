@@ -15,11 +15,11 @@ from plugins.minicpmo.speech import SpeechRequest, SpeechTokenModel, _penalise
 TOL = 1e-5
 
 
-def tiny_language() -> LanguageModel:
+def tiny_language(layers: int = 2) -> LanguageModel:
     torch.manual_seed(0)
     config = LanguageConfig(
         hidden_size=128,
-        num_layers=2,
+        num_layers=layers,
         num_heads=4,
         num_kv_heads=2,
         head_dim=32,
@@ -169,3 +169,20 @@ def test_speech_repetition_penalty_is_count_based_and_sign_aware():
     row = torch.tensor([2.0, -2.0, 1.0, -1.0])
     out = _penalise(row, [0, 0, 1, 3], 2.0)
     assert out.tolist() == [0.5, -4.0, 1.0, -2.0]
+
+
+def test_dropping_positions_leaves_what_feeding_the_kept_ones_would_have():
+    # one layer: its keys and values depend on the inputs and positions alone, so after the
+    # drop (kept keys rotated back) they are exactly those of the kept inputs fed at their
+    # new places; deeper layers keep what they computed with the dropped context, as the
+    # reference's sliding window does
+    model = tiny_language(layers=1)
+    memory = model.new_memory(slots=2, capacity=64)
+    prompt, old, recent, new = (torch.randn(n, 128) for n in (5, 7, 6, 3))
+    model.forward(memory, [(0, torch.cat([prompt, old, recent]))])
+    model.stack.drop(memory, 0, 5, 12)  # forget `old`
+    assert memory.length(0) == 11
+    after_drop = model.forward(memory, [(0, new)])[0]
+    # as if `old` had never been fed
+    reference = model.forward(memory, [(1, torch.cat([prompt, recent, new]))])[0][-3:]
+    assert torch.allclose(after_drop, reference, atol=TOL)

@@ -2,9 +2,12 @@
 its batch or when they joined; a slot restored from its records goes on exactly as the
 original does (greedy and sampled); the records say what was fed."""
 
+import itertools
+
 import numpy as np
 import pytest
 
+from plugins.minicpmo.duplex_loop import ContextWindow
 from plugins.minicpmo.engine import EngineSettings, UnitEngine, UnitRequest
 from plugins.minicpmo.records import UnitRecord
 from plugins.minicpmo.text_sampling import TextSampling
@@ -12,13 +15,13 @@ from plugins.minicpmo.vocoder import ToneDecoder
 from tests.plugins.minicpmo.golden import scenarios
 
 
-def engine(weights, *, greedy=True, slots=2):
+def engine(weights, *, greedy=True, slots=2, window=None):
     return UnitEngine(
         weights,
         ToneDecoder(),
         EngineSettings(
             slots=slots,
-            context_tokens=2048,
+            window=window or ContextWindow(high=4000, low=3000),
             sampling=TextSampling(greedy=greedy),
             speech_greedy=greedy,
         ),
@@ -118,3 +121,25 @@ def test_a_barge_in_closes_the_open_turn_and_survives_a_restore(tiny_weights):
         pass
     resumed = [e.step([UnitRequest(0, u.audio)])[0] for u in scenario.units[barge_at + 1 :]]
     assert [summary(o) for o in resumed] == [summary(o) for o in interrupted[barge_at + 1 :]]
+
+
+def test_a_long_session_slides_its_window_and_a_restore_slides_at_the_same_units(tiny_weights):
+    scenario = scenarios.audio_long()
+    window = ContextWindow(high=240, low=160)
+    e = engine(tiny_weights, slots=1, window=window)
+    prompt = e.prompt_ids(scenario.prefix, scenario.suffix)
+    e.open(0, prompt, seed=7)
+    lengths, outcomes = [], []
+    for unit in scenario.units:
+        outcomes.append(e.step([UnitRequest(0, unit.audio)])[0])
+        lengths.append(e.loop.memory.length(0))
+    assert max(lengths) <= window.high
+    assert any(b < a for a, b in itertools.pairwise(lengths)), "never slid"
+    cut = 20
+    r = engine(tiny_weights, slots=1, window=window)
+    r.begin_restore(0, prompt, seed=7, records=[o.record for o in outcomes[:cut]])
+    while r.replay(0, 7):
+        pass
+    assert r.loop.memory.length(0) == lengths[cut - 1]
+    resumed = [r.step([UnitRequest(0, u.audio)])[0] for u in scenario.units[cut:]]
+    assert [summary(o) for o in resumed] == [summary(o) for o in outcomes[cut:]]
