@@ -3,9 +3,8 @@
 A native full-duplex model (Moshi, PersonaPlex) hears and speaks on every audio frame
 (80 ms for Mimi at 12.5 Hz; a frame is the model's own: MiniCPM-o steps once per 1 s unit,
 and sees the camera frames sent with it). Serving many sessions of one is not one runner
-per request:
-the worker's tick-batched stage (`services/worker/stages/tick_batched.py`) runs ONE
-batched model step per frame for every session on the worker. Each session holds a
+per request: the worker's tick-batched stage (`services/worker/stages/tick_batched.py`)
+runs ONE batched model step per frame for every session on the worker. Each session holds a
 slot (a row of the batch) from open to close; a frame whose input has not arrived is
 stepped on silence, so the clock never waits for a slow client.
 
@@ -28,9 +27,9 @@ with every output, the frame's state record (`FrameOutput.record`): what the ste
 the model, such that the slot's state after N steps is a pure function of the options it
 was opened with and its N records, in the model's layout (the session's *history*: every
 record alike and concatenated, or, `state_records_sized`, each of its own size after its
-length; shared/contracts/model_history.py). The worker
-writes the history to Redis as it grows (append-only), and a session moved to another
-worker gets its slot back by `restore_slot`: the model replays the history in chunks
+length; shared/contracts/model_history.py). The worker writes the history to Redis as it
+grows (append-only), and a session moved to another worker gets its slot back by
+`restore_slot`: the model replays the history in chunks
 (`replay_work(slot, frames)`, one call at a time between steps). The stage, not the model,
 sizes each chunk: it measures what a replayed frame costs (per restore, as it goes) and
 asks for as many frames as fit in the tick's spare time (`replay_chunk_frames` at most a
