@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -103,6 +104,8 @@ ENDINGS = CLOSURE_TYPES | {"session.resync_required"}
 #: refused, the model never ready): sent as it is, whatever its code (the session's errors
 #: are said as `error` only when their code ends it: `_map_error_json`)
 FINAL_ERROR = "map.final_error"
+#: frames longer than this are parsed off the event loop (a 100 ms append is about 8 KiB)
+PARSE_INLINE_MAX_CHARS = 256 * 1024
 #: client messages kept while the model gets ready (the SDK sends none before
 #: session.created: a bound, not a buffer)
 MAX_EARLY_EVENTS = 64
@@ -302,6 +305,84 @@ def _reference_audio(value: Any, name: str) -> str:
     return "data:audio/wav;base64," + base64.b64encode(wav).decode()
 
 
+# ---------------------------------------------------------------- client frames
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why a client frame (or its append) is not taken: a `warning` the session outlives."""
+
+    code: str
+    message: str
+    param: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """A client frame: its event, and for an `input.append` the append it is (or why not)."""
+
+    event: dict[str, Any]
+    append: AppendAudio | Refusal | None = None
+
+
+def parse_frame(text: str | None, mode: str, max_input_bytes: int) -> Frame | Refusal:
+    """A client's text frame (None: a binary one) as an event, and an `input.append`'s as
+    the duplex surface's append. Pure, so that a large frame is parsed on a thread."""
+    if text is None:
+        return Refusal("bad_event", "send JSON text frames")
+    try:
+        event = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return Refusal("invalid_json", "the frame is not JSON")
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return Refusal("bad_event", "an event is an object with a string type")
+    if event["type"] != "input.append":
+        return Frame(event)
+    return Frame(event, parse_append(event.get("input"), mode, max_input_bytes))
+
+
+def parse_append(data: Any, mode: str, max_input_bytes: int) -> AppendAudio | Refusal:
+    """An `input.append`'s `input` as the duplex surface's append: float32 16 kHz audio,
+    `force_listen` as the hint the append carries to the model, `video_frames` as they are
+    (mode=video only)."""
+    if not isinstance(data, dict):
+        return Refusal("bad_event", "input must be an object", "input")
+    audio = data.get("audio")
+    if not audio:
+        return Refusal("bad_audio", "input.audio is required: base64 float32 16 kHz", "input.audio")
+    frames = data.get("video_frames")
+    if frames and mode != "video":
+        return Refusal(
+            "invalid_video_frames",
+            "video_frames in a mode=audio session: connect with mode=video",
+            "input.video_frames",
+        )
+    force_listen = data.get("force_listen", False)
+    if not isinstance(force_listen, bool):
+        return Refusal("bad_event", "force_listen must be a boolean", "input.force_listen")
+    wire: dict[str, Any] = {
+        "audio": audio,
+        "format": PCM_F32LE,
+        "sample_rate_hz": MAP_INPUT_RATE_HZ,
+    }
+    if frames is not None:
+        wire["video_frames"] = frames
+    if force_listen:
+        wire["force_listen"] = True
+    try:
+        append = AppendAudio.from_wire(wire)
+    except RealtimeProtocolError as exc:
+        return Refusal(exc.code, exc.message, f"input.{exc.param}" if exc.param else None)
+    if len(append.audio) > max_input_bytes:
+        return Refusal(
+            "input_backpressure",
+            f"an append of {len(append.audio)} bytes is over the session's pending input "
+            f"limit of {max_input_bytes} bytes; send smaller appends",
+            "input.audio",
+        )
+    return append
+
+
 # ---------------------------------------------------------------- the connection
 
 
@@ -376,9 +457,9 @@ class MapConnection(SocketDriver):
         return outcome == "ready"
 
     async def on_message(self, message: Message) -> Close | None:
-        event = self._event(message)
-        if event is not None and self.attachment.live:
-            await self._handle(event)
+        frame = await self._frame(message)
+        if frame is not None and self.attachment.live:
+            await self._handle(frame)
         return None
 
     def refuse(self, event: DuplexErrorEvent) -> None:
@@ -470,12 +551,12 @@ class MapConnection(SocketDriver):
     async def _before_init(self, message: Message) -> bool:
         """A message before the session exists: a `session.init` is kept, a `session.close`
         ends the socket (False), anything else is refused and the wait goes on."""
-        event = self._event(message)
-        if event is None:
+        frame = await self._frame(message)
+        if frame is None:
             return True
-        kind = event["type"]
+        kind = frame.event["type"]
         if kind == "session.init" and self._init is None:
-            self._init = event
+            self._init = frame.event
         elif kind == "session.close":
             self._say({"type": "session.closed", **map_closed("client_close")})
             return False
@@ -513,30 +594,30 @@ class MapConnection(SocketDriver):
 
     # ------------------------------------------------------------ client -> session
 
-    def _event(self, message: Message) -> dict[str, Any] | None:
-        """A client message as an event, or None after refusing one that is not."""
+    async def _frame(self, message: Message) -> Frame | None:
+        """A client message parsed (`parse_frame`), or None after refusing one that is not.
+        A large frame is parsed on a thread: JSON and base64 cost about 5 ms per MiB, and
+        the loop serves every socket of the pod."""
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         text = message.get("text")
-        if text is None:
-            self._warn("bad_event", "send JSON text frames")
+        if text is not None and len(text) > PARSE_INLINE_MAX_CHARS:
+            parsed = await asyncio.to_thread(parse_frame, text, self.mode, self.max_input_bytes)
+        else:
+            parsed = parse_frame(text, self.mode, self.max_input_bytes)
+        if isinstance(parsed, Refusal):
+            self._warn(parsed.code, parsed.message, parsed.param)
             return None
-        try:
-            event = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            self._warn("invalid_json", "the frame is not JSON")
-            return None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            self._warn("bad_event", "an event is an object with a string type")
-            return None
-        return event
+        return parsed
 
-    async def _handle(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
+    async def _handle(self, frame: Frame) -> None:
+        kind = frame.event["type"]
         if kind == "input.append":
-            append = self._append(event.get("input"))
-            if append is None:
+            append = frame.append
+            if isinstance(append, Refusal):
+                self._warn(append.code, append.message, append.param)
                 return
+            assert append is not None
             if append.hints.get("force_listen") and self.speaking:
                 # the SDK's interrupt(): the model's speech is cut now (its queued audio
                 # dropped, the model made to listen with its memory kept); the append
@@ -550,51 +631,6 @@ class MapConnection(SocketDriver):
             self._warn("session_exists", "the session is initialised")
         else:
             self._warn("unknown_event", f"unknown client event type {kind[:80]!r}", "type")
-
-    def _append(self, data: Any) -> AppendAudio | None:
-        """An `input.append`'s input as the duplex surface's append, or None once refused."""
-        if not isinstance(data, dict):
-            self._warn("bad_event", "input must be an object", "input")
-            return None
-        audio = data.get("audio")
-        if not audio:
-            self._warn("bad_audio", "input.audio is required: base64 float32 16 kHz", "input.audio")
-            return None
-        frames = data.get("video_frames")
-        if frames and self.mode != "video":
-            self._warn(
-                "invalid_video_frames",
-                "video_frames in a mode=audio session: connect with mode=video",
-                "input.video_frames",
-            )
-            return None
-        force_listen = data.get("force_listen", False)
-        if not isinstance(force_listen, bool):
-            self._warn("bad_event", "force_listen must be a boolean", "input.force_listen")
-            return None
-        wire: dict[str, Any] = {
-            "audio": audio,
-            "format": PCM_F32LE,
-            "sample_rate_hz": MAP_INPUT_RATE_HZ,
-        }
-        if frames is not None:
-            wire["video_frames"] = frames
-        if force_listen:
-            wire["force_listen"] = True  # a hint the append carries to the model
-        try:
-            append = AppendAudio.from_wire(wire)
-        except RealtimeProtocolError as exc:
-            self._warn(exc.code, exc.message, f"input.{exc.param}" if exc.param else None)
-            return None
-        if len(append.audio) > self.max_input_bytes:
-            self._warn(
-                "input_backpressure",
-                f"an append of {len(append.audio)} bytes is over the session's pending input "
-                f"limit of {self.max_input_bytes} bytes; send smaller appends",
-                "input.audio",
-            )
-            return None
-        return append
 
     # ------------------------------------------------------------ session -> client
 

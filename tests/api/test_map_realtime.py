@@ -24,6 +24,7 @@ from services.api.inbox_writer import InboxFull
 from services.api.map_realtime import (
     FINAL_ERROR,
     MAX_REF_AUDIO_S,
+    PARSE_INLINE_MAX_CHARS,
     InitRefused,
     MapConnection,
     mode_from_query,
@@ -370,3 +371,14 @@ async def test_an_append_is_the_duplex_surfaces_and_force_listen_cuts_the_speech
     await made.on_message({"type": "websocket.receive", "text": '{"type":"session.close"}'})
     assert isinstance(session.sent[-1], CloseSession)
     assert session.sent[-1].reason == "client_close"
+
+
+async def test_a_large_append_is_taken_whole():
+    """Parsed off the loop (over PARSE_INLINE_MAX_CHARS), the same append."""
+    made, session = connection("model=m")
+    five_seconds = np.full(5 * 16_000, 0.2, np.float32).tobytes()
+    text = orjson.dumps({"type": "input.append", "input": {"audio": b64(five_seconds)}}).decode()
+    assert len(text) > PARSE_INLINE_MAX_CHARS
+    await made.on_message({"type": "websocket.receive", "text": text})
+    (taken,) = session.sent
+    assert isinstance(taken, AppendAudio) and taken.audio == five_seconds
