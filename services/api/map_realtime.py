@@ -437,8 +437,8 @@ class MapConnection(SocketDriver):
         init = await self._init_event()
         if init is None:
             return False
-        try:
-            session = session_from_init(init, self.model)
+        try:  # on a thread: a voice reference is up to 20 s of audio to decode and encode
+            session = await asyncio.to_thread(session_from_init, init, self.model)
         except InitRefused as refused:
             self._end(refused.code, refused.message, refused.param)
             return False
