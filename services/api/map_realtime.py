@@ -471,14 +471,14 @@ class MapConnection(SocketDriver):
 
     # ------------------------------------------------------------ before the session
 
-    async def _queue(self, deadline: float) -> bool:
+    async def _queue(self, deadline: float, *, queued: bool = False) -> bool:
         """Until a worker of the model has a free slot (True), or the client was refused
         (no such model, or none came free before `deadline`) or left (False). The socket
         is read meanwhile: a `session.close` ends the wait, a `session.init` sent early is
-        kept."""
+        kept. `queued`: the client was told `session.queued` already."""
         backoff = Backoff(initial_s=0.1, max_s=1.0)
-        queued_at: float | None = None
-        updated_at = 0.0
+        queued_at: float | None = time.monotonic() if queued else None
+        updated_at = queued_at or 0.0
         while True:
             try:
                 if await self._room():
@@ -588,7 +588,7 @@ class MapConnection(SocketDriver):
                 return False
             self._say({"type": "session.queued"})
             await asyncio.sleep(backoff.next_delay())  # a slot is freed when a session ends
-            if not await self._queue(deadline):
+            if not await self._queue(deadline, queued=True):
                 return False
             self._say({"type": "session.queue_done"})  # the SDK sends no second init
 

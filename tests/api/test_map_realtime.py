@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from starlette.datastructures import QueryParams
 from starlette.websockets import WebSocket
 
+from services.api.attachment import AttachFailed
 from services.api.command_sender import failure_event
 from services.api.delivery import SessionParts
 from services.api.inbox_writer import InboxFull
@@ -382,3 +383,42 @@ async def test_a_large_append_is_taken_whole():
     await made.on_message({"type": "websocket.receive", "text": text})
     (taken,) = session.sent
     assert isinstance(taken, AppendAudio) and taken.audio == five_seconds
+
+
+class Racing(Session):
+    """An attachment whose first open finds the slot taken by another client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opens = 0
+
+    async def open(self, session: dict, default_model) -> dict:
+        self.opens += 1
+        if self.opens == 1:
+            full = DuplexErrorEvent.for_code("resource_exhausted", "every worker is full")
+            raise AttachFailed(full)
+        return {"type": "session.created", "session": {"id": self.session_id, **session}}
+
+    def created(self, reply: dict) -> None:
+        self.queue.put(OutItem(orjson.dumps(reply), "session.created"))
+
+
+async def test_a_slot_taken_between_the_queue_and_the_open_sends_the_client_back_to_it():
+    session = Racing()
+    made, _ = connection("model=m", Directory(worker("m", 0)), session)
+    made.admission_wait_s = 30
+    await made.ws.incoming.put(  # type: ignore[attr-defined]
+        {"type": "websocket.receive", "text": '{"type":"session.init","payload":{}}'}
+    )
+    assert await made.open(None)  # type: ignore[arg-type]
+    said = []
+    while len(session.queue):
+        said.append((await session.get()).wire_type)
+    # the SDK sends session.init once: the second queue_done only says the wait is over
+    assert said == [
+        "session.queue_done",
+        "session.queued",
+        "session.queue_done",
+        "session.created",  # ours, the open's reply: MAP's comes with the model's readiness
+    ]
+    assert session.opens == 2
