@@ -140,8 +140,9 @@ class UnitEngine:
         are left. Each unit is heard again from its recorded audio (mel, then the audio
         encoder over the units in one forward), its camera frames embedded again, and the
         language model fed the units in one forward; after the last, the speech model's
-        open turn. The voice stream starts afresh: a restored turn goes on after a short
-        silence (the vocoder's state is not worth a record)."""
+        open turn and the voice stream (its codes rendered again)."""
+        if slot not in self.restoring:
+            return 0  # nothing left: nothing taken
         pending = self.restoring[slot]
         slot_input = self.inputs[slot]
         assert slot_input is not None
@@ -177,6 +178,12 @@ class UnitEngine:
             return len(self.restoring[slot])
         del self.restoring[slot]
         self.loop.finish_replay(slot)
+        # the voice stream as it was: the open turn's codes rendered again, the audio
+        # thrown away (the vocoder's state is a function of them; a turn is bounded by the
+        # speech model's memory)
+        slot_input.voice.drop()
+        for index, (_, _, codes) in enumerate(self.loop.turns[slot].speech_units):
+            slot_input.voice.push(list(codes), first_unit=index == 0, end_of_turn=False)
         return 0
 
     def _frames(
@@ -202,19 +209,23 @@ class UnitEngine:
         if not requests:
             return []
         weights = self.weights
+        # what can fail on the input (a slot not open, a wrong length, a camera frame that
+        # does not decode) is settled before any slot's state moves
+        for request in requests:
+            if self.inputs[request.slot] is None:
+                raise ValueError(f"slot {request.slot} is not open")
+            if request.audio.shape != (UNIT_SAMPLES,):
+                raise ValueError(f"a unit is {UNIT_SAMPLES} samples, got {request.audio.shape}")
+        prepared, errors = self._frames(requests)
         heard: dict[int, np.ndarray] = {}
         mels, kvs = [], []
         for request in requests:
             slot_input = self.inputs[request.slot]
-            if slot_input is None:
-                raise ValueError(f"slot {request.slot} is not open")
-            if request.audio.shape != (UNIT_SAMPLES,):
-                raise ValueError(f"a unit is {UNIT_SAMPLES} samples, got {request.audio.shape}")
+            assert slot_input is not None
             heard[request.slot] = quantise(request.audio)
             mels.append(slot_input.mel.push(dequantise(heard[request.slot])))
             kvs.append(slot_input.encoder)
         audio_embeds = weights.audio.step(mels, kvs)
-        prepared, errors = self._frames(requests)
         flat = [frame for request in requests for _, frame in prepared[request.slot]]
         embedded = iter(weights.vision.embed_frames(flat) if flat else [])
         units = [
@@ -230,7 +241,10 @@ class UnitEngine:
         for request, result in zip(requests, self.loop.step(units), strict=True):
             slot_input = self.inputs[request.slot]
             assert slot_input is not None
-            if request.force_listen:
+            if request.force_listen or result.opens_turn:
+                # a barge-in drops what the turn had still to say; a unit that opens the
+                # speech model's context (a turn, or a turn longer than its memory) opens a
+                # new stream: a replay rebuilds the stream from the same point
                 slot_input.voice.drop()
             if result.listen:
                 voice = np.zeros(OUTPUT_RATE, np.float32)

@@ -20,6 +20,9 @@ KNOWN_PLUGINS = {
     "moshi": "plugins.moshi:MoshiPlugin",
     # Nemotron VoiceChat (frame-clocked, tool calls); its model needs torch and NeMo
     "nemotron": "plugins.nemotron:NemotronPlugin",
+    # MiniCPM-o 4.5 (frame-clocked, 1 s units, camera frames); its model needs torch and
+    # transformers: the .venv-minicpmo venv
+    "minicpmo": "plugins.minicpmo:MiniCPMOPlugin",
 }
 
 

@@ -1,0 +1,223 @@
+"""`MiniCPMOPlugin`: OpenBMB's MiniCPM-o 4.5 in duplex mode as a frame-clocked plugin
+(`duplex worker --plugin minicpmo`).
+
+Worker options (strings, from `--model-dir` / `--plugin-option KEY=VALUE`):
+
+- `model_dir` (required): a local MiniCPM-o-4_5 download (`config.json`, the safetensors,
+  the tokenizer; `assets/token2wav` for the real vocoder); never downloaded;
+- `device`: `cpu`, `cuda` or `cuda:N` (default: cuda when torch sees a GPU);
+- `dtype`: `bfloat16` or `float32` (default: bfloat16 on a GPU, float32 on the CPU);
+- `threads`: torch CPU threads (default: torch's choice);
+- `vocoder`: `token2wav` (Step-Audio2's, a CUDA GPU and `minicpmo-utils` needed) or `tone`
+  (a CPU stand-in with the same streaming contract: the words and codes are the model's, the
+  sound a tone per code); default token2wav on a GPU, tone on the CPU;
+- `voice`: the voice prompt, a wav file (needed by token2wav: its voice comes from it);
+- `window_high`, `window_low`: the language model's sliding window in positions (default
+  8000 / 6000, vLLM-Omni's): past the high mark after a unit the oldest units go;
+- `decode`: `sampling` (the reference's settings) or `greedy` (text argmax and speech-code
+  argmax: reproducible runs, the parity tests);
+- `replay_chunk_frames`: the most units one replay call feeds a restored slot (default 32).
+
+A session: audio in at 16 kHz (any rate the surface converts), out at 24 kHz, one step per
+1 s unit, with at most one camera frame a unit (`video_frames`, JPEG or PNG). The model
+decides when it speaks (`auto_response: false` is refused). It makes no tool calls
+(MiniCPM-o's duplex mode has none): tools are refused. Its instructions are the system
+prompt it read first and cannot change mid-session.
+
+This module imports neither torch nor transformers: the model is imported when a worker
+loads it (`frame_model`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
+from shared.contracts.frame_model import FrameClockedPlugin
+from shared.contracts.images import ImageInput
+from shared.contracts.tools import read_tools
+
+if TYPE_CHECKING:
+    from shared.contracts.frame_model import FrameModel
+
+#: the frame model's image input, declared before it is loaded (frame_model.py's)
+IMAGE_INPUT = ImageInput(max_per_frame=1, max_bytes=2 * 1024 * 1024)
+
+
+def _option_int(options: Mapping[str, Any], key: str, minimum: int) -> int | None:
+    raw = options.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"minicpmo option {key} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"minicpmo option {key} must be {minimum} or more, got {raw!r}")
+    return value
+
+
+def _choice(options: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = str(options.get(key) or default)
+    if value not in allowed:
+        raise ValueError(
+            f"minicpmo option {key} must be one of {', '.join(allowed)}, got {value!r}"
+        )
+    return value
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+class MiniCPMOPlugin(FrameClockedPlugin):
+    plugin_id = "minicpmo"
+    input_sample_rate_hz = 16_000
+    output_sample_rate_hz = 24_000
+    frame_period_ms = 1000
+    image_input = IMAGE_INPUT
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
+        vocoder: str = "tone",
+        voice: Path | None = None,
+        window_high: int = 8000,
+        window_low: int = 6000,
+        decode: str = "sampling",
+        replay_chunk_frames: int = 32,
+    ) -> None:
+        if not 0 < window_low <= window_high:
+            raise ValueError("minicpmo options need 0 < window_low <= window_high")
+        if vocoder == "token2wav" and voice is None:
+            raise ValueError(
+                "minicpmo's token2wav vocoder speaks with a voice prompt: "
+                "--plugin-option voice=FILE.wav"
+            )
+        self.model_dir = model_dir
+        self.device = device
+        self.dtype = dtype
+        self.threads = threads
+        self.vocoder = vocoder
+        self.voice = voice
+        self.window_high = window_high
+        self.window_low = window_low
+        self.decode = decode
+        self.replay_chunk_frames = replay_chunk_frames
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> MiniCPMOPlugin:
+        raw = options.get("model_dir")
+        if not raw:
+            raise ValueError("the minicpmo plugin needs a checkpoint directory: --model-dir DIR")
+        model_dir = Path(str(raw)).expanduser()
+        if not model_dir.is_dir():
+            raise ValueError(
+                f"minicpmo option model_dir {str(raw)!r} is not a directory (a checkpoint is "
+                "read from a local directory, never downloaded)"
+            )
+        gpu = _cuda_available()
+        device = str(options.get("device") or ("cuda" if gpu else "cpu"))
+        if device != "cpu" and not (device == "cuda" or device.removeprefix("cuda:").isdigit()):
+            raise ValueError(f"minicpmo option device must be cpu, cuda or cuda:N, got {device!r}")
+        if device != "cpu" and not gpu:
+            raise ValueError(f"minicpmo option device is {device!r} but torch sees no CUDA device")
+        on_gpu = device != "cpu"
+        voice = options.get("voice")
+        return cls(
+            model_dir,
+            device=device,
+            dtype=_choice(
+                options, "dtype", ("bfloat16", "float32"), "bfloat16" if on_gpu else "float32"
+            ),
+            threads=_option_int(options, "threads", 1),
+            vocoder=_choice(
+                options, "vocoder", ("token2wav", "tone"), "token2wav" if on_gpu else "tone"
+            ),
+            voice=Path(str(voice)).expanduser() if voice else None,
+            window_high=_option_int(options, "window_high", 1) or 8000,
+            window_low=_option_int(options, "window_low", 1) or 6000,
+            decode=_choice(options, "decode", ("sampling", "greedy"), "sampling"),
+            replay_chunk_frames=_option_int(options, "replay_chunk_frames", 1) or 32,
+        )
+
+    def frame_model(self, max_sessions: int) -> FrameModel:
+        """Load the checkpoint and build the model for `max_sessions` slots (imports torch
+        and transformers here: the plugin itself needs neither)."""
+        import torch
+
+        from plugins.minicpmo.duplex_loop import ContextWindow
+        from plugins.minicpmo.engine import EngineSettings
+        from plugins.minicpmo.frame_model import MiniCPMOFrameModel
+        from plugins.minicpmo.model import MiniCPMOWeights
+        from plugins.minicpmo.text_sampling import TextSampling
+        from plugins.minicpmo.vocoder import CodecDecoder, Token2wavDecoder, ToneDecoder
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        weights = MiniCPMOWeights.load(self.model_dir, dtype=dtype, device=self.device)
+        decoder: CodecDecoder
+        if self.vocoder == "token2wav":
+            assert self.voice is not None
+            decoder = Token2wavDecoder(self.model_dir, self.voice)
+        else:
+            decoder = ToneDecoder()
+        greedy = self.decode == "greedy"
+        settings = EngineSettings(
+            slots=max_sessions,
+            window=ContextWindow(high=self.window_high, low=self.window_low),
+            sampling=TextSampling(greedy=greedy),
+            speech_greedy=greedy,
+        )
+        return MiniCPMOFrameModel(
+            weights, decoder, settings, replay_chunk_frames=self.replay_chunk_frames
+        )
+
+    # ------------------------------------------------------------ session policy
+
+    def validate_client_extra_body(self, extra_body: Mapping[str, Any]) -> None:
+        super().validate_client_extra_body(extra_body)
+        if read_tools(extra_body.get("realtime_tools")):
+            raise DuplexRuntimeConfigError(
+                "invalid_tools",
+                "MiniCPM-o's duplex mode makes no tool calls: a minicpmo session takes no tools",
+                param="tools",
+            )
+
+    async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
+        """The slot's options (JSON-able: checkpointed with the session): its system prompt
+        and its seed (each unit's draws come from it, so a restore draws the same)."""
+        return {
+            "system_prompt": config.instructions or "",
+            "seed": secrets.randbits(62),
+        }
+
+    def runtime_config_for_update(
+        self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig
+    ) -> dict[str, Any]:
+        """The instructions are the prompt the model read first (its memory, rebuilt from
+        it on a restore): an update that changes them is refused, one that repeats them
+        accepted."""
+        if (config.instructions or "") != runtime_config.get("system_prompt", ""):
+            raise DuplexRuntimeConfigError(
+                "instructions_update_unsupported",
+                "a minicpmo session's instructions are fixed when it is created: "
+                "session.update cannot change them",
+                param="instructions",
+            )
+        return dict(runtime_config)
+
+
+__all__ = ["MiniCPMOPlugin"]
