@@ -24,7 +24,7 @@ LLAMA_DEFAULT_ROPE_THETA = 10000.0
 LLAMA_DEFAULT_RMS_EPS = 1e-6
 
 
-class CheckpointError(ValueError):
+class ModelDirError(ValueError):
     """A model directory that is not a MiniCPM-o 4.5 checkpoint we can serve: what is
     missing or inconsistent, said plainly (a worker refuses to start with it)."""
 
@@ -32,7 +32,7 @@ class CheckpointError(ValueError):
 def _int(section: dict[str, Any], key: str, where: str) -> int:
     value = section.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise CheckpointError(f"{where}.{key} must be a positive integer, got {value!r}")
+        raise ModelDirError(f"{where}.{key} must be a positive integer, got {value!r}")
     return value
 
 
@@ -62,13 +62,13 @@ class LanguageConfig:
             rope = (config.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
         kv_heads = _int(config, "num_key_value_heads", "config")
         if heads % kv_heads:
-            raise CheckpointError(
+            raise ModelDirError(
                 f"config: {heads} attention heads do not group over {kv_heads} key/value heads"
             )
         if hidden % 128:
             # the resampler attends with hidden/128 heads (the reference's rule): a hidden
             # size that is not a multiple of 128 is not a MiniCPM-o checkpoint
-            raise CheckpointError(f"config.hidden_size must be a multiple of 128, got {hidden}")
+            raise ModelDirError(f"config.hidden_size must be a multiple of 128, got {hidden}")
         return cls(
             hidden_size=hidden,
             num_layers=_int(config, "num_hidden_layers", "config"),
@@ -116,11 +116,11 @@ class SpeechConfig:
     def from_json(cls, config: dict[str, Any], language: LanguageConfig) -> SpeechConfig:
         tts = config.get("tts_config")
         if not isinstance(tts, dict):
-            raise CheckpointError("config.tts_config is missing: not a MiniCPM-o 4.5 checkpoint")
+            raise ModelDirError("config.tts_config is missing: not a MiniCPM-o 4.5 checkpoint")
         where = "config.tts_config"
         for key, wanted in (("backbone_model", "llama"), ("projector_type", "mlp")):
             if tts.get(key, wanted) != wanted:
-                raise CheckpointError(f"{where}.{key} is {tts.get(key)!r}; we serve {wanted!r}")
+                raise ModelDirError(f"{where}.{key} is {tts.get(key)!r}; we serve {wanted!r}")
         speech = cls(
             hidden_size=_int(tts, "hidden_size", where),
             num_layers=_int(tts, "num_hidden_layers", where),
@@ -135,39 +135,39 @@ class SpeechConfig:
             num_vq=_int(tts, "num_vq", where),
         )
         if speech.num_vq != 1:
-            raise CheckpointError(f"{where}.num_vq is {speech.num_vq}; the duplex loop uses 1")
+            raise ModelDirError(f"{where}.num_vq is {speech.num_vq}; the duplex loop uses 1")
         if speech.llm_dim != language.hidden_size:
-            raise CheckpointError(
+            raise ModelDirError(
                 f"{where}.llm_dim ({speech.llm_dim}) is not the language model's hidden size "
                 f"({language.hidden_size})"
             )
         if speech.audio_bos_token_id >= speech.num_text_tokens:
-            raise CheckpointError(f"{where}.audio_bos_token_id is outside num_text_tokens")
+            raise ModelDirError(f"{where}.audio_bos_token_id is outside num_text_tokens")
         if speech.hidden_size % speech.num_heads:
-            raise CheckpointError(f"{where}.hidden_size does not split over its heads")
+            raise ModelDirError(f"{where}.hidden_size does not split over its heads")
         return speech
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
-    """`config.json` of a model directory, as a dict (CheckpointError when it is not there
+    """`config.json` of a model directory, as a dict (ModelDirError when it is not there
     or not a MiniCPM-o 4.5 config)."""
     path = Path(model_dir) / "config.json"
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(
+        raise ModelDirError(
             f"{path} is missing: point --model-dir at a MiniCPM-o-4_5 download"
         ) from None
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not JSON: {exc}") from None
+        raise ModelDirError(f"{path} is not JSON: {exc}") from None
     if not isinstance(config, dict) or config.get("model_type") != "minicpmo":
-        raise CheckpointError(f"{path} is not a MiniCPM-o config (model_type must be 'minicpmo')")
+        raise ModelDirError(f"{path} is not a MiniCPM-o config (model_type must be 'minicpmo')")
     return config
 
 
 __all__ = [
-    "CheckpointError",
     "LanguageConfig",
+    "ModelDirError",
     "SpeechConfig",
     "read_config",
 ]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from plugins.minicpmo.audio import AudioConfig, AudioTower
-from plugins.minicpmo.config import CheckpointError, LanguageConfig, SpeechConfig, read_config
+from plugins.minicpmo.config import LanguageConfig, ModelDirError, SpeechConfig, read_config
 from plugins.minicpmo.language import LanguageModel
 from plugins.minicpmo.speech import UNUSED_SPEECH_PARAMETERS, SpeechTokenModel
 from plugins.minicpmo.vision import VisionConfig, VisionEncoder
@@ -54,13 +54,13 @@ class MiniCPMOWeights:
             speech_config = SpeechConfig.from_json(config, language_config)
             audio_config = AudioConfig.from_json(config)
             vision_config = VisionConfig.from_json(config, preprocessor)
-        except CheckpointError:
+        except ModelDirError:
             raise
         except ValueError as exc:  # the audio and vision parts say what is wrong
-            raise CheckpointError(f"{model_dir / 'config.json'}: {exc}") from None
+            raise ModelDirError(f"{model_dir / 'config.json'}: {exc}") from None
         vocabulary = Vocabulary(model_dir)
         if language_config.vocab_size < vocabulary.tokenizer.get_vocab_size():
-            raise CheckpointError("the tokenizer has more tokens than the language model's vocab")
+            raise ModelDirError("the tokenizer has more tokens than the language model's vocab")
         with torch.device("meta"):
             language = LanguageModel(language_config)
             audio = AudioTower(audio_config, dtype=dtype, device="meta")
@@ -121,9 +121,7 @@ def _check_materialised(module: torch.nn.Module, part: str) -> None:
         if tensor.is_meta and not name.startswith(_UNUSED_BUFFERS)
     ]
     if left:
-        raise CheckpointError(
-            f"the {part} part has tensors the checkpoint did not give: {left[:5]}"
-        )
+        raise ModelDirError(f"the {part} part has tensors the checkpoint did not give: {left[:5]}")
 
 
 __all__ = ["MiniCPMOWeights"]

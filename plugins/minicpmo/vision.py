@@ -45,9 +45,9 @@ from transformers.activations import ACT2FN
 from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer
 
 from shared.errors import CodedError
+from shared.protocol.duplex.errors import INVALID_VIDEO_FRAMES
 
 #: the contract code of every refused camera frame
-INVALID_VIDEO_FRAMES = "invalid_video_frames"
 #: the only patch size the published weights and the processor use
 PATCH_SIZE = 14
 #: the resampler's attention has one head per 128 channels of the LLM's hidden size

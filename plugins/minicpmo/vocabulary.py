@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from plugins.minicpmo.config import CheckpointError
+from plugins.minicpmo.config import ModelDirError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +60,13 @@ class Vocabulary:
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
-            raise CheckpointError(f"{path} is missing: the checkpoint's tokenizer is needed")
+            raise ModelDirError(f"{path} is missing: the checkpoint's tokenizer is needed")
         self.tokenizer = Tokenizer.from_file(str(path))
         ids: dict[str, int] = {}
         for field, name in _NAMES.items():
             token = self.tokenizer.token_to_id(name)
             if token is None:
-                raise CheckpointError(f"the tokenizer has no {name}: not a MiniCPM-o 4.5 tokenizer")
+                raise ModelDirError(f"the tokenizer has no {name}: not a MiniCPM-o 4.5 tokenizer")
             ids[field] = token
         self.special = SpecialTokens(**ids)
         config_path = model_dir / "tokenizer_config.json"

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from plugins.minicpmo.config import CheckpointError
+from plugins.minicpmo.config import ModelDirError
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -32,7 +32,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     single = model_dir / "model.safetensors"
     if single.is_file():
         return [single]
-    raise CheckpointError(
+    raise ModelDirError(
         f"{model_dir} has no model.safetensors (or model.safetensors.index.json): "
         "point --model-dir at a MiniCPM-o-4_5 download"
     )
@@ -72,7 +72,7 @@ def load_part(module: nn.Module, tensors: dict[str, torch.Tensor], part: str) ->
     missing = sorted(expected - tensors.keys())
     unexpected = sorted(tensors.keys() - expected)
     if missing or unexpected:
-        raise CheckpointError(
+        raise ModelDirError(
             f"the checkpoint's {part!r} weights do not fit the model its config describes: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
@@ -80,7 +80,7 @@ def load_part(module: nn.Module, tensors: dict[str, torch.Tensor], part: str) ->
     for name, tensor in tensors.items():
         wanted = state[name].shape
         if tensor.shape != wanted:
-            raise CheckpointError(
+            raise ModelDirError(
                 f"{part}{name} has shape {tuple(tensor.shape)}; the config says {tuple(wanted)}"
             )
     module.load_state_dict(tensors, strict=True, assign=True)

@@ -26,6 +26,7 @@ STREAM_FAILED = "runtime_data_plane_stream_failed"
 INPUT_FAILED = "runtime_input_failed"
 INTERNAL_ERROR = "internal_error"
 NEMOTRON_PARSE_ERROR = "nemotron_function_call_parse_error"
+INVALID_VIDEO_FRAMES = "invalid_video_frames"
 
 
 @dataclasses.dataclass(frozen=True)
