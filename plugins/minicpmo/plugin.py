@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plugins.options import option_choice, option_count, read_device, read_model_dir
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin
 from shared.contracts.images import ImageInput
@@ -45,36 +46,6 @@ if TYPE_CHECKING:
 
 #: the frame model's image input, declared before it is loaded (frame_model.py's)
 IMAGE_INPUT = ImageInput(max_per_frame=1, max_bytes=2 * 1024 * 1024)
-
-
-def _option_int(options: Mapping[str, Any], key: str, minimum: int) -> int | None:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"minicpmo option {key} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"minicpmo option {key} must be {minimum} or more, got {raw!r}")
-    return value
-
-
-def _choice(options: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
-    value = str(options.get(key) or default)
-    if value not in allowed:
-        raise ValueError(
-            f"minicpmo option {key} must be one of {', '.join(allowed)}, got {value!r}"
-        )
-    return value
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 class MiniCPMOPlugin(FrameClockedPlugin):
@@ -118,38 +89,33 @@ class MiniCPMOPlugin(FrameClockedPlugin):
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MiniCPMOPlugin:
-        raw = options.get("model_dir")
-        if not raw:
-            raise ValueError("the minicpmo plugin needs a checkpoint directory: --model-dir DIR")
-        model_dir = Path(str(raw)).expanduser()
-        if not model_dir.is_dir():
-            raise ValueError(
-                f"minicpmo option model_dir {str(raw)!r} is not a directory (a checkpoint is "
-                "read from a local directory, never downloaded)"
-            )
-        gpu = _cuda_available()
-        device = str(options.get("device") or ("cuda" if gpu else "cpu"))
-        if device != "cpu" and not (device == "cuda" or device.removeprefix("cuda:").isdigit()):
-            raise ValueError(f"minicpmo option device must be cpu, cuda or cuda:N, got {device!r}")
-        if device != "cpu" and not gpu:
-            raise ValueError(f"minicpmo option device is {device!r} but torch sees no CUDA device")
+        model_dir = read_model_dir(options, "minicpmo")
+        device = read_device(options, "minicpmo")
         on_gpu = device != "cpu"
         voice = options.get("voice")
         return cls(
             model_dir,
             device=device,
-            dtype=_choice(
-                options, "dtype", ("bfloat16", "float32"), "bfloat16" if on_gpu else "float32"
+            dtype=option_choice(
+                options,
+                "dtype",
+                ("bfloat16", "float32"),
+                "bfloat16" if on_gpu else "float32",
+                "minicpmo",
             ),
-            threads=_option_int(options, "threads", 1),
-            vocoder=_choice(
-                options, "vocoder", ("token2wav", "tone"), "token2wav" if on_gpu else "tone"
+            threads=option_count(options, "threads", 1, "minicpmo"),
+            vocoder=option_choice(
+                options,
+                "vocoder",
+                ("token2wav", "tone"),
+                "token2wav" if on_gpu else "tone",
+                "minicpmo",
             ),
             voice=Path(str(voice)).expanduser() if voice else None,
-            window_high=_option_int(options, "window_high", 1) or 8000,
-            window_low=_option_int(options, "window_low", 1) or 6000,
-            decode=_choice(options, "decode", ("sampling", "greedy"), "sampling"),
-            replay_chunk_frames=_option_int(options, "replay_chunk_frames", 1) or 32,
+            window_high=option_count(options, "window_high", 1, "minicpmo") or 8000,
+            window_low=option_count(options, "window_low", 1, "minicpmo") or 6000,
+            decode=option_choice(options, "decode", ("sampling", "greedy"), "sampling", "minicpmo"),
+            replay_chunk_frames=option_count(options, "replay_chunk_frames", 1, "minicpmo") or 32,
         )
 
     def frame_model(self, max_sessions: int) -> FrameModel:

@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from plugins.nemotron.defaults import MAX_INJECTED_TOKENS, REPLAY_CHUNK_FRAMES
 from plugins.nemotron.tools import render_system_prompt
+from plugins.options import option_count
+from plugins.options import read_device as options_device
+from plugins.options import read_model_dir as options_model_dir
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin
 from shared.contracts.tools import read_tools
@@ -46,50 +49,17 @@ MAX_TOOLS = 5
 
 
 def _count(options: Mapping[str, Any], key: str, minimum: int) -> int | None:
-    """An integer option of at least `minimum` (None when absent or "")."""
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"nemotron option {key} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"nemotron option {key} must be {minimum} or more, got {raw!r}")
-    return value
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:  # the main venv: no torch, so no GPU it could use
-        return False
-    return bool(torch.cuda.is_available())
+    return option_count(options, key, minimum, "nemotron")
 
 
 def read_device(options: Mapping[str, Any]) -> str:
     """`device`: cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)."""
-    device = str(options.get("device") or ("cuda" if _cuda_available() else "cpu"))
-    index = device.removeprefix("cuda:")
-    if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and index.isdigit()):
-        raise ValueError(f"nemotron option device must be cpu, cuda or cuda:N, got {device!r}")
-    if device != "cpu" and not _cuda_available():
-        raise ValueError(f"nemotron option device is {device!r} but torch sees no CUDA device")
-    return device
+    return options_device(options, "nemotron")
 
 
 def read_model_dir(options: Mapping[str, Any]) -> Path:
     """`model_dir`: an existing local directory (a checkpoint is never downloaded)."""
-    raw = options.get("model_dir")
-    if not raw:
-        raise ValueError("the nemotron plugin needs a checkpoint directory: --model-dir DIR")
-    path = Path(str(raw)).expanduser()
-    if not path.is_dir():
-        raise ValueError(
-            f"nemotron option model_dir {str(raw)!r} is not a directory (a checkpoint is read "
-            "from a local directory, never downloaded)"
-        )
-    return path
+    return options_model_dir(options, "nemotron")
 
 
 def session_tools(config: DuplexSessionConfig) -> list[dict[str, Any]]:
