@@ -773,6 +773,40 @@ def restore_summary(restores: list[Restore], live_vision_ms: float | None) -> st
     return " ".join(text)
 
 
+def deployment(levels: list[Level], restores: list[Restore]) -> str:
+    """What a real deployment differs in, with the figures of this run that carry over."""
+    plain = [level for level in levels if not level.cameras]
+    mel = ""
+    if plain:
+        level = plain[-1]
+        mel = (
+            f": {ms(level.mean_part('mel') / level.slots)} ms a slot a unit in the timed "
+            "units above"
+        )
+        long = [r for r in restores if not r.camera and r.units >= 60]
+        if long:
+            mel += (
+                f", {long[-1].parts['mel'] / long[-1].units * 1000:.1f} ms a unit in the "
+                f"{minutes(long[-1].units)} restore, whose buffers hold up to 30 s"
+            )
+    return (
+        "**What a real deployment differs in (unmeasured here).** The published model is "
+        "about 8B parameters (Qwen3-8B, Whisper-medium's encoder, SigLIP2 with the "
+        "resampler, a Llama speech model) in bfloat16 on a GPU, and speaks through "
+        "Step-Audio2's `Token2wav` (flow matching and HiFT, a stream per slot, on the GPU; "
+        "here a tone per code). None of that ran here: the unit's time per slot on a GPU, "
+        "how it grows with the slots, the vocoder's share, how many sessions a GPU keeps "
+        "within the 1 s unit and how fast it restores are not measured, and this tiny "
+        "model's proportions (a forward's fixed cost, Python and small kernels, being most "
+        "of it) are not the 8B model's. What does carry over is the CPU work the worker "
+        f"does whatever the device: each slot's mel (torch's STFT on the CPU{mel}), each "
+        "camera frame's JPEG decoding and resizing, the choice of every token and code "
+        "(Python over each slot's logits); and the arithmetic of the language model's "
+        "memory, 36 layers x 8 key/value heads x 128 x 2 (keys, values) x 2 bytes = 147 kB "
+        "a position in bfloat16, 1.2 GB a slot at the 8,000-position window."
+    )
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -943,7 +977,8 @@ def main(args: argparse.Namespace) -> None:
         "outputs). **Batched** (one forward for all slots): the audio encoder, the vision "
         "tower (all frames of the unit, up to 16 a forward), the prefill, each decision "
         "step (the slots still deciding), each speech-code step (the speaking slots). "
-        "**Per slot**: the mel (numpy), the vocoder stream, JPEG decoding, the choice of "
+        "**Per slot**: the mel (torch's STFT on the CPU), the vocoder stream, JPEG "
+        "decoding, the choice of "
         "each token and code (Python over each slot's logits).",
         "",
         *parts_table(levels),
@@ -980,21 +1015,7 @@ def main(args: argparse.Namespace) -> None:
         "",
         restore_summary(restores, live_vision_ms),
         "",
-        "**What a real deployment differs in (unmeasured here).** The published model is "
-        "about 8B parameters (Qwen3-8B, Whisper-medium's encoder, SigLIP2 with the "
-        "resampler, a Llama speech model) in bfloat16 on a GPU, and speaks through "
-        "Step-Audio2's `Token2wav` (flow matching and HiFT, a stream per slot, on the GPU; "
-        "here a tone per code). None of that ran here: the unit's time per slot on a GPU, "
-        "how it grows with the slots, the vocoder's share, how many sessions a GPU keeps "
-        "within the 1 s unit and how fast it restores are not measured, and this tiny "
-        "model's proportions (a forward's fixed cost dominating) will not hold at 8B, "
-        "where the language model's and the vision tower's arithmetic dominate. What does "
-        "carry over is the CPU work a worker does per slot whatever the device: the mel "
-        "(torch on the CPU: the ms a slot above), the JPEG decoding and resizing (a "
-        "frame), the choice of every token and code (Python); and the arithmetic of the "
-        "language model's memory, 36 layers x 8 key/value heads x 128 x 2 (keys, values) "
-        "x 2 bytes = 147 kB a position in bfloat16, 1.2 GB a slot at the 8,000-position "
-        "window.",
+        deployment(levels, restores),
     ]
     text = "\n".join(body)
     print(text)
