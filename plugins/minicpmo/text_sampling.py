@@ -100,6 +100,19 @@ class TextDecider:
             first = int(torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator))
         if first == self.chunk_eos:
             return first
+        logits = self.penalised(logits, history)
+        if greedy:
+            token = int(torch.argmax(logits))
+        else:
+            warped = _top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
+            token = int(torch.multinomial(F.softmax(warped, dim=-1), 1, generator=generator))
+        history.add(token)
+        return token
+
+    def penalised(self, logits: torch.Tensor, history: TextHistory) -> torch.Tensor:
+        """The logits the second look chooses from: forbidden ids masked, the repetition
+        and length penalties applied (a copy)."""
+        sampling = self.sampling
         logits = logits.clone()
         logits[self.forbidden] = -torch.inf
         if sampling.repetition_penalty != 1.0 and history.decisions:
@@ -114,13 +127,7 @@ class TextDecider:
             logits[self.turn_eos] = (
                 value / sampling.length_penalty if value > 0 else value * sampling.length_penalty
             )
-        if greedy:
-            token = int(torch.argmax(logits))
-        else:
-            warped = _top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
-            token = int(torch.multinomial(F.softmax(warped, dim=-1), 1, generator=generator))
-        history.add(token)
-        return token
+        return logits
 
 
 __all__ = ["TEXT_REPETITION_WINDOW", "TextDecider", "TextHistory", "TextSampling"]
