@@ -201,6 +201,8 @@ bench: venv redis-server
 	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.native_restore"; $(MOSHI_VENV)/bin/python -m bench.native_restore)
 	@# Nemotron VoiceChat's step against the conversation's length where .venv-nemotron exists
 	@$(if $(wildcard $(NEMOTRON_STAMP)),echo "== bench.nemotron_step"; HF_HUB_OFFLINE=1 $(NEMOTRON_VENV)/bin/python -m bench.nemotron_step)
+	@# MiniCPM-o 4.5's unit step against slots, its records and restores where .venv-minicpmo exists
+	@$(if $(wildcard $(MINICPMO_STAMP)),echo "== bench.minicpmo_step"; HF_HUB_OFFLINE=1 $(MINICPMO_VENV)/bin/python -m bench.minicpmo_step)
 	@# a moved session's restore through the tick stage, and its voice back after a move with real
 	@# processes, for each model whose venv exists (Nemotron's restore_pace: about 15 minutes)
 	@$(if $(wildcard $(MOSHI_STAMP)),echo "== bench.restore_pace --model moshi"; HF_HUB_OFFLINE=1 $(MOSHI_VENV)/bin/python -m bench.restore_pace --model moshi)

@@ -77,6 +77,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "surface_cpu",
         "gpu_native",
         "nemotron_step",
+        "minicpmo_step",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):
