@@ -114,3 +114,21 @@ def test_the_tone_decoder_refuses_a_non_final_chunk_without_lookahead():
     decoder = ToneDecoder()
     with pytest.raises(ValueError, match="lookahead"):
         decoder.render(decoder.new_stream(), [1, 2, 3], last=False)
+
+
+def test_the_real_vocoder_refuses_clearly_where_it_cannot_run(tmp_path, monkeypatch):
+    """Token2wav needs its package, a CUDA GPU, the checkpoint's assets and a voice prompt:
+    without one the worker's start says which (here: no package, then no GPU)."""
+    import sys
+    import types
+
+    from plugins.minicpmo.vocoder import Token2wavDecoder, VocoderUnavailable
+
+    voice = tmp_path / "voice.wav"
+    voice.write_bytes(b"RIFF")
+    monkeypatch.setitem(sys.modules, "stepaudio2", None)
+    with pytest.raises(VocoderUnavailable, match="minicpmo-utils"):
+        Token2wavDecoder(tmp_path, voice)
+    monkeypatch.setitem(sys.modules, "stepaudio2", types.SimpleNamespace(Token2wav=object))
+    with pytest.raises(VocoderUnavailable, match="CUDA GPU only"):
+        Token2wavDecoder(tmp_path, voice)
