@@ -164,7 +164,19 @@ class MiniCPMOPlugin(FrameClockedPlugin):
 
     async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
         """The slot's options (JSON-able: checkpointed with the session): its system prompt
-        and its seed (each unit's draws come from it, so a restore draws the same)."""
+        and its seed (each unit's draws come from it, so a restore draws the same).
+
+        A per-session reference voice (`ref_audio`) is refused, not ignored: the reference
+        feeds it into the system prompt (a whole-clip pass of the audio encoder) and to the
+        vocoder as its voice, which this plugin does not do yet; its voice is the worker's
+        `voice` option for every session."""
+        if config.ref_audio:
+            raise DuplexRuntimeConfigError(
+                "invalid_duplex_runtime_config",
+                "a minicpmo session takes no ref_audio: the voice is the worker's (its "
+                "voice option); a per-session reference voice is not supported",
+                param="ref_audio",
+            )
         return {
             "system_prompt": config.instructions or "",
             "seed": secrets.randbits(62),

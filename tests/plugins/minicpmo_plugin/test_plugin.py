@@ -94,3 +94,12 @@ async def test_instructions_are_fixed_once_the_session_is_created(plugin):
     with pytest.raises(DuplexRuntimeConfigError) as refused:
         plugin.runtime_config_for_update(runtime, opened(instructions="Be long."))
     assert refused.value.code == "instructions_update_unsupported"
+
+
+async def test_a_per_session_reference_voice_is_refused_not_ignored(plugin):
+    with pytest.raises(DuplexRuntimeConfigError) as refused:
+        await plugin.prepare_runtime_config(
+            opened(instructions="x", ref_audio="data:audio/wav;base64,UklGRg==")
+        )
+    assert refused.value.code == "invalid_duplex_runtime_config"
+    assert refused.value.param == "ref_audio"
