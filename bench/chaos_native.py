@@ -70,6 +70,7 @@ from bench.common import ROOT, Stack
 from harness.frame_models import RATE, tone
 from harness.processes import Process
 from harness.recording_client import Conversation, RecordingClient, check, drain
+from shared.contracts.model_history import count_records
 from shared.protocol.duplex import float_to_pcm16
 
 FRAME_S = 0.08
@@ -165,8 +166,20 @@ def parse_restores(log: str, worker: str) -> list[Restore]:
     return found
 
 
+#: the bound a sized record is checked against here (the history's own model knows its
+#: exact bound; this only proves the history is whole records)
+MAX_SIZED_RECORD = 1 << 30
+
+
 def history_problems(model: str, data: bytes, record_bytes: int) -> list[str]:
-    """Whole records, and for the echo model exactly the steps 1..N."""
+    """Whole records, and for the echo model exactly the steps 1..N. `record_bytes` 0: a
+    history of sized records (each after its 4-byte length), checked for whole records."""
+    if record_bytes == 0:
+        try:
+            count_records(data, MAX_SIZED_RECORD, sized=True)
+        except ValueError as exc:
+            return [str(exc)]
+        return []
     if len(data) % record_bytes:
         return [f"{len(data)} bytes is not whole {record_bytes}-byte records"]
     if model != "echo":

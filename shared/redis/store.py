@@ -56,7 +56,9 @@ class PublishItem:
 @dataclasses.dataclass(frozen=True)
 class ModelAppend:
     """What a publish call appends to a model-native session's model history: `data` at
-    byte `offset`, in records of `record_bytes` each."""
+    byte `offset`, whole records in the history's layout; `record_bytes` is the meta hash's
+    `model_record_bytes` (a fixed record's size, 0 for sized records: each after its 4-byte
+    length, shared/contracts/model_history.py)."""
 
     offset: int
     data: bytes
