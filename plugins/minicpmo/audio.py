@@ -625,6 +625,26 @@ class AudioProjector(nn.Module):
         return self.linear2(F.relu(self.linear1(hidden)))
 
 
+#: the longest reference voice the whole-clip path takes (Whisper's window: the reference
+#: splits a longer clip into 30 s pieces; we refuse it instead)
+MAX_CLIP_SAMPLES = 30 * SAMPLE_RATE
+#: positions of a chunk of the whole-clip pass's attention mask (1 s after the convolutions)
+CLIP_CHUNK_POSITIONS = 50
+
+
+def clip_mel(samples: np.ndarray, *, dynamic_floor: bool) -> np.ndarray:
+    """A reference voice's log-mel as Whisper's feature extractor makes it for one clip (the
+    reference's `process_audio`): the clip zero-padded to 30 s, the log-mel of all of it (so
+    a dynamic floor is `max - 8` of the whole padded window), then the frames of the clip
+    itself kept: [80, ceil(len / 160)]."""
+    if samples.ndim != 1 or not 0 < samples.shape[0] <= MAX_CLIP_SAMPLES:
+        raise ValueError(f"a reference voice is 1-D audio of at most 30 s, got {samples.shape}")
+    padded = np.zeros(MAX_CLIP_SAMPLES, dtype=np.float32)
+    padded[: samples.shape[0]] = samples
+    frames = -(-samples.shape[0] // HOP_LENGTH)
+    return log_mel_spectrogram(padded, dynamic_floor=dynamic_floor)[:, :frames]
+
+
 class AudioTower(nn.Module):
     """The encoder and the projector under the checkpoint's names (`apm.*`,
     `audio_projection_layer.*`): mel units in, `embeddings_per_unit` LLM embeddings per unit
@@ -668,3 +688,25 @@ class AudioTower(nn.Module):
         """Consecutive units of one session in one forward (split at its KV resets):
         [units, 10, D], equal to stepping them one by one."""
         return self.embed(self.apm.encode([(kv, list(mels))])[0])
+
+    @torch.no_grad()
+    def encode_clip(self, mel: np.ndarray) -> torch.Tensor:
+        """A whole clip (a reference voice) in one pass, as the reference's
+        `get_audio_embedding(chunk_length=1.0)` does it: the convolutions over all its mel
+        frames, positions from 0, each position attending to its own 1 s chunk and every
+        chunk before it (no streaming cache), the final LayerNorm, the projector and the
+        pooling: [positions // 5, D] embeddings for the language model."""
+        apm = self.apm
+        weight = apm.conv1.weight
+        frames = torch.from_numpy(np.ascontiguousarray(mel)).to(weight.device, weight.dtype)
+        hidden = F.gelu(apm.conv2(F.gelu(apm.conv1(frames[None]))))  # [1, d, positions]
+        positions = hidden.shape[2]
+        if positions > self.config.max_source_positions:
+            raise ValueError(f"a clip of {positions} positions is longer than Whisper's window")
+        hidden = hidden.transpose(1, 2) + apm.embed_positions.weight[:positions]
+        index = torch.arange(positions, device=weight.device)
+        chunk_end = (index // CLIP_CHUNK_POSITIONS + 1) * CLIP_CHUNK_POSITIONS
+        mask = (index[None, :] < chunk_end[:, None])[None, None]  # [1, 1, P, P]
+        for layer in apm.layers:
+            hidden, _, _ = layer(hidden, None, None, mask)
+        return self.embed(apm.layer_norm(hidden))[0]

@@ -54,6 +54,22 @@ from plugins.minicpmo.vocabulary import Vocabulary
 MAX_STEPS_PER_UNIT = 20
 
 
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """What a conversation starts with: the system prompt's prefix tokens, a reference
+    voice's audio embeddings (optional), the suffix tokens, fed in that order (the
+    reference's `prepare`)."""
+
+    prefix: Sequence[int]
+    suffix: Sequence[int] = ()
+    voice: torch.Tensor | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        """The prompt's tokens (prefix then suffix; the voice is not tokens)."""
+        return [*self.prefix, *self.suffix]
+
+
 @dataclasses.dataclass
 class UnitInput:
     """One slot's unit: its audio embeddings ([10, hidden]) and camera frames' embeddings
@@ -213,9 +229,7 @@ class DuplexLoop:
 
     # ------------------------------------------------------------------ slots
 
-    def open(
-        self, slot: int, prompt_ids: Sequence[int], *, seed: int, force_listen_units: int = 0
-    ) -> None:
+    def open(self, slot: int, prompt: Prompt, *, seed: int, force_listen_units: int = 0) -> None:
         """A fresh conversation in `slot`, its system prompt fed."""
         self.memory.reset(slot)
         self.speech_memory.reset(slot)
@@ -225,8 +239,13 @@ class DuplexLoop:
         if not self.speech_greedy:
             turn.speech_generator = torch.Generator()
         self.turns[slot] = turn
-        if prompt_ids:
-            self.language.forward(self.memory, [(slot, self.language.embed(prompt_ids))])
+        parts = [self.language.embed(prompt.prefix)] if prompt.prefix else []
+        if prompt.voice is not None:
+            parts.append(prompt.voice.to(self.language.llm.model.embed_tokens.weight.dtype))
+        if prompt.suffix:
+            parts.append(self.language.embed(prompt.suffix))
+        if parts:
+            self.language.forward(self.memory, [(slot, torch.cat(parts))])
         turn.prompt_length = self.memory.length(slot)
 
     # ------------------------------------------------------------------ a unit
@@ -509,6 +528,7 @@ __all__ = [
     "MAX_STEPS_PER_UNIT",
     "ContextWindow",
     "DuplexLoop",
+    "Prompt",
     "ReplayUnit",
     "SlotTurn",
     "UnitInput",

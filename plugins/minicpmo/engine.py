@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from plugins.minicpmo.audio import EncoderKV, MelStream
-from plugins.minicpmo.duplex_loop import ContextWindow, DuplexLoop, ReplayUnit, UnitInput
+from plugins.minicpmo.audio import EncoderKV, MelStream, clip_mel
+from plugins.minicpmo.duplex_loop import ContextWindow, DuplexLoop, Prompt, ReplayUnit, UnitInput
 from plugins.minicpmo.model import MiniCPMOWeights
 from plugins.minicpmo.records import UNIT_SAMPLES, TokenOrigin, UnitRecord, dequantise, quantise
 from plugins.minicpmo.text_sampling import TextSampling
@@ -35,6 +35,17 @@ from plugins.minicpmo.vision import (
     load_frame,
 )
 from plugins.minicpmo.vocoder import OUTPUT_RATE, CodecDecoder, SpeechStream
+
+#: the reference voice's log-mel floor: the reference computes it with its streaming
+#: processor's feature extractor, in the mode that processor left it in (see the golden
+#: ref-voice scenario)
+VOICE_DYNAMIC_FLOOR = True
+
+
+def quantise_voice(voice: np.ndarray) -> np.ndarray:
+    """A reference voice as the model hears it: 16-bit samples (as every input is)."""
+    return dequantise(quantise(np.asarray(voice, dtype=np.float32)))
+
 
 #: the speech model's memory per slot: a turn's conditions and codes (about 45 positions a
 #: second of speech); a turn that outgrows it starts the speech model's context afresh
@@ -107,15 +118,21 @@ class UnitEngine:
         #: the records each restoring slot has still to replay
         self.restoring: dict[int, list[UnitRecord]] = {}
 
-    def prompt_ids(self, prefix: str, suffix: str) -> list[int]:
-        """The system prompt's tokens: prefix and suffix encoded apart, as the reference
-        feeds them (a merge across their boundary would change the ids)."""
+    def prompt(self, prefix: str, suffix: str, voice: np.ndarray | None = None) -> Prompt:
+        """A conversation's start: the system prompt's prefix and suffix encoded apart, as
+        the reference feeds them (a merge across their boundary would change the ids), and
+        a reference voice (16 kHz float32, at most 30 s) between them: its whole clip
+        through the audio encoder, as the reference's `prepare` does."""
         vocabulary = self.weights.vocabulary
-        return vocabulary.encode(prefix) + vocabulary.encode(suffix)
+        embedded = None
+        if voice is not None:
+            mel = clip_mel(quantise_voice(voice), dynamic_floor=VOICE_DYNAMIC_FLOOR)
+            embedded = self.weights.audio.encode_clip(mel)
+        return Prompt(vocabulary.encode(prefix), vocabulary.encode(suffix), embedded)
 
-    def open(self, slot: int, prompt_ids: Sequence[int], *, seed: int) -> None:
+    def open(self, slot: int, prompt: Prompt, *, seed: int) -> None:
         self.inputs[slot] = _SlotInput(self)
-        self.loop.open(slot, prompt_ids, seed=seed)
+        self.loop.open(slot, prompt, seed=seed)
 
     def close(self, slot: int) -> None:
         self.inputs[slot] = None
@@ -124,11 +141,11 @@ class UnitEngine:
     # ------------------------------------------------------------------ restore
 
     def begin_restore(
-        self, slot: int, prompt_ids: Sequence[int], *, seed: int, records: Sequence[UnitRecord]
+        self, slot: int, prompt: Prompt, *, seed: int, records: Sequence[UnitRecord]
     ) -> None:
         """Open `slot` as the session whose units made `records`; `replay` then feeds them
         (in as many calls as the caller likes) until none is left."""
-        self.open(slot, prompt_ids, seed=seed)
+        self.open(slot, prompt, seed=seed)
         self.restoring[slot] = list(records)
 
     def replay_left(self, slot: int) -> int:

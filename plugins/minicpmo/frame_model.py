@@ -9,18 +9,21 @@ record layout: `state_records_sized`).
 
 A slot's options (the plugin's `prepare_runtime_config`, checkpointed with the session):
 `system_prompt` (the text the demo server and vLLM-Omni frame as
-`<|im_start|>system\\n{prompt}\\n<|audio_start|>` ... `<|audio_end|><|im_end|>`) and
-`seed` (every unit's draws are seeded by it and the unit's index, so a session restored
-elsewhere draws what it would have drawn).
+`<|im_start|>system\\n{prompt}\\n<|audio_start|>` ... `<|audio_end|><|im_end|>`), `voice`
+(a reference voice, 16 kHz pcm16 in base64, fed between the two as the reference feeds
+its `ref_audio`) and `seed` (every unit's draws are seeded by it and the unit's index, so a
+session restored elsewhere draws what it would have drawn).
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from plugins.minicpmo.duplex_loop import Prompt
 from plugins.minicpmo.engine import EngineSettings, UnitEngine, UnitRequest
 from plugins.minicpmo.model import MiniCPMOWeights
 from plugins.minicpmo.records import UNIT_SAMPLES, RecordError, UnitRecord
@@ -68,9 +71,13 @@ class MiniCPMOFrameModel(FrameModel):
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} is out of range (0..{self.slots - 1})")
 
-    def _prompt(self, options: Mapping[str, Any]) -> list[int]:
+    def _prompt(self, options: Mapping[str, Any]) -> Prompt:
         prompt = str(options.get("system_prompt") or DEFAULT_SYSTEM_PROMPT)
-        return self.engine.prompt_ids(PROMPT_PREFIX.format(prompt=prompt), PROMPT_SUFFIX)
+        voice = None
+        if options.get("voice"):  # 16 kHz pcm16, base64 (the plugin's read_reference_voice)
+            pcm = np.frombuffer(base64.b64decode(options["voice"]), dtype="<i2")
+            voice = pcm.astype(np.float32) / 32768.0
+        return self.engine.prompt(PROMPT_PREFIX.format(prompt=prompt), PROMPT_SUFFIX, voice)
 
     @staticmethod
     def _seed(options: Mapping[str, Any]) -> int:

@@ -30,22 +30,57 @@ loads it (`frame_model`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from plugins.options import option_choice, option_count, read_device, read_model_dir
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin
 from shared.contracts.images import ImageInput
 from shared.contracts.tools import read_tools
+from shared.errors import CodedError
+from shared.protocol.duplex.audio import StreamingResampler, decode_wav, float_to_pcm16
 
 if TYPE_CHECKING:
     from shared.contracts.frame_model import FrameModel
 
 #: the frame model's image input, declared before it is loaded (frame_model.py's)
 IMAGE_INPUT = ImageInput(max_per_frame=1, max_bytes=2 * 1024 * 1024)
+
+
+#: the longest reference voice (the audio encoder's window: 30 s)
+MAX_VOICE_SECONDS = 30
+VOICE_RATE = 16_000
+
+
+def _refused_voice(message: str) -> DuplexRuntimeConfigError:
+    return DuplexRuntimeConfigError("invalid_duplex_runtime_config", message, param="ref_audio")
+
+
+def read_reference_voice(ref_audio: str) -> bytes:
+    """A session's `ref_audio` (a `data:audio/wav;base64,...` URL: the duplex surface's and
+    MAP Realtime's form) as 16 kHz mono pcm16 bytes, at most 30 s; a clear refusal for
+    anything else (a remote URI is not fetched: a worker does not reach out to addresses
+    a client names)."""
+    head, _, payload = ref_audio.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64") and payload):
+        raise _refused_voice("ref_audio must be a base64 WAV data URL (data:audio/wav;base64,...)")
+    try:
+        samples, rate = decode_wav(base64.b64decode(payload, validate=True))
+        resampler = StreamingResampler(rate, VOICE_RATE)
+        samples = np.concatenate([resampler.process(samples), resampler.flush()])
+    except (binascii.Error, CodedError, ValueError) as exc:
+        message = exc.message if isinstance(exc, CodedError) else str(exc)
+        raise _refused_voice(f"ref_audio is not a WAV file we can read: {message}") from None
+    if not 0 < samples.size <= MAX_VOICE_SECONDS * VOICE_RATE:
+        raise _refused_voice(f"ref_audio must hold 0-{MAX_VOICE_SECONDS} s of audio")
+    return float_to_pcm16(np.clip(samples, -1.0, 1.0))
 
 
 class MiniCPMOPlugin(FrameClockedPlugin):
@@ -163,24 +198,18 @@ class MiniCPMOPlugin(FrameClockedPlugin):
             )
 
     async def prepare_runtime_config(self, config: DuplexSessionConfig) -> dict[str, Any]:
-        """The slot's options (JSON-able: checkpointed with the session): its system prompt
-        and its seed (each unit's draws come from it, so a restore draws the same).
-
-        A per-session reference voice (`ref_audio`) is refused, not ignored: the reference
-        feeds it into the system prompt (a whole-clip pass of the audio encoder) and to the
-        vocoder as its voice, which this plugin does not do yet; its voice is the worker's
-        `voice` option for every session."""
-        if config.ref_audio:
-            raise DuplexRuntimeConfigError(
-                "invalid_duplex_runtime_config",
-                "a minicpmo session takes no ref_audio: the voice is the worker's (its "
-                "voice option); a per-session reference voice is not supported",
-                param="ref_audio",
-            )
-        return {
+        """The slot's options (JSON-able: checkpointed with the session): its system prompt,
+        its seed (each unit's draws come from it, so a restore draws the same), and its
+        reference voice (`ref_audio`, a WAV data URL: checked and decoded here, at the
+        open, and kept as 16 kHz pcm16 for the model, which feeds it into the system prompt
+        as the reference does)."""
+        options: dict[str, Any] = {
             "system_prompt": config.instructions or "",
             "seed": secrets.randbits(62),
         }
+        if config.ref_audio:
+            options["voice"] = base64.b64encode(read_reference_voice(config.ref_audio)).decode()
+        return options
 
     def runtime_config_for_update(
         self, runtime_config: Mapping[str, Any], config: DuplexSessionConfig

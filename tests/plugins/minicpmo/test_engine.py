@@ -34,7 +34,7 @@ def summary(outcome):
 
 def run_alone(weights, scenario, *, greedy=True, seed=7):
     e = engine(weights, greedy=greedy, slots=1)
-    e.open(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=seed)
+    e.open(0, e.prompt(scenario.prefix, scenario.suffix), seed=seed)
     return [e.step([UnitRequest(0, u.audio, u.frames)])[0] for u in scenario.units]
 
 
@@ -43,13 +43,13 @@ def test_a_session_says_the_same_whoever_joins_its_batch_and_when(tiny_weights):
     alone_camera = [summary(o) for o in run_alone(tiny_weights, camera)]
     alone_short = [summary(o) for o in run_alone(tiny_weights, short)]
     e = engine(tiny_weights)
-    e.open(1, e.prompt_ids(camera.prefix, camera.suffix), seed=7)
+    e.open(1, e.prompt(camera.prefix, camera.suffix), seed=7)
     together_camera, together_short = [], []
     join = 3
     for index, unit in enumerate(camera.units):
         requests = [UnitRequest(1, unit.audio, unit.frames)]
         if index == join:
-            e.open(0, e.prompt_ids(short.prefix, short.suffix), seed=7)
+            e.open(0, e.prompt(short.prefix, short.suffix), seed=7)
         if index >= join and index - join < len(short.units):
             requests.append(UnitRequest(0, short.units[index - join].audio))
         outcomes = e.step(requests)
@@ -68,8 +68,8 @@ def test_a_restored_slot_goes_on_as_the_original_does(tiny_weights, greedy):
     e = engine(tiny_weights, greedy=greedy)
     # slot 0 is busy with another session meanwhile: the restore is slot 1's own
     other = scenarios.audio_short()
-    e.open(0, e.prompt_ids(other.prefix, other.suffix), seed=3)
-    e.begin_restore(1, e.prompt_ids(scenario.prefix, scenario.suffix), seed=7, records=records)
+    e.open(0, e.prompt(other.prefix, other.suffix), seed=3)
+    e.begin_restore(1, e.prompt(scenario.prefix, scenario.suffix), seed=7, records=records)
     assert e.replay_left(1) == cut
     left = e.replay(1, 4)
     e.step([UnitRequest(0, other.units[0].audio)])  # a unit of the other slot between
@@ -94,7 +94,7 @@ def test_records_hold_the_heard_audio_and_what_was_fed(tiny_weights):
 
 def run_with_barge_in(weights, scenario, barge_at, *, upto=None):
     e = engine(weights, slots=1)
-    e.open(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=7)
+    e.open(0, e.prompt(scenario.prefix, scenario.suffix), seed=7)
     units = scenario.units[:upto]
     return [
         e.step([UnitRequest(0, u.audio, u.frames, force_listen=i == barge_at)])[0]
@@ -116,7 +116,7 @@ def test_a_barge_in_closes_the_open_turn_and_survives_a_restore(tiny_weights):
     # restored right after the barge-in, the session goes on as the original
     records = [o.record for o in interrupted[: barge_at + 1]]
     e = engine(tiny_weights, slots=1)
-    e.begin_restore(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=7, records=records)
+    e.begin_restore(0, e.prompt(scenario.prefix, scenario.suffix), seed=7, records=records)
     while e.replay(0, 8):
         pass
     resumed = [e.step([UnitRequest(0, u.audio)])[0] for u in scenario.units[barge_at + 1 :]]
@@ -127,7 +127,7 @@ def test_a_long_session_slides_its_window_and_a_restore_slides_at_the_same_units
     scenario = scenarios.audio_long()
     window = ContextWindow(high=240, low=160)
     e = engine(tiny_weights, slots=1, window=window)
-    prompt = e.prompt_ids(scenario.prefix, scenario.suffix)
+    prompt = e.prompt(scenario.prefix, scenario.suffix)
     e.open(0, prompt, seed=7)
     lengths, outcomes = [], []
     for unit in scenario.units:
@@ -143,3 +143,24 @@ def test_a_long_session_slides_its_window_and_a_restore_slides_at_the_same_units
     assert r.loop.memory.length(0) == lengths[cut - 1]
     resumed = [r.step([UnitRequest(0, u.audio)])[0] for u in scenario.units[cut:]]
     assert [summary(o) for o in resumed] == [summary(o) for o in outcomes[cut:]]
+
+
+def test_a_reference_voice_is_in_the_prompt_and_survives_a_restore(tiny_weights):
+    scenario = scenarios.audio_short()
+    rng = np.random.default_rng(5)
+    voice = (0.2 * rng.standard_normal(int(2.3 * 16000))).astype(np.float32)
+    e = engine(tiny_weights, slots=1)
+    plain = e.prompt(scenario.prefix, scenario.suffix)
+    voiced = e.prompt(scenario.prefix, scenario.suffix, voice)
+    # 2.3 s: 230 mel frames, 115 positions after the convolutions, 23 embeddings
+    assert voiced.voice is not None and voiced.voice.shape == (23, 128)
+    assert voiced.ids == plain.ids
+    e.open(0, voiced, seed=7)
+    assert e.loop.memory.length(0) == len(plain.ids) + 23
+    outcomes = [e.step([UnitRequest(0, u.audio)])[0] for u in scenario.units]
+    r = engine(tiny_weights, slots=1)
+    r.begin_restore(0, voiced, seed=7, records=[o.record for o in outcomes[:5]])
+    while r.replay(0, 4):
+        pass
+    resumed = [r.step([UnitRequest(0, u.audio)])[0] for u in scenario.units[5:]]
+    assert [summary(o) for o in resumed] == [summary(o) for o in outcomes[5:]]

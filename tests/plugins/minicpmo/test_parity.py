@@ -121,10 +121,10 @@ def test_one_session_alone_says_what_the_reference_says(parity_weights, name):
     scenario = scenarios.SCENARIOS[name]()
     e = engine(parity_weights, 1)
     margins = record_margins(e)
-    assert e.prompt_ids(scenario.prefix, scenario.suffix) == (
+    assert e.prompt(scenario.prefix, scenario.suffix).ids == (
         golden(name)["prompt"]["prefix_ids"] + golden(name)["prompt"]["suffix_ids"]
     )
-    e.open(0, e.prompt_ids(scenario.prefix, scenario.suffix), seed=0)
+    e.open(0, e.prompt(scenario.prefix, scenario.suffix), seed=0)
     ours = [observed(e.step([UnitRequest(0, u.audio, u.frames)])[0]) for u in scenario.units]
     for index, (mine, theirs) in enumerate(zip(ours, expected(name), strict=True)):
         assert mine == theirs, f"{name} unit {index}: ours {mine} != reference {theirs}"
@@ -146,7 +146,7 @@ def test_two_sessions_in_one_batch_the_second_joining_later(parity_weights):
     camera, short = scenarios.camera(), scenarios.audio_short()
     join = 3
     e = engine(parity_weights, 2)
-    e.open(1, e.prompt_ids(camera.prefix, camera.suffix), seed=0)
+    e.open(1, e.prompt(camera.prefix, camera.suffix), seed=0)
     seen: dict[str, list[tuple]] = {"camera": [], "audio_short": []}
     total = max(len(camera.units), join + len(short.units))
     for index in range(total):
@@ -154,7 +154,7 @@ def test_two_sessions_in_one_batch_the_second_joining_later(parity_weights):
         if index < len(camera.units):
             requests.append(UnitRequest(1, camera.units[index].audio, camera.units[index].frames))
         if index == join:
-            e.open(0, e.prompt_ids(short.prefix, short.suffix), seed=0)
+            e.open(0, e.prompt(short.prefix, short.suffix), seed=0)
         if join <= index < join + len(short.units):
             requests.append(UnitRequest(0, short.units[index - join].audio))
         for outcome in e.step(requests):

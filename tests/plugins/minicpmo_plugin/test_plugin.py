@@ -4,16 +4,19 @@ session policy (tools refused, instructions fixed, a seed per session)."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from plugins.minicpmo import MiniCPMOPlugin
 from services.worker.plugins import KNOWN_PLUGINS, load_plugin
 from shared.contracts import DuplexRuntimeConfigError, DuplexSessionConfig
 from shared.contracts.frame_model import FrameClockedPlugin
+from shared.protocol.duplex.audio import encode_wav
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -96,10 +99,31 @@ async def test_instructions_are_fixed_once_the_session_is_created(plugin):
     assert refused.value.code == "instructions_update_unsupported"
 
 
-async def test_a_per_session_reference_voice_is_refused_not_ignored(plugin):
-    with pytest.raises(DuplexRuntimeConfigError) as refused:
-        await plugin.prepare_runtime_config(
-            opened(instructions="x", ref_audio="data:audio/wav;base64,UklGRg==")
-        )
+def wav_url(seconds: float, rate: int) -> str:
+    samples = 0.3 * np.sin(2 * np.pi * 220 * np.arange(int(seconds * rate)) / rate)
+    return "data:audio/wav;base64," + base64.b64encode(encode_wav(samples, rate)).decode()
+
+
+async def test_a_reference_voice_is_read_at_the_open_as_16_khz_pcm16(plugin):
+    options = await plugin.prepare_runtime_config(
+        opened(instructions="x", ref_audio=wav_url(1.5, 24_000))
+    )
+    voice = np.frombuffer(base64.b64decode(options["voice"]), "<i2")
+    assert abs(voice.size - 24_000) <= 8  # 1.5 s at 16 kHz, whatever rate it came at
+    assert "voice" not in await plugin.prepare_runtime_config(opened(instructions="x"))
+
+
+@pytest.mark.parametrize(
+    ("ref_audio", "message"),
+    [
+        ("https://example.com/voice.wav", "base64 WAV data URL"),
+        ("data:audio/wav;base64,AAAA", "not a WAV file"),
+        ("data:audio/wav;base64,!!", "not a WAV file"),
+        (wav_url(31, 16_000), "0-30 s"),
+    ],
+)
+async def test_a_reference_voice_we_cannot_use_is_refused_naming_it(plugin, ref_audio, message):
+    with pytest.raises(DuplexRuntimeConfigError, match=message) as refused:
+        await plugin.prepare_runtime_config(opened(instructions="x", ref_audio=ref_audio))
     assert refused.value.code == "invalid_duplex_runtime_config"
     assert refused.value.param == "ref_audio"
