@@ -253,7 +253,10 @@ test-frameworks: venv $(FRAMEWORKS_STAMP) $(MOSHI_STAMP)
 # gets unpinned through vLLM. Each test runs a client program with this venv's python and
 # $(SEED_CLIENT) on PYTHONPATH against a `duplex serve` the main venv starts (about a minute).
 # Their code is never copied into the repository. A plain `pytest` never collects these tests
-# (pyproject's norecursedirs): they run when named, here.
+# (pyproject's norecursedirs): they run when named, here. The MiniCPM-o scenarios (the client's
+# MiniCPM-o preset, the seed's one-turn demo and multi-session runs) need .venv-minicpmo too:
+# their `duplex serve --plugin minicpmo` runs from there (SEED_MINICPMO_PYTHON), on a tiny
+# checkpoint the tests build, one of its servers on a redis-server the tests start.
 SEED_VENV   := .venv-seed
 SEED_STAMP  := $(SEED_VENV)/.installed
 SEED_CLIENT := $(SEED_VENV)/client
@@ -282,8 +285,9 @@ $(SEED_STAMP): Makefile $(SEED_WHEEL)
 	PYTHONPATH=$(SEED_CLIENT) $(SEED_VENV)/bin/python -c "import vllm_omni.clients.duplex"
 	touch $(SEED_STAMP)
 
-test-seed-client: venv $(SEED_STAMP)
+test-seed-client: venv $(SEED_STAMP) $(MINICPMO_STAMP) redis-server
 	SEED_PYTHON=$(CURDIR)/$(SEED_VENV)/bin/python SEED_CLIENT_PATH=$(CURDIR)/$(SEED_CLIENT) \
+	  SEED_MINICPMO_PYTHON=$(CURDIR)/$(MINICPMO_VENV)/bin/python \
 	  $(BIN)/python -m pytest tests/seed_client $(PYTEST_ARGS)
 
 # OpenBMB's realtime SDK for MiniCPM-o as a client of `duplex serve` (tests/map_client): the
@@ -295,7 +299,9 @@ test-seed-client: venv $(SEED_STAMP)
 # included; seconds to install). Each test runs a client program with this venv's python
 # against a `duplex serve` the main venv starts with a frame model that sees (about a minute).
 # Its code is never copied into the repository. A plain `pytest` never collects these tests
-# (pyproject's norecursedirs): they run when named, here.
+# (pyproject's norecursedirs): they run when named, here. The MiniCPM-o scenarios run the SDK
+# against `duplex serve --plugin minicpmo` from .venv-minicpmo (MAP_MINICPMO_PYTHON), on a tiny
+# checkpoint the tests build, on a redis-server the tests start.
 MAP_VENV   := .venv-map
 MAP_STAMP  := $(MAP_VENV)/.installed
 MAP_WHEEL  := $(MAP_VENV)/wheel/openbmb_realtime-0.1.6-py3-none-any.whl
@@ -319,5 +325,7 @@ $(MAP_STAMP): Makefile $(MAP_WHEEL)
 	  assert sdk.__version__ == '0.1.6', sdk.__version__"
 	touch $(MAP_STAMP)
 
-test-map-client: venv $(MAP_STAMP)
-	MAP_PYTHON=$(CURDIR)/$(MAP_VENV)/bin/python $(BIN)/python -m pytest tests/map_client $(PYTEST_ARGS)
+test-map-client: venv $(MAP_STAMP) $(MINICPMO_STAMP) redis-server
+	MAP_PYTHON=$(CURDIR)/$(MAP_VENV)/bin/python \
+	  MAP_MINICPMO_PYTHON=$(CURDIR)/$(MINICPMO_VENV)/bin/python \
+	  $(BIN)/python -m pytest tests/map_client $(PYTEST_ARGS)
