@@ -11,9 +11,10 @@ tokenization_minicpmo_fast.py, utils.py of OpenBMB/minicpm-o-4_5-pytorch-simple-
 none of them is in this repository. The script builds the tiny checkpoint with
 plugins.minicpmo.builder, copies those files next to it (the checkpoint's config.json points
 its auto_map at them), loads MiniCPMODuplex on the CPU and runs every scenario of scenarios.py
-greedily, one unit at a time. It writes <scenario>.json next to itself and, for debugging our
-implementation, per-unit tensors under --probes (not committed). README.md lists what it
-patches in the reference and why.
+greedily, one unit at a time, after a prepare() that feeds the scenario's prompt and, if it
+has one, its reference voice. It writes <scenario>.json next to itself and, for debugging our
+implementation, per-unit (and reference-voice) tensors under --probes (not committed). README.md
+lists what it patches in the reference and why.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ builder = _load("minicpmo_builder", REPO / "plugins" / "minicpmo" / "builder.py"
 scenarios = _load("minicpmo_golden_scenarios", HERE / "scenarios.py")
 SCENARIOS, Scenario = scenarios.SCENARIOS, scenarios.Scenario
 decode_frame, unit_digest = scenarios.decode_frame, scenarios.unit_digest
+audio_digest = scenarios.audio_digest
 
 BUILDER_SEED = 0
 REFERENCE = {
@@ -318,6 +320,122 @@ def hooks(ref: Reference, trace: Callable[[], UnitTrace]) -> Iterator[None]:
         yield
 
 
+# --- the session prompt ----------------------------------------------------------------------
+
+
+@dataclass
+class PromptTrace:
+    """What prepare() fed: the reference voice's log-mel (the feature extractor's whole output,
+    30 s padded, and the frames kept), its embeddings, and the decoder's length afterwards."""
+
+    mel_padded: list[np.ndarray] = field(default_factory=list)
+    mel: list[np.ndarray] = field(default_factory=list)
+    mel_lengths: list[np.ndarray] = field(default_factory=list)
+    embeds: list[np.ndarray] = field(default_factory=list)
+    positions: int = 0
+
+
+def prepare_session(ref: Reference, scenario: Scenario) -> PromptTrace:
+    """reset_session() and prepare() as the demo calls it, recording the reference voice's path
+    (observation only: every hook calls through unchanged)."""
+    duplex, model = ref.duplex, ref.duplex.model
+    extractor = duplex.processor.audio_processor
+    # The streaming mel processor shares this feature extractor and switches its log floor (a
+    # fixed -10 under 5 s of buffered audio, max - 8 from 5 s on), and prepare() does not
+    # switch it back: the reference voice's mel takes whatever the previous session left. A
+    # fresh process has max - 8 (the constructor's default), and so does any session after
+    # one that buffered 5 s or more (all of ours); the lists are made with that.
+    if scenario.ref_audio is not None and (
+        duplex.processor is not model.processor
+        or not (extractor.dynamic_log_norm and extractor.dynamic_range_db == 8.0)
+    ):
+        raise SystemExit(f"{scenario.name}: the reference voice's mel floor is not max - 8")
+    trace = PromptTrace()
+    original_embedding = model.get_audio_embedding
+    original_fbank = extractor._torch_extract_fbank_features
+
+    def audio_embedding(data, *args, **kwargs):
+        out = original_embedding(data, *args, **kwargs)
+        trace.mel.append(data["audio_features"][0].detach().numpy().copy())
+        trace.mel_lengths.append(torch.hstack(data["audio_feature_lens"]).numpy().copy())
+        trace.embeds.append(torch.cat([t for g in out for t in g]).detach().numpy())
+        return out
+
+    def fbank(waveform, *args, **kwargs):
+        out = original_fbank(waveform, *args, **kwargs)
+        trace.mel_padded.append(np.asarray(out)[0].copy())
+        return out
+
+    model.reset_session()  # prepare() keeps the Whisper KV of an earlier session
+    with (
+        _patched(model, "get_audio_embedding", audio_embedding),
+        _patched(extractor, "_torch_extract_fbank_features", fbank),
+    ):
+        duplex.prepare(
+            prefix_system_prompt=scenario.prefix,
+            suffix_system_prompt=scenario.suffix,
+            ref_audio=scenario.ref_audio,
+            prompt_wav_path=STUB_PROMPT_WAV,
+        )
+    trace.positions = duplex.decoder.get_cache_length()
+    voices = 0 if scenario.ref_audio is None else 1
+    if len(trace.embeds) != voices or len(trace.mel_padded) != voices:
+        raise SystemExit(f"{scenario.name}: prepare() ran the reference voice's path otherwise")
+    return trace
+
+
+def prompt_record(ref: Reference, scenario: Scenario, trace: PromptTrace) -> dict:
+    """The prompt's ids and, with a reference voice, what the reference made of it."""
+    tokenizer = ref.duplex.tokenizer
+    prefix_ids = tokenizer.encode(scenario.prefix, add_special_tokens=False)
+    suffix_ids = tokenizer.encode(scenario.suffix, add_special_tokens=False)
+    record = {
+        "prefix": scenario.prefix,
+        "suffix": scenario.suffix,
+        "prefix_ids": prefix_ids,
+        "suffix_ids": suffix_ids,
+    }
+    if scenario.ref_audio is None:
+        if trace.positions != len(prefix_ids) + len(suffix_ids):
+            raise SystemExit(f"{scenario.name}: the prompt is not its prefix and suffix ids")
+        return record  # the lists made before reference voices had no more
+    embeddings = trace.embeds[0].shape[0]
+    if trace.positions != len(prefix_ids) + embeddings + len(suffix_ids):
+        raise SystemExit(f"{scenario.name}: the prompt is not prefix, voice and suffix")
+    # a fingerprint of the voice's path, for a parity test to compare without the probes: the
+    # frames' means show a wrong floor or padding, the embeddings' norms a wrong chunk mask
+    mel, embeds = trace.mel[0], trace.embeds[0]
+    record["ref_audio"] = {
+        "samples": int(scenario.ref_audio.shape[0]),
+        "sha256": audio_digest(scenario.ref_audio),
+        "mel_frames": int(trace.mel_lengths[0][0]),
+        "mel_floor": "max - 8 (log10) over the 30 s zero-padded log-mel, then (x + 4) / 4",
+        "mel_range": [_round(float(mel.min())), _round(float(mel.max()))],
+        "mel_frame_means": [_round(float(x)) for x in mel.mean(axis=0, dtype=np.float64)],
+        "chunk_length_s": float(ref.duplex.model.config.audio_chunk_length),
+        "embeddings": int(embeddings),
+        "embedding_norms": [
+            _round(float(x)) for x in np.linalg.norm(embeds.astype(np.float64), axis=1)
+        ],
+    }
+    record["positions"] = trace.positions
+    return record
+
+
+def _write_prompt_probes(path: Path, trace: PromptTrace) -> None:
+    if not trace.embeds:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path,
+        mel_padded=trace.mel_padded[0],
+        mel=trace.mel[0],
+        mel_lengths=trace.mel_lengths[0],
+        embeds=trace.embeds[0],
+        positions=np.asarray(trace.positions),
+    )
+
+
 # --- a run -----------------------------------------------------------------------------------
 
 KIND_SAMPLED = "sampled"
@@ -330,16 +448,17 @@ def _round(x: float | None) -> float | None:
     return None if x is None else float(f"{x:.6g}")
 
 
-def run_scenario(ref: Reference, scenario: Scenario, probes: Path | None) -> dict:
+def run_scenario(
+    ref: Reference, scenario: Scenario, probes: Path | None
+) -> tuple[dict, list[dict]]:
+    """The scenario's prompt record and its units."""
     duplex = ref.duplex
     tokenizer = duplex.tokenizer
     unit_trace = UnitTrace()
-    duplex.model.reset_session()  # prepare() keeps the Whisper KV of an earlier session
-    duplex.prepare(
-        prefix_system_prompt=scenario.prefix,
-        suffix_system_prompt=scenario.suffix,
-        prompt_wav_path=STUB_PROMPT_WAV,
-    )
+    prompt_trace = prepare_session(ref, scenario)
+    prompt = prompt_record(ref, scenario, prompt_trace)
+    if probes is not None:
+        _write_prompt_probes(probes / scenario.name / "prompt.npz", prompt_trace)
     units = []
     with hooks(ref, lambda: unit_trace):
         for index, unit in enumerate(scenario.units):
@@ -369,7 +488,7 @@ def run_scenario(ref: Reference, scenario: Scenario, probes: Path | None) -> dic
             )
             if probes is not None:
                 _write_probes(probes / scenario.name / f"unit_{index:02d}.npz", unit_trace)
-    return units
+    return prompt, units
 
 
 def _unit_record(
@@ -495,7 +614,9 @@ def versions() -> dict[str, str]:
     }
 
 
-def golden_document(ref: Reference, scenario: Scenario, units: list[dict], seed: int) -> dict:
+def golden_document(
+    ref: Reference, scenario: Scenario, prompt: dict, units: list[dict], seed: int
+) -> dict:
     tokenizer = ref.duplex.tokenizer
     names = (
         "<unit>",
@@ -531,12 +652,7 @@ def golden_document(ref: Reference, scenario: Scenario, units: list[dict], seed:
             "tts_temperature": 0.8,
             "tts_repetition_penalty": 1.05,
         },
-        "prompt": {
-            "prefix": scenario.prefix,
-            "suffix": scenario.suffix,
-            "prefix_ids": tokenizer.encode(scenario.prefix, add_special_tokens=False),
-            "suffix_ids": tokenizer.encode(scenario.suffix, add_special_tokens=False),
-        },
+        "prompt": prompt,
         "special_ids": ids,
         "coverage": coverage(units, ids),
         "minimum_margins": minimum_margins(units),
@@ -614,8 +730,8 @@ def main(argv: list[str] | None = None) -> None:
         ref = load_reference(args.reference, model_dir)
         for name in args.scenario or list(SCENARIOS):
             scenario = SCENARIOS[name]()
-            units = run_scenario(ref, scenario, probes)
-            document = golden_document(ref, scenario, units, args.seed)
+            prompt, units = run_scenario(ref, scenario, probes)
+            document = golden_document(ref, scenario, prompt, units, args.seed)
             print(name, json.dumps(document["coverage"]), json.dumps(document["minimum_margins"]))
             margins = document["minimum_margins"]
             closest = min(

@@ -3,10 +3,13 @@ its own venv) and for our implementation's parity tests.
 
 numpy and Pillow only. Audio is 16 kHz mono float32 that is exactly pcm16 (int16 / 32768), one
 16000-sample array per 1 s unit, as a client's audio reaches the model; every unit's sound is
-drawn from `numpy.random.default_rng` (PCG64: the same bits on every machine). Camera frames are
+drawn from `numpy.random.default_rng` (PCG64: the same bits on every machine). A session may open
+with a reference voice (`Scenario.ref_audio`, any length, the same format), which the reference
+feeds into the system prompt between the prefix and suffix tokens. Camera frames are
 JPEG bytes, as clients send them: seeded pictures encoded by Pillow at a fixed quality; each side
 decodes the same bytes with `decode_frame`. The golden files record a digest of every unit's
-input (`unit_digest`), so a drifting encoder shows as an input mismatch, not as a model bug.
+input (`unit_digest`) and of the reference voice (`audio_digest`), so a drifting encoder shows as
+an input mismatch, not as a model bug.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ SAMPLE_RATE = 16000
 UNIT_SAMPLES = 16000  # one duplex unit: 1 s
 JPEG_QUALITY = 85
 
-# The session prompt as the demo server and vLLM-Omni frame it (research notes §1.1): prefix and
-# suffix tokens around the (here absent) reference audio.
+# The session prompt as the demo server frames it, with or without a reference voice (its
+# duplex prepare() always puts <|audio_start|>/<|audio_end|> around the place of the reference
+# audio; vLLM-Omni adds them only when there is one, which gives the same ids when there is):
+# prefix tokens, the reference audio's embeddings if any, suffix tokens.
 PROMPT_PREFIX = "<|im_start|>system\n{prompt}\n<|audio_start|>"
 PROMPT_SUFFIX = "<|audio_end|><|im_end|>"
 
@@ -40,6 +45,8 @@ class Scenario:
     name: str
     prompt: str
     units: tuple[Unit, ...]
+    # the session's reference voice: float32 16 kHz, values k / 32768, any length (None: none)
+    ref_audio: np.ndarray | None = None
 
     @property
     def prefix(self) -> str:
@@ -56,9 +63,18 @@ def decode_frame(jpeg: bytes) -> Image.Image:
         return image.convert("RGB")
 
 
+def _pcm16_bytes(audio: np.ndarray) -> bytes:
+    return np.round(audio * 32768).astype("<i2").tobytes()
+
+
+def audio_digest(audio: np.ndarray) -> str:
+    """sha256 over pcm16 samples (the reference voice's digest)."""
+    return hashlib.sha256(_pcm16_bytes(audio)).hexdigest()
+
+
 def unit_digest(unit: Unit) -> str:
     """sha256 over the unit's pcm16 samples and its JPEG bytes."""
-    digest = hashlib.sha256(np.round(unit.audio * 32768).astype("<i2").tobytes())
+    digest = hashlib.sha256(_pcm16_bytes(unit.audio))
     for frame in unit.frames:
         digest.update(len(frame).to_bytes(4, "little"))
         digest.update(frame)
@@ -93,19 +109,20 @@ def _tone(rng: np.random.Generator) -> np.ndarray:
     return rng.uniform(0.1, 0.5) * np.sin(2 * np.pi * f * _T + rng.uniform(0, 2 * np.pi))
 
 
-def _speech(rng: np.random.Generator) -> np.ndarray:
+def _speech(rng: np.random.Generator, samples: int = UNIT_SAMPLES) -> np.ndarray:
     """Voiced syllables: a gliding f0 with harmonics weighted by two formants, gated at a
-    syllable rate, over a little breath noise."""
-    f0 = rng.uniform(90.0, 240.0) * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * _T))
+    syllable rate, over a little breath noise. `samples` long (a unit unless told)."""
+    t = np.arange(samples) / SAMPLE_RATE
+    f0 = rng.uniform(90.0, 240.0) * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * t))
     phase = 2 * np.pi * np.cumsum(f0) / SAMPLE_RATE
     formants = rng.uniform([300.0, 900.0], [900.0, 2500.0])
-    voiced = np.zeros(UNIT_SAMPLES)
+    voiced = np.zeros(samples)
     for k in range(1, 30):
         weight = sum(np.exp(-((((k * f0.mean()) - f) / 200.0) ** 2)) for f in formants) + 0.05
         voiced += weight / k * np.sin(k * phase)
     rate = rng.uniform(2.5, 6.0)
-    gate = np.clip(np.sin(2 * np.pi * rate * _T + rng.uniform(0, 2 * np.pi)), 0, None) ** 0.7
-    breath = 0.02 * rng.standard_normal(UNIT_SAMPLES)
+    gate = np.clip(np.sin(2 * np.pi * rate * t + rng.uniform(0, 2 * np.pi)), 0, None) ** 0.7
+    breath = 0.02 * rng.standard_normal(samples)
     level = rng.uniform(0.15, 0.6)
     return level * (voiced / np.abs(voiced).max() * gate + breath)
 
@@ -122,6 +139,20 @@ def _silence_then_speech(rng: np.random.Generator) -> np.ndarray:
     cut = int(rng.integers(4000, 12000))
     out = _silence(rng)
     out[cut:] = _speech(rng)[cut:]
+    return out
+
+
+def _reference_voice(rng: np.random.Generator, samples: int) -> np.ndarray:
+    """A speaker's sample as a client records one: voiced from the first sample to the last
+    (the STFT's reflect padding at the start and the zero padding at the end both see speech),
+    with a noise-gated pause of digital silence and then a quiet room in the middle (the log-mel
+    floor of max - 8 (log10) cuts the silence, which would sit at -10 under the streaming path's
+    fixed floor)."""
+    out = _speech(rng, samples)
+    gate, resume = int(rng.integers(20000, 24000)), int(rng.integers(30000, 32000))
+    pause = gate + 2400  # 150 ms of zeros
+    out[gate:pause] = 0.0
+    out[pause:resume] = _silence(rng)[: resume - pause]
     return out
 
 
@@ -253,6 +284,29 @@ CAMERA_FRAME_SIZES: dict[int, tuple[int, int]] = {
     9: (320, 240),
 }
 
+# A session that opens with a reference voice: the prompt of the demo's English duplex preset
+# (the text before the voice), a 3.4 s voice (not whole seconds: the reference's 1 s chunk mask
+# over the clip ends in a partial chunk), and 10 units of its own.
+REF_VOICE_PROMPT = (
+    "Replicate the tone and style from the input audio. Your task is to be a helpful assistant "
+    "using this voice pattern. Please answer the user's questions seriously and in a high quality. "
+    "Please chat with the user in a high naturalness style. You are in duplex mode, where you can "
+    "listen and speak at the same time."
+)
+REF_VOICE_SAMPLES = 54400  # 3.4 s
+REF_VOICE_PLAN = [
+    "silence",
+    "speech_start",
+    "speech",
+    "speech_end",
+    "silence",
+    "silence",
+    "speech",
+    "speech_end",
+    "silence",
+    "tone",
+]
+
 
 def audio_long() -> Scenario:
     units = _audio_units(101, AUDIO_LONG_PLAN)
@@ -279,8 +333,17 @@ def camera() -> Scenario:
     )
 
 
+def ref_voice() -> Scenario:
+    voice = _pcm16(_reference_voice(np.random.default_rng(424), REF_VOICE_SAMPLES))
+    units = _audio_units(405, REF_VOICE_PLAN)
+    return Scenario(
+        "ref_voice", REF_VOICE_PROMPT, tuple(Unit(audio) for audio in units), ref_audio=voice
+    )
+
+
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "audio_long": audio_long,
     "camera": camera,
     "audio_short": audio_short,
+    "ref_voice": ref_voice,
 }

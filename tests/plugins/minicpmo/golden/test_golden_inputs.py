@@ -9,12 +9,19 @@ from pathlib import Path
 import pytest
 
 from plugins.minicpmo.builder import special_token_ids, tiny_tokenizer
-from tests.plugins.minicpmo.golden.scenarios import SCENARIOS, decode_frame, unit_digest
+from tests.plugins.minicpmo.golden.scenarios import (
+    SCENARIOS,
+    audio_digest,
+    decode_frame,
+    unit_digest,
+)
 
 GOLDEN = Path(__file__).resolve().parent
 MIN_GAP = 0.05  # make_golden.py refuses lists with a closer call
 CODES = 6562  # the tiny TTS's codes; the last is EOS, never returned
 UNIT_POSITIONS = 20  # the reference's max_new_speak_tokens_per_chunk
+HOP = 160  # the Whisper feature extractor's hop: one mel frame per 10 ms
+POOL = 5  # the audio embeddings' average pooling step (audio_pool_step)
 
 
 def golden(name: str) -> dict:
@@ -32,6 +39,44 @@ def test_the_scenario_gives_the_inputs_the_list_was_made_from(name):
         assert unit_digest(unit) == recorded["input_sha256"], f"unit {recorded['index']}"
         assert [list(decode_frame(f).size) for f in unit.frames] == recorded["frames"]
         assert unit.audio.dtype.name == "float32" and unit.audio.shape == (16000,)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_reference_voice_is_the_one_the_list_was_made_from(name):
+    scenario, prompt = SCENARIOS[name](), golden(name)["prompt"]
+    if scenario.ref_audio is None:
+        assert "ref_audio" not in prompt and "positions" not in prompt
+        return
+    voice, recorded = scenario.ref_audio, prompt["ref_audio"]
+    assert voice.dtype.name == "float32" and voice.ndim == 1
+    assert (voice * 32768 == (voice * 32768).round()).all()  # exactly pcm16
+    assert audio_digest(voice) == recorded["sha256"]
+    assert recorded["samples"] == voice.shape[0]
+
+
+def test_the_reference_voice_scenario_feeds_a_voice_of_whole_and_partial_chunks():
+    # a clip that is not whole seconds, so the 1 s chunk mask ends in a partial chunk
+    voices = [s.ref_audio for make in SCENARIOS.values() if (s := make()).ref_audio is not None]
+    assert voices and all(voice.shape[0] % 16000 != 0 for voice in voices)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_prompt_of_the_list_holds_its_prefix_voice_and_suffix(name):
+    prompt = golden(name)["prompt"]
+    if "ref_audio" not in prompt:
+        return
+    voice = prompt["ref_audio"]
+    # one mel frame per started hop (the feature extractor's attention mask taken every 160
+    # samples), the Whisper CNN's stride 2, then the average pooling
+    frames = -(-voice["samples"] // HOP)
+    embeddings = ((frames - 1) // 2 + 1 - POOL) // POOL + 1
+    assert (voice["mel_frames"], voice["embeddings"]) == (frames, embeddings)
+    assert len(voice["mel_frame_means"]) == frames
+    assert len(voice["embedding_norms"]) == embeddings
+    assert prompt["positions"] == len(prompt["prefix_ids"]) + embeddings + len(prompt["suffix_ids"])
+    # the log-mel floor (max - 8 in log10, scaled by 1/4) cuts the voice's quiet frames
+    low, high = voice["mel_range"]
+    assert low == pytest.approx(high - 2.0, abs=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
