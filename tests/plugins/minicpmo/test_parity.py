@@ -121,10 +121,18 @@ def test_one_session_alone_says_what_the_reference_says(parity_weights, name):
     scenario = scenarios.SCENARIOS[name]()
     e = engine(parity_weights, 1)
     margins = record_margins(e)
-    assert e.prompt(scenario.prefix, scenario.suffix).ids == (
-        golden(name)["prompt"]["prefix_ids"] + golden(name)["prompt"]["suffix_ids"]
-    )
-    e.open(0, e.prompt(scenario.prefix, scenario.suffix), seed=0)
+    prompt = e.prompt(scenario.prefix, scenario.suffix, scenario.ref_audio)
+    recorded = golden(name)["prompt"]
+    assert prompt.ids == recorded["prefix_ids"] + recorded["suffix_ids"]
+    e.open(0, prompt, seed=0)
+    if scenario.ref_audio is not None:
+        # the reference voice: as many embeddings, in as many prompt positions, as the
+        # reference fed (its norms: the mel's floor, the chunk mask and the padding)
+        voice = recorded["ref_audio"]
+        assert prompt.voice is not None
+        assert e.loop.memory.length(0) == recorded["positions"]
+        norms = prompt.voice.norm(dim=-1).tolist()
+        assert norms == pytest.approx(voice["embedding_norms"], rel=1e-4, abs=1e-4)
     ours = [observed(e.step([UnitRequest(0, u.audio, u.frames)])[0]) for u in scenario.units]
     for index, (mine, theirs) in enumerate(zip(ours, expected(name), strict=True)):
         assert mine == theirs, f"{name} unit {index}: ours {mine} != reference {theirs}"
