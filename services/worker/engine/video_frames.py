@@ -20,8 +20,7 @@ import binascii
 from collections.abc import Sequence
 
 from shared.contracts import DuplexSessionError, ImageInput, image_format
-
-INVALID_VIDEO_FRAMES = "invalid_video_frames"
+from shared.protocol.duplex.errors import INVALID_VIDEO_FRAMES
 
 
 def camera_frames(frames: Sequence[str], spec: ImageInput | None) -> tuple[bytes, ...]:
