@@ -1,6 +1,14 @@
 # The API pod image: FastAPI + uvicorn, no model code.
 # Build from the repository root: docker build -f docker/api.Dockerfile -t duplex-serve-api .
-FROM python:3.11-slim AS build
+# BASE_IMAGE: the Python 3.11 image both stages start from (docker/worker.Dockerfile's too).
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
+# pip's own settings, for a mirror (unset unless given)
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_CERT
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
@@ -8,7 +16,7 @@ COPY services ./services
 COPY plugins ./plugins
 RUN pip install --no-cache-dir --prefix=/install .
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 COPY --from=build /install /usr/local
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin duplex
 USER 10001
