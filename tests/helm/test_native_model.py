@@ -54,7 +54,9 @@ def test_a_node_directory_can_hold_the_model_instead_of_a_claim():
 def test_workers_without_a_model_get_no_volume_and_no_model_settings():
     pod, env = worker_pod()
     assert not {"DUPLEX_MODEL_DIR", "DUPLEX_PLUGIN_OPTIONS"} & set(env)
-    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+    # /tmp only (the one writable place: test_images.py), no model volume
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == ["tmp"]
 
 
 def test_options_render_sorted_and_typed_values_as_text():

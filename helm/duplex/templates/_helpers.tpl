@@ -50,3 +50,26 @@ app.kubernetes.io/component: {{ .component }}
       name: {{ include "duplex.redisSecretName" . }}
       key: redisUrl
 {{- end -}}
+
+{{/* The worker image: the one entry of image.workers whose plugins name workers.plugin. */}}
+{{- define "duplex.workerImage" -}}
+{{- $plugin := .Values.workers.plugin -}}
+{{- $holders := list -}}
+{{- $offered := list -}}
+{{- range $kind, $image := .Values.image.workers -}}
+{{- if $image -}}
+{{- if has $plugin $image.plugins -}}
+{{- $holders = append $holders $kind -}}
+{{- end -}}
+{{- $offered = append $offered (printf "%s (%s)" $kind (join ", " $image.plugins)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $holders -}}
+{{- fail (printf "workers.plugin %q: no worker image holds it. image.workers offers %s; build an image with the plugin (docker/worker.Dockerfile) and list it under that image's plugins" $plugin (join "; " $offered)) -}}
+{{- end -}}
+{{- if gt (len $holders) 1 -}}
+{{- fail (printf "workers.plugin %q is listed by several images (image.workers: %s): list it under one" $plugin (join ", " $holders)) -}}
+{{- end -}}
+{{- $image := index .Values.image.workers (first $holders) -}}
+{{- printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
