@@ -329,3 +329,36 @@ test-map-client: venv $(MAP_STAMP) $(MINICPMO_STAMP) redis-server
 	MAP_PYTHON=$(CURDIR)/$(MAP_VENV)/bin/python \
 	  MAP_MINICPMO_PYTHON=$(CURDIR)/$(MINICPMO_VENV)/bin/python \
 	  $(BIN)/python -m pytest tests/map_client $(PYTEST_ARGS)
+
+# The images (docs/deploy.md): the API's, and one worker image per kind, each
+# docker/worker.Dockerfile with --build-arg WORKER_KIND=<kind>, tagged as the chart names them by
+# default (<repository>:<appVersion>; IMAGE_TORCH=cpu adds -cpu). Built with docker where a docker
+# daemon answers, podman otherwise (CONTAINER_ENGINE=... to choose); then each image's size.
+#   make images IMAGE_PREFIX=registry.example.com/     repositories under a registry, to push
+#   make images IMAGE_KINDS=moshi IMAGE_TORCH=cpu      one kind, PyTorch's CPU wheels
+#   IMAGE_BUILD_FLAGS: more engine flags (--build-arg BASE_IMAGE=..., --network host, -v ...)
+IMAGE_KINDS       ?= cascade moshi nemotron minicpmo
+IMAGE_TORCH       ?= cuda
+IMAGE_PREFIX      ?=
+IMAGE_BUILD_FLAGS ?=
+IMAGE_TAG         ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' helm/duplex/Chart.yaml)$(if $(filter cpu,$(IMAGE_TORCH)),-cpu)
+CONTAINER_ENGINE  ?= $(shell if docker info >/dev/null 2>&1; then echo docker; else echo podman; fi)
+
+.PHONY: images
+
+images:
+	@echo "building with $(CONTAINER_ENGINE), tag $(IMAGE_TAG)"
+	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_FLAGS) -f docker/api.Dockerfile \
+	  -t $(IMAGE_PREFIX)duplex-serve-api:$(IMAGE_TAG) .
+	@for kind in $(IMAGE_KINDS); do \
+	  echo "$(CONTAINER_ENGINE) build ... WORKER_KIND=$$kind TORCH=$(IMAGE_TORCH)"; \
+	  $(CONTAINER_ENGINE) build $(IMAGE_BUILD_FLAGS) -f docker/worker.Dockerfile \
+	    --build-arg WORKER_KIND=$$kind --build-arg TORCH=$(IMAGE_TORCH) \
+	    -t $(IMAGE_PREFIX)duplex-serve-worker-$$kind:$(IMAGE_TAG) . || exit 1; \
+	done
+	@for image in duplex-serve-api $(addprefix duplex-serve-worker-,$(IMAGE_KINDS)); do \
+	  size=$$($(CONTAINER_ENGINE) image inspect --format '{{.Size}}' $(IMAGE_PREFIX)$$image:$(IMAGE_TAG)) \
+	    || exit 1; \
+	  printf '%s:%s  %s bytes (%s)\n' "$(IMAGE_PREFIX)$$image" "$(IMAGE_TAG)" "$$size" \
+	    "$$(numfmt --to=iec-i --suffix=B $$size)"; \
+	done
