@@ -63,9 +63,14 @@ def test_voice_turn_interruption_and_next_turn(run_client, framework, mode):
 
     interrupted = steps["interrupt"]
     assert interrupted["id"] != turn["id"]
-    assert interrupted["status"] == "cancelled", run.explain()
     reason = "client_cancelled" if mode == "manual" else "turn_detected"
-    assert interrupted["reason"] == reason, run.explain()
+    if framework == "pipecat" and mode == "manual" and interrupted["status"] == "completed":
+        # Pipecat's local VAD came after the server had sent the whole reply (a loaded
+        # machine): its cancel is refused as OpenAI's is, and it truncates the played item
+        assert interrupted["truncated"], run.explain()
+    else:
+        assert interrupted["status"] == "cancelled", run.explain()
+        assert interrupted["reason"] == reason, run.explain()
     assert interrupted["audio_samples"] > 0, f"cut before it spoke: {run.explain()}"
 
     if mode == "manual":  # turn detection off: the server says nothing of speech
