@@ -1,7 +1,7 @@
 """`MiniCPMOFrameModel`: MiniCPM-o 4.5 behind the worker's frame-model contract.
 
 Its frame is the model's unit: one second of 16 kHz audio (16,000 samples), with the
-camera frames the client sent with it (at most `IMAGE_INPUT.max_per_frame`, JPEG or PNG). The
+camera frames the client sent with it (at most `MAX_IMAGES_PER_UNIT`, JPEG or PNG). The
 tick stage steps every open slot once a second, in one batched step (engine.py); the
 model answers with 24 kHz audio (one second, or silence when it listens), its words, and
 the unit's state record, whose size varies with what the unit fed and saw (the "sized"
@@ -26,14 +26,19 @@ import numpy as np
 from plugins.minicpmo.duplex_loop import Prompt
 from plugins.minicpmo.engine import EngineSettings, UnitEngine, UnitRequest
 from plugins.minicpmo.model import MiniCPMOWeights
-from plugins.minicpmo.plugin import IMAGE_INPUT
 from plugins.minicpmo.records import UNIT_SAMPLES, RecordError, UnitRecord
 from plugins.minicpmo.vocoder import OUTPUT_RATE, CodecDecoder
 from shared.contracts.frame_model import FrameModel, FrameOutput
+from shared.contracts.images import ImageInput
 from shared.contracts.model_history import split_records
 
+#: camera frames a unit takes: one a second is what the model was trained on (the demo
+#: sends one per unit) and what vLLM-Omni attaches; the stage keeps the newest
+MAX_IMAGES_PER_UNIT = 1
+#: an encoded camera frame's bytes (a 1080p JPEG is 0.1-0.5 MB)
+MAX_IMAGE_BYTES = 2 * 1024 * 1024
 #: the largest record: the fixed part of a speaking unit (32,134 bytes) and its frames
-MAX_RECORD_BYTES = 32_134 + IMAGE_INPUT.max_per_frame * (4 + IMAGE_INPUT.max_bytes)
+MAX_RECORD_BYTES = 32_134 + MAX_IMAGES_PER_UNIT * (4 + MAX_IMAGE_BYTES)
 #: the prompt when the session gives no instructions (vLLM-Omni's default)
 DEFAULT_SYSTEM_PROMPT = "Streaming Omni Conversation."
 PROMPT_PREFIX = "<|im_start|>system\n{prompt}\n<|audio_start|>"
@@ -46,7 +51,7 @@ class MiniCPMOFrameModel(FrameModel):
     output_sample_rate_hz = OUTPUT_RATE
     state_record_bytes = MAX_RECORD_BYTES
     state_records_sized = True
-    image_input = IMAGE_INPUT
+    image_input = ImageInput(max_per_frame=MAX_IMAGES_PER_UNIT, max_bytes=MAX_IMAGE_BYTES)
 
     def __init__(
         self,
@@ -155,4 +160,4 @@ class MiniCPMOFrameModel(FrameModel):
         return results
 
 
-__all__ = ["MAX_RECORD_BYTES", "MiniCPMOFrameModel"]
+__all__ = ["MAX_IMAGES_PER_UNIT", "MAX_IMAGE_BYTES", "MiniCPMOFrameModel"]

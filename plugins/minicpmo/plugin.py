@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,10 +50,7 @@ from shared.protocol.duplex.audio import StreamingResampler, decode_wav, float_t
 if TYPE_CHECKING:
     from shared.contracts.frame_model import FrameModel
 
-#: the camera frames a unit takes, here where the plugin declares them before its model is
-#: loaded, and the frame model's own: one a unit (what the model was trained on: the demo
-#: sends one per unit, vLLM-Omni attaches one; the stage keeps the newest), each at most
-#: 2 MiB encoded (a 1080p JPEG is 0.1-0.5 MB); the model's decoder is held to the same bytes
+#: the frame model's image input, declared before it is loaded (frame_model.py's)
 IMAGE_INPUT = ImageInput(max_per_frame=1, max_bytes=2 * 1024 * 1024)
 
 
@@ -167,7 +163,6 @@ class MiniCPMOPlugin(FrameClockedPlugin):
         from plugins.minicpmo.frame_model import MiniCPMOFrameModel
         from plugins.minicpmo.model import MiniCPMOWeights
         from plugins.minicpmo.text_sampling import TextSampling
-        from plugins.minicpmo.vision import DEFAULT_FRAME_BOUNDS
         from plugins.minicpmo.vocoder import CodecDecoder, Token2wavDecoder, ToneDecoder
 
         if self.threads:
@@ -183,7 +178,6 @@ class MiniCPMOPlugin(FrameClockedPlugin):
         greedy = self.decode == "greedy"
         settings = EngineSettings(
             slots=max_sessions,
-            frame_bounds=dataclasses.replace(DEFAULT_FRAME_BOUNDS, max_bytes=IMAGE_INPUT.max_bytes),
             window=ContextWindow(high=self.window_high, low=self.window_low),
             sampling=TextSampling(greedy=greedy),
             speech_greedy=greedy,
