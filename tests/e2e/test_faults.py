@@ -166,18 +166,25 @@ async def test_sessions_of_a_killed_api_pod_expire_after_the_grace_and_free_thei
         await asyncio.sleep(0.02)
     assert (await fleet.loads())["w-1"] == 1
     victim.kill()  # its client never reconnects
+    # the worker frees the slot (load 0) before it publishes session.closed, which marks
+    # the session closed (a client that sees the closure can open a replacement at once):
+    # wait for all three
     for _ in range(200):
         entries = await fleet.client.xrange(fleet.keys.events(session_id))
         journal = [record for entry in entries for record in journal_entry_records(*entry)]
         kinds = [record.wire_type for record in journal]
-        if "session.expired" in kinds and (await fleet.loads())["w-1"] == 0:
+        meta = await fleet.client.hgetall(fleet.keys.session(session_id))
+        if (
+            "session.expired" in kinds
+            and (await fleet.loads())["w-1"] == 0
+            and meta.get(b"state") == b"closed"
+        ):
             break
         await asyncio.sleep(0.1)
     assert "session.expired" in kinds
     expired = next(orjson.loads(r.data) for r in journal if r.wire_type == "session.expired")
     assert expired["reason"] == "disconnect_grace_expired"
     assert (await fleet.loads())["w-1"] == 0  # the worker's slot is free again
-    meta = await fleet.client.hgetall(fleet.keys.session(session_id))
     assert meta[b"state"] == b"closed"
     await ws.close()
     assert httpx.get(f"{other.base}/health/ready").status_code == 200
