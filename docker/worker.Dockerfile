@@ -43,13 +43,14 @@ RUN sh /usr/local/bin/install-worker.sh project "$WORKER_KIND" "$TORCH" /src
 FROM ${BASE_IMAGE}
 ARG WORKER_KIND=cascade
 ARG TORCH=cuda
-# Triton (vLLM's kernels, torch.compile) builds its launchers with a C compiler when a GPU
-# worker starts; CPU images never run it.
-RUN if [ "$TORCH" = cuda ]; then \
-      apt-get update \
-      && apt-get install -y --no-install-recommends gcc libc6-dev \
-      && rm -rf /var/lib/apt/lists/*; \
-    fi
+# torch.compile needs a compiler at run time (moshi compiles its gating and rotary functions,
+# vLLM its graphs): on a GPU, Triton builds its launchers with a C compiler; on the CPU,
+# Inductor writes C++ kernels and builds them with g++ (without one, a CPU worker fails when
+# the model first steps: InvalidCxxCompiler).
+RUN if [ "$TORCH" = cuda ]; then compiler="gcc libc6-dev"; else compiler="g++"; fi \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends $compiler \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/duplex /opt/duplex
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin duplex
 # Nothing is written outside /tmp at run time (the chart mounts it writable over a read-only
