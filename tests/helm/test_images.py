@@ -283,3 +283,39 @@ def test_every_ci_values_file_lints_and_validates(values):
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_host_pip_flags_pass_this_machines_pip_settings_into_a_build(tmp_path):
+    """docker/host-pip-flags.sh: each pip setting as the build argument of its name, and each
+    local path it names mounted read-only at the same path (a file:// index: its parent,
+    where its pages link); a setting pip does not have prints nothing."""
+    wheels = tmp_path / "wheels"
+    index = tmp_path / "mirror" / "simple"
+    ca = tmp_path / "ca.pem"
+    wheels.mkdir()
+    index.mkdir(parents=True)
+    ca.write_text("a CA")
+    no_config = tmp_path / "pip"  # a pip whose config files say nothing
+    no_config.write_text("#!/bin/sh\nexit 1\n")
+    no_config.chmod(0o755)
+    env = {
+        "PATH": os.environ["PATH"],
+        "PIP": str(no_config),
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_EXTRA_INDEX_URL": f"file://{index} https://mirror.example.com/simple",
+        "PIP_CERT": str(ca),
+    }
+    script = ROOT / "docker" / "host-pip-flags.sh"
+    out = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, check=True)
+    flags = shlex.split(out.stdout)
+    args = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--build-arg"]
+    mounts = [flags[i + 1] for i, flag in enumerate(flags) if flag == "-v"]
+    assert args == [
+        f"PIP_EXTRA_INDEX_URL=file://{index} https://mirror.example.com/simple",
+        f"PIP_FIND_LINKS={wheels}",
+        f"PIP_CERT={ca}",
+    ]
+    assert mounts == [f"{index.parent}:{index.parent}:ro", f"{wheels}:{wheels}:ro", f"{ca}:{ca}:ro"]
+    bare = {"PATH": os.environ["PATH"], "PIP": str(no_config)}
+    out = subprocess.run(["sh", str(script)], env=bare, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
