@@ -333,33 +333,85 @@ test-map-client: venv $(MAP_STAMP) $(MINICPMO_STAMP) redis-server
 
 # The images (docs/deploy.md): the API's, and one worker image per kind, each
 # docker/worker.Dockerfile with --build-arg WORKER_KIND=<kind>, tagged as the chart names them by
-# default (<repository>:<appVersion>; IMAGE_TORCH=cpu adds -cpu). Built with docker where a docker
-# daemon answers, podman otherwise (CONTAINER_ENGINE=... to choose); then each image's size.
+# default (<repository>:<appVersion>; IMAGE_TORCH=cpu adds -cpu to the workers'). Built with
+# docker where a docker daemon answers, podman otherwise (CONTAINER_ENGINE=... to choose); then
+# each image's size and how long it took to build.
 #   make images IMAGE_PREFIX=registry.example.com/     repositories under a registry, to push
 #   make images IMAGE_KINDS=moshi IMAGE_TORCH=cpu      one kind, PyTorch's CPU wheels
-#   IMAGE_BUILD_FLAGS: more engine flags (--build-arg BASE_IMAGE=..., --network host, -v ...)
+#   IMAGE_BUILD_FLAGS: more engine flags (--build-arg BASE_IMAGE=..., --network host, and
+#     $$(sh docker/host-pip-flags.sh) for this machine's pip mirror, wheels and CA bundle)
 IMAGE_KINDS       ?= cascade moshi nemotron minicpmo
 IMAGE_TORCH       ?= cuda
 IMAGE_PREFIX      ?=
 IMAGE_BUILD_FLAGS ?=
-IMAGE_TAG         ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' helm/duplex/Chart.yaml)$(if $(filter cpu,$(IMAGE_TORCH)),-cpu)
+IMAGE_VERSION     ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' helm/duplex/Chart.yaml)
+IMAGE_TAG         ?= $(IMAGE_VERSION)$(if $(filter cpu,$(IMAGE_TORCH)),-cpu)
 CONTAINER_ENGINE  ?= $(shell if docker info >/dev/null 2>&1; then echo docker; else echo podman; fi)
 
-.PHONY: images
+.PHONY: images test-images container-engine
 
 images:
-	@echo "building with $(CONTAINER_ENGINE), tag $(IMAGE_TAG)"
+	@echo "building with $(CONTAINER_ENGINE): the API $(IMAGE_VERSION), workers $(IMAGE_TAG)"
+	@start=$$(date +%s); \
 	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_FLAGS) -f docker/api.Dockerfile \
-	  -t $(IMAGE_PREFIX)duplex-serve-api:$(IMAGE_TAG) .
+	  -t $(IMAGE_PREFIX)duplex-serve-api:$(IMAGE_VERSION) . || exit 1; \
+	echo "built $(IMAGE_PREFIX)duplex-serve-api:$(IMAGE_VERSION) in $$(( $$(date +%s) - start )) s"
 	@for kind in $(IMAGE_KINDS); do \
+	  start=$$(date +%s); \
 	  echo "$(CONTAINER_ENGINE) build ... WORKER_KIND=$$kind TORCH=$(IMAGE_TORCH)"; \
 	  $(CONTAINER_ENGINE) build $(IMAGE_BUILD_FLAGS) -f docker/worker.Dockerfile \
 	    --build-arg WORKER_KIND=$$kind --build-arg TORCH=$(IMAGE_TORCH) \
 	    -t $(IMAGE_PREFIX)duplex-serve-worker-$$kind:$(IMAGE_TAG) . || exit 1; \
+	  echo "built $(IMAGE_PREFIX)duplex-serve-worker-$$kind:$(IMAGE_TAG) in $$(( $$(date +%s) - start )) s"; \
 	done
-	@for image in duplex-serve-api $(addprefix duplex-serve-worker-,$(IMAGE_KINDS)); do \
-	  size=$$($(CONTAINER_ENGINE) image inspect --format '{{.Size}}' $(IMAGE_PREFIX)$$image:$(IMAGE_TAG)) \
+	@for image in duplex-serve-api:$(IMAGE_VERSION) \
+	  $(addsuffix :$(IMAGE_TAG),$(addprefix duplex-serve-worker-,$(IMAGE_KINDS))); do \
+	  size=$$($(CONTAINER_ENGINE) image inspect --format '{{.Size}}' $(IMAGE_PREFIX)$$image) \
 	    || exit 1; \
-	  printf '%s:%s  %s bytes (%s)\n' "$(IMAGE_PREFIX)$$image" "$(IMAGE_TAG)" "$$size" \
+	  printf '%s  %s bytes (%s)\n' "$(IMAGE_PREFIX)$$image" "$$size" \
 	    "$$(numfmt --to=iec-i --suffix=B $$size)"; \
 	done
+
+# docker where its daemon answers; else podman, installed (Debian's podman 4.3, runc,
+# debootstrap for the base stand-in) when missing and we are root
+container-engine:
+	@if ! docker info >/dev/null 2>&1 && ! command -v podman >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing podman, runc, debootstrap (Debian packages)"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; \
+	  else \
+	    echo "neither a docker daemon nor podman: install one (e.g. apt-get install podman runc)"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+# The images as the chart's pods (tests/images): the API image, the CPU variants of the cascade
+# (echo) and Moshi workers, and a stand-in for the bundled Redis are built on python:3.11-slim,
+# or on a local stand-in of it where no registry answers (docker/base-image.sh; kept between
+# runs on one machine), with this machine's pip settings; then redis, an API pod and the
+# workers run as containers with what `helm template` renders for them. Whatever a killed run
+# left behind is removed before and after.
+TEST_IMAGE_ENGINE = $(shell if docker info >/dev/null 2>&1; then echo docker; else echo podman; fi)
+TEST_IMAGE_PREFIX = $(if $(filter podman,$(TEST_IMAGE_ENGINE)),localhost/)
+TEST_IMAGE_CLEAN  = ids=$$($(TEST_IMAGE_ENGINE) ps -aq --filter label=io.duplex-serve.test=images); \
+	  [ -z "$$ids" ] || $(TEST_IMAGE_ENGINE) rm -f $$ids >/dev/null; \
+	  nets=$$($(TEST_IMAGE_ENGINE) network ls -q --filter label=io.duplex-serve.test=images); \
+	  [ -z "$$nets" ] || $(TEST_IMAGE_ENGINE) network rm -f $$nets >/dev/null
+
+test-images: export CONTAINERS_CONF = $(CURDIR)/tests/images/containers.conf
+test-images: venv $(HELM) $(MOSHI_STAMP) container-engine
+	@$(TEST_IMAGE_CLEAN)
+	@base=$$(sh docker/base-image.sh $(TEST_IMAGE_ENGINE)) || exit 1; \
+	torch_index=$$(getent hosts download.pytorch.org >/dev/null || echo "--build-arg TORCH_CPU_INDEX="); \
+	flags="--network host --build-arg BASE_IMAGE=$$base $$torch_index $$(sh docker/host-pip-flags.sh)"; \
+	$(MAKE) --no-print-directory images CONTAINER_ENGINE=$(TEST_IMAGE_ENGINE) IMAGE_KINDS="cascade moshi" \
+	  IMAGE_TORCH=cpu IMAGE_BUILD_FLAGS="$$flags" && \
+	$(TEST_IMAGE_ENGINE) build -q --network host --build-arg BASE_IMAGE=$$base \
+	  -f tests/images/redis.Dockerfile -t $(TEST_IMAGE_PREFIX)duplex-test-redis:7 tests/images >/dev/null
+	DUPLEX_HELM=$(HELM) DUPLEX_IMAGE_ENGINE=$(TEST_IMAGE_ENGINE) \
+	  DUPLEX_IMAGE_PREFIX=$(TEST_IMAGE_PREFIX) DUPLEX_IMAGE_VERSION=$(IMAGE_VERSION) \
+	  DUPLEX_TEST_REDIS_IMAGE=$(TEST_IMAGE_PREFIX)duplex-test-redis:7 \
+	  DUPLEX_MOSHI_PYTHON=$(CURDIR)/$(MOSHI_VENV)/bin/python \
+	  $(BIN)/python -m pytest tests/images $(PYTEST_ARGS); \
+	status=$$?; $(TEST_IMAGE_CLEAN); exit $$status
