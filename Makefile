@@ -372,17 +372,23 @@ images:
 	    "$$(numfmt --to=iec-i --suffix=B $$size)"; \
 	done
 
-# docker where its daemon answers; else podman, installed (Debian's podman 4.3, runc,
-# debootstrap for the base stand-in) when missing and we are root
+# docker where its daemon answers; else podman, installed (Debian's podman 4.3 and runc, and
+# debootstrap for the base stand-in) where any is missing and we are root
 container-engine:
-	@if ! docker info >/dev/null 2>&1 && ! command -v podman >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing podman, runc, debootstrap (Debian packages)"; \
-	    apt-get update -qq >/dev/null && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; \
-	  else \
-	    echo "neither a docker daemon nor podman: install one (e.g. apt-get install podman runc)"; \
-	    exit 1; \
+	@if ! docker info >/dev/null 2>&1; then \
+	  missing=""; \
+	  for tool in podman runc debootstrap; do \
+	    command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	  done; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	      echo "installing$$missing (Debian packages)"; \
+	      apt-get update -qq >/dev/null && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	    else \
+	      echo "no docker daemon, and$$missing missing: install them (apt-get install$$missing)"; \
+	      exit 1; \
+	    fi; \
 	  fi; \
 	fi
 
