@@ -5,10 +5,9 @@ PersonaPlex plugin (`livekit.plugins.nvidia.experimental.realtime`) and Moshi's 
 speak. Each message is binary, its first byte its kind:
 
 - `0x00` (server): the handshake, sent once the session's model has opened its slot and
-  stepped its prompt (the persona and voice prompt of PersonaPlex); the client sends
-  nothing before it;
-- `0x01` (both ways): Ogg Opus pages, 24 kHz mono, one 80 ms frame per message (the
-  first message of each side carries the Opus headers);
+  stepped its prompt (the persona and voice prompt of PersonaPlex);
+- `0x01` (both ways): Ogg Opus pages, 24 kHz mono, one 80 ms frame per message from the
+  server (the first message of each side carries the Opus headers);
 - `0x02` (server): UTF-8 text, the model's words as it says them.
 
 The query names the session: `text_prompt` (the persona: the session's `instructions`),
@@ -26,12 +25,23 @@ Refusals come before the upgrade, as HTTP statuses with OpenAI's error body: 401
 403 (origin), 400 (a bad query, an unknown voice, a model that is not native), 429 (every
 native worker full, or none live, for `admission_wait_s`), 504 (no answer from the
 worker). The client then stops: a close instead would make it reconnect at once, forever.
-A full server is waited on first, as the reference servers' one conversation lock does: a
-client that just closed its session gets its slot back on the next.
+A full server is waited on first, as a client of kyutai's `moshi.server` waits for its one
+conversation lock (there after the upgrade and without a limit; here before it, for
+`admission_wait_s`): a client that just closed its session gets its slot back on the next.
 
-The model's audio is sent while it speaks (a response), not as a continuous stream of
-silence: LiveKit's plugin then sees one generation per turn of the model. While the model
-listens, a padding text message (`0x02 0x00`) goes out every `KEEPALIVE_S` without another.
+The client's audio is the session's clock, as in `moshi.server`: the worker steps a
+Moshi-protocol session once per 80 ms frame of the client's audio that has arrived, and
+every step's audio comes back as one `MOSHI_AUDIO` record, silence included, which goes out
+as one `0x01` message. So the client gets a frame for every frame it sends, whether the
+model speaks or listens, and nothing while it sends nothing. The protocol has no keepalive
+message (`moshi.server` sends none): a silent socket is kept open through proxies by the
+WebSocket pings of the pod's server (uvicorn: one every 20 s).
+
+Audio the client sends before the handshake (moshi's command-line client sends from the
+connect; `moshi.server` sends its handshake at once and then reads what came meanwhile) is
+kept, the first `EARLY_MESSAGES` audio messages (2 s of 80 ms frames), and reaches the model
+after the handshake; later ones are dropped (logged once): the first ones are kept because
+the first carries the Opus headers, without which nothing after it decodes.
 
 After the upgrade the session is the socket's: a dropped socket ends it (this protocol has
 no resume; no disconnect grace is held). The session ends the socket with a close: 1000
@@ -58,7 +68,14 @@ from services.api.attachment import AttachFailed
 from services.api.delivery import SessionParts
 from services.api.door import Door, deny
 from services.api.metrics import ApiMetrics
-from services.api.ogg_opus import SAMPLE_RATE, OggOpusError, OpusDecoder, OpusEncoder
+from services.api.ogg_opus import (
+    FRAME_SAMPLES,
+    MAX_MESSAGE_BYTES,
+    SAMPLE_RATE,
+    OggOpusError,
+    OpusDecoder,
+    OpusEncoder,
+)
 from services.api.output_queue import CLOSURE_TYPES, OutItem
 from services.api.socket_driver import (
     Close,
@@ -81,13 +98,13 @@ from shared.protocol.duplex import (
 log = logging.getLogger(__name__)
 
 HANDSHAKE = b"\x00"
-#: sent after `KEEPALIVE_S` without another message: a text message of one padding byte,
-#: which the reference servers send too (LiveKit's plugin drops it; Moshi's web client hangs
-#: up after 10 s without a message, and a listening model sends none)
-KEEPALIVE = b"\x02\x00"
-KEEPALIVE_S = 5.0
 AUDIO = 0x01
 TEXT = 0x02
+#: the client's audio messages sent before the handshake that are kept for the model: 2 s of
+#: 80 ms frames, the input backlog the worker keeps for a session anyway. Each is at most
+#: `MAX_MESSAGE_BYTES` and its kind byte, so a socket holds at most 1.6 MiB of them, and only
+#: until the handshake
+EARLY_MESSAGES = 2 * SAMPLE_RATE // FRAME_SAMPLES
 #: the model's words, as the worker's projection passes them (native_surfaces.py)
 WORDS = frozenset({"response.output_audio_transcript.delta", "response.output_text.delta"})
 #: what ends the socket besides the closures (the journal is gone: nothing can continue)
@@ -250,6 +267,7 @@ class MoshiConnection(SocketDriver):
         self.decoder = OpusDecoder()
         self.encoder = OpusEncoder()
         self.handshaken = asyncio.Event()
+        self.early_dropped = 0  # messages sent before the handshake and not kept
 
     # ------------------------------------------------------------ the driver's hooks
 
@@ -257,10 +275,10 @@ class MoshiConnection(SocketDriver):
         return True  # opened at the door (`MoshiChatEndpoint._open`)
 
     async def ready(self, writer: asyncio.Task[None]) -> bool | Close:
-        """Until the handshake went out. What the client sends before it is dropped, as
-        the reference servers drop it (the message read as it went out is kept: it may
-        have been sent after it); a client that leaves, or a session that ends first,
-        ends the socket; a model that takes too long closes it 1011."""
+        """Until the handshake went out. The audio the client sends before it is kept
+        (`keep_early`) and reaches the model after it, as `moshi.server`'s socket keeps
+        what came before its handshake; a client that leaves, or a session that ends
+        first, ends the socket; a model that takes too long closes it 1011."""
         outcome = await self.wait_ready(self.handshaken, writer, self.handshake_timeout_s)
         if outcome == "timeout":
             sid = self.attachment.session_id
@@ -269,6 +287,25 @@ class MoshiConnection(SocketDriver):
         if outcome == "ended":
             raise WebSocketDisconnect(NORMAL)
         return True
+
+    def keep_early(self, message: Message) -> bool:
+        """The first `EARLY_MESSAGES` audio messages of at most `MAX_MESSAGE_BYTES` are kept
+        (the first carries the Opus headers: a later one is the one dropped); anything else
+        is dropped, the first drop logged."""
+        data = message.get("bytes")
+        if data and data[0] == AUDIO and len(data) <= MAX_MESSAGE_BYTES + 1:
+            if len(self.early) < EARLY_MESSAGES:
+                return True
+            why = f"audio past the first {EARLY_MESSAGES} messages"
+        elif data and data[0] == AUDIO:
+            why = f"an audio message over {MAX_MESSAGE_BYTES} bytes"
+        else:
+            why = "a message that is not audio"
+        if not self.early_dropped:
+            sid = self.attachment.session_id
+            log.warning("session %s: dropped before the handshake: %s (logged once)", sid, why)
+        self.early_dropped += 1
+        return False
 
     async def on_message(self, message: Message) -> Close | None:
         data = message.get("bytes")
@@ -283,7 +320,8 @@ class MoshiConnection(SocketDriver):
             return (INVALID_DATA, str(exc)[:120])
         if pcm:
             # a frame refused (the worker is behind: its inbox is full) is lost, the model
-            # hears the next ones (`refuse`)
+            # hears the next ones (`refuse`): a frame it never stepped on, and one the
+            # client gets no frame back for
             await self.command(
                 AppendAudio(audio=pcm, format="pcm16", sample_rate_hz=SAMPLE_RATE), None
             )
@@ -295,17 +333,6 @@ class MoshiConnection(SocketDriver):
 
     def failed(self) -> Close | None:
         return (SERVER_ERROR, "internal_error")
-
-    async def next_item(self) -> OutItem:
-        """The next event; while the model listens, a keepalive after `KEEPALIVE_S`
-        without one."""
-        while True:
-            try:
-                async with asyncio.timeout(KEEPALIVE_S):
-                    return await self.delivery.get()
-            except TimeoutError:
-                if self.handshaken.is_set():  # the model listens: nothing else to send
-                    await self.ws.send_bytes(KEEPALIVE)
 
     async def send_item(self, item: OutItem) -> bool:
         wire_type = item.wire_type
@@ -325,14 +352,15 @@ class MoshiConnection(SocketDriver):
             return False
         elif not self.handshaken.is_set():
             pass  # the model's output is never sent before the handshake
-        elif wire_type == MOSHI_AUDIO:  # the frame's pcm16 as it crossed Redis
+        elif wire_type == MOSHI_AUDIO:  # one step's pcm16 as it crossed Redis, a frame
+            # One continuous Opus stream, whether the model speaks or listens: nothing is
+            # flushed at a response's end (a padded partial frame would put samples into
+            # it that the model never made; a step's frame is whole, so none waits anyway)
             await self._audio(self.encoder.encode(item.data))
         elif wire_type in WORDS:
             text = orjson.loads(item.data).get("delta") or ""
             if text:
                 await self.ws.send_bytes(bytes((TEXT,)) + text.encode())
-        elif wire_type == "response.done":
-            await self._audio(self.encoder.flush())  # the response's tail, padded
         return True
 
     async def _audio(self, pages: list[bytes]) -> None:

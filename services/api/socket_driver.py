@@ -22,7 +22,7 @@ what is its own (docs/architecture.md, "Where to add X"):
 
 The three tasks are never restarted (a restarted writer or pump would send out of order or
 after a takeover); a message read while the session was getting ready is kept for the
-reader (`early`, bounded by `max_early`).
+reader (`early`, bounded by `keep_early`: the first `max_early`).
 """
 
 from __future__ import annotations
@@ -171,6 +171,12 @@ class SocketDriver(abc.ABC):
         """The next event to send (a protocol may send something of its own meanwhile)."""
         return await self.delivery.get()
 
+    def keep_early(self, message: Message) -> bool:
+        """Whether a client message read while the session got ready is kept for the
+        reader (`wait_ready`): the first `max_early`. A protocol may bound them its own way
+        (by size too), or say that it dropped one."""
+        return len(self.early) < self.max_early
+
     # ------------------------------------------------------------ the socket's life
 
     async def run(self) -> None:
@@ -284,8 +290,9 @@ class SocketDriver(abc.ABC):
         """Until `ready` is set ("ready"), the session ended first ("ended": the writer
         closed the socket after its closure), or `timeout_s` passed ("timeout"). The socket
         is read meanwhile, so that a client that leaves (WebSocketDisconnect) frees its
-        slot at once; what it sends is kept for the reader up to `max_early` messages (and
-        the one read as `ready` was set, which may have been sent after it)."""
+        slot at once; what it sends is kept for the reader as `keep_early` says (the first
+        `max_early` messages), and so is the one read as `ready` was set, which may have
+        been sent after it."""
         waiting = asyncio.create_task(ready.wait())
         deadline = time.monotonic() + timeout_s
         try:
@@ -300,7 +307,7 @@ class SocketDriver(abc.ABC):
                     if message is not None:
                         self.early.append(message)
                     return "ready"
-                if message is not None and len(self.early) < self.max_early:
+                if message is not None and self.keep_early(message):
                     self.early.append(message)
                 if writer.done():
                     return "ended"

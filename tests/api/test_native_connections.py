@@ -3,14 +3,18 @@ session's events, with a socket and a session that the test plays (the end-to-en
 tests/e2e/test_native_surfaces.py, run them against real processes).
 
 Moshi: a session that ends before the handshake closes the socket with 1011 and its error
-code (never a silent drop); a listening model's socket gets a padding text message every
-few seconds (Moshi's web client hangs up after 10 s of nothing); an error that did not end
-the session does not make its later normal end a 1011; a response's last partial frame is
-sent, padded. GPT-Live: a model that never gets ready is given up with an error."""
+code (never a silent drop); an idle socket gets nothing after the handshake however long it
+stays idle (no keepalive message: `moshi.server` sends none); the audio a client sends
+before the handshake reaches the model after it, in order, up to a bound; the model's
+frames go out as one Opus stream, silence included, with nothing padded in at a response's
+end; an error that did not end the session does not make its later normal end a 1011.
+GPT-Live: a model that never gets ready is given up with an error."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import selectors
 import types
 
 import numpy as np
@@ -18,17 +22,22 @@ import orjson
 import pytest
 import sphn
 
-from services.api import moshi_chat
 from services.api.command_sender import failure_event
 from services.api.delivery import SessionParts
 from services.api.door import Door
 from services.api.inbox_writer import InboxFull
 from services.api.live_sessions import LiveConnection
 from services.api.metrics import ApiMetrics
-from services.api.moshi_chat import MoshiChatEndpoint, MoshiConnection, moshi_chat_path
+from services.api.moshi_chat import (
+    EARLY_MESSAGES,
+    MoshiChatEndpoint,
+    MoshiConnection,
+    moshi_chat_path,
+)
+from services.api.ogg_opus import OpusDecoder
 from services.api.output_queue import OutItem, OutputQueue
 from services.api.security import KeyChecker
-from shared.protocol.duplex import MOSHI_AUDIO
+from shared.protocol.duplex import MOSHI_AUDIO, AppendAudio
 
 WAIT_S = 5
 
@@ -121,30 +130,172 @@ async def test_a_session_that_ends_before_the_handshake_closes_with_its_error():
     assert session.released
 
 
-async def test_a_listening_model_keeps_the_socket_alive(monkeypatch):
-    monkeypatch.setattr(moshi_chat, "KEEPALIVE_S", 0.05)
-    session, socket = Session(), Socket()
+class JumpingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """A selector whose waits take no time: where nothing is ready it moves its clock on to
+    the loop's next timer, so every timer fires in order at once (`JumpingClockLoop`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def select(self, timeout: float | None = None):  # type: ignore[override]
+        ready = super().select(0)
+        if not ready:
+            if timeout is None:
+                raise RuntimeError("nothing ready and no timer: the test would wait forever")
+            self.now += timeout
+        return ready
+
+
+class JumpingClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock (`time`, which `asyncio.timeout` and `asyncio.sleep` read)
+    jumps to its next timer whenever it would wait."""
+
+    def __init__(self) -> None:
+        self.selector = JumpingSelector()
+        super().__init__(self.selector)
+
+    def time(self) -> float:
+        return self.selector.now
+
+
+def test_an_idle_socket_gets_nothing_after_the_handshake():
+    """The client sends nothing and the model has nothing to send: nothing is sent, however
+    long (a minute on a clock that jumps: a timer the connection set, such as the old 5 s
+    keepalive `0x02 0x00`, would fire and send). The pod's server pings the socket."""
+
+    async def idle_minute() -> list[bytes | str]:
+        session, socket = Session(), Socket()
+        run = asyncio.create_task(moshi(session, socket).run())
+        session.emit("session.started", session={"id": session.session_id})
+        await socket.until(lambda: socket.sent == [b"\x00"])
+        await asyncio.sleep(60)
+        sent = list(socket.sent)
+        await socket.incoming.put({"type": "websocket.disconnect", "code": 1000})
+        async with asyncio.timeout(WAIT_S):
+            await run
+        return sent
+
+    loop = JumpingClockLoop()
+    try:
+        sent = loop.run_until_complete(idle_minute())
+        assert loop.time() >= 60  # the minute went by on the loop's clock
+    finally:
+        loop.close()
+    assert sent == [b"\x00"]
+
+
+class ClientFirst(Socket):
+    """A client that sent its messages before the handshake: `asked` is set once the
+    connection asks for one more than it sent (it has taken every one)."""
+
+    def __init__(self, messages: list[bytes]) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+        for data in messages:
+            self.incoming.put_nowait({"type": "websocket.receive", "bytes": data})
+
+    async def receive(self) -> dict:
+        if self.incoming.empty():
+            self.asked.set()
+        return await super().receive()
+
+
+class Appended(Session):
+    """A session that counts the appends it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appended = asyncio.Event()
+
+    async def command(self, command) -> None:
+        await super().command(command)
+        self.appended.set()
+
+    async def until_appends(self, count: int) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while len(self.sent) < count:
+                self.appended.clear()
+                await self.appended.wait()
+
+
+def client_pages(count: int) -> list[bytes]:
+    """A client's Ogg Opus stream of `count` 80 ms frames, each sounding different, one
+    page a message (the first carries the headers)."""
+    writer = sphn.OpusStreamWriter(24000)
+    t = np.arange(1920) / 24000
+    return [
+        b"\x01" + writer.append_pcm((0.3 * np.sin(2 * np.pi * (200 + 40 * i) * t)).astype("f4"))
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("early", [5, EARLY_MESSAGES + 7])
+async def test_audio_sent_before_the_handshake_reaches_the_model_after_it(early, caplog):
+    """What a client sends before the handshake (moshi's command-line client sends from the
+    connect) is appended after it, in order, then what it sends next; past the bound the
+    later ones are dropped and said once, and the stream still decodes after the gap."""
+    pages = client_pages(early + 1)
+    session, socket = Appended(), ClientFirst(pages[:early])
     run = asyncio.create_task(moshi(session, socket).run())
+    async with asyncio.timeout(WAIT_S):
+        await socket.asked.wait()  # every early message read, the model not ready yet
+    assert session.sent == []
     session.emit("session.started", session={"id": session.session_id})
-    await socket.until(lambda: socket.sent.count(b"\x02\x00") >= 2)
-    assert socket.sent[0] == b"\x00"
+    await socket.until(lambda: socket.sent == [b"\x00"])
+    await socket.incoming.put({"type": "websocket.receive", "bytes": pages[early]})
+    kept = min(early, EARLY_MESSAGES)
+    await session.until_appends(kept + 1)
+
+    decoder = OpusDecoder()
+    heard = [decoder.decode(page[1:]) for page in [*pages[:kept], pages[early]]]
+    assert all(isinstance(c, AppendAudio) for c in session.sent)
+    assert [c.audio for c in session.sent] == heard
+    assert {(c.format, c.sample_rate_hz) for c in session.sent} == {("pcm16", 24000)}
+    dropped = [r for r in caplog.records if "dropped before the handshake" in r.getMessage()]
+    assert len(dropped) == (1 if early > EARLY_MESSAGES else 0)
+    assert all(r.levelno == logging.WARNING for r in dropped)
     await socket.incoming.put({"type": "websocket.disconnect", "code": 1000})
     async with asyncio.timeout(WAIT_S):
         await run
 
 
 def audio_record(samples: np.ndarray) -> OutItem:
-    """A moshi session's audio as it crosses Redis: the frame's pcm16 bytes, not JSON."""
+    """A moshi session's audio as it crosses Redis: the step's pcm16 bytes, not JSON."""
     return OutItem((samples * 32767).astype("<i2").tobytes(), MOSHI_AUDIO)
 
 
-async def test_an_error_the_session_outlived_leaves_its_end_normal_and_a_tail_is_sent():
+async def test_the_models_frames_are_one_stream_with_nothing_padded_at_a_responses_end():
+    """A frame out for every step's record, silence included; a response's end sends
+    nothing (a padded partial frame would put samples in the stream that the model never
+    made): a partial frame waits for the rest."""
+    session, socket = Session(), Socket()
+    run = asyncio.create_task(moshi(session, socket).run())
+    session.emit("session.started", session={"id": session.session_id})
+    session.queue.put(audio_record(np.zeros(1920, np.float32)))  # the model listens
+    session.queue.put(audio_record(np.full(1920, 0.3, np.float32)))  # it speaks
+    session.emit("response.done", response={"status": "completed"})
+    session.queue.put(audio_record(np.zeros(1920, np.float32)))
+    session.queue.put(audio_record(np.full(1920 * 3 // 2, 0.3, np.float32)))
+    session.emit("response.done", response={"status": "completed"})
+    session.queue.put(audio_record(np.full(1920 // 2, 0.3, np.float32)))
+    session.emit("response.done", response={"status": "completed"})
+    session.emit("session.closed", reason="client_close")
+    async with asyncio.timeout(WAIT_S):
+        await run
+    assert socket.sent[0] == b"\x00"
+    assert all(isinstance(m, bytes) and m[0] == 0x01 for m in socket.sent[1:])
+    reader = sphn.OpusStreamReader(24000)
+    heard = [reader.append_bytes(m[1:]).size for m in socket.sent[1:]]
+    assert heard == [1920] * 5  # 5 frames in (the last two as 1.5 + 0.5), 5 out
+
+
+async def test_an_error_the_session_outlived_leaves_its_end_normal():
     session, socket = Session(), Socket()
     run = asyncio.create_task(moshi(session, socket).run())
     session.emit("session.started", session={"id": session.session_id})
     session.emit("error", error={"code": "input_backpressure", "message": "slow down"})
-    frame_and_a_half = np.full(1920 * 3 // 2, 0.3, np.float32)
-    session.queue.put(audio_record(frame_and_a_half))
+    session.queue.put(audio_record(np.full(1920, 0.3, np.float32)))
     session.emit("response.output_audio_transcript.delta", delta="hi")
     session.emit("response.done", response={"status": "completed"})
     session.emit("session.closed", reason="timeout")
@@ -152,10 +303,7 @@ async def test_an_error_the_session_outlived_leaves_its_end_normal_and_a_tail_is
         await run
     assert socket.closed == (1000, "timeout")
     kinds = [m[0] for m in socket.sent if isinstance(m, bytes)]
-    assert kinds == [0x00, 0x01, 0x02, 0x01]  # handshake, a frame, words, the padded tail
-    reader = sphn.OpusStreamReader(24000)
-    heard = [reader.append_bytes(m[1:]).size for m in socket.sent if m[0] == 0x01]
-    assert heard == [1920, 1920]
+    assert kinds == [0x00, 0x01, 0x02]  # handshake, a frame, words
     assert socket.sent[2] == b"\x02hi"
 
 
