@@ -106,9 +106,10 @@ class FrameModel(abc.ABC):
 
     Slots are numbered 0..slots-1. A slot is opened (or restored) before its first
     step, interrupted on a barge-in or cancel, and closed when its session ends (and may
-    then be opened again, for another session, as a fresh conversation); a closed
-    slot is stepped as inactive (`active[slot]` False) and its state must not change,
-    nor change anyone else's output: a session's outputs are the same whoever shares the batch.
+    then be opened again, for another session, as a fresh conversation); a slot stepped
+    as inactive (`active[slot]` False: closed, replaying, or open and waiting for its
+    client's audio, `StagePlan.client_clock`) keeps its state, and changes no one else's
+    output: a session's outputs are the same whoever shares the batch.
     """
 
     #: samples of one input frame at `input_sample_rate_hz`

@@ -47,13 +47,20 @@ def parse_stage_request_id(request_id: str) -> tuple[str, int, str]:
 
 @dataclasses.dataclass
 class StagePlan:
-    """One submission to a stage request: the plugin decides `payload`."""
+    """One submission to a stage request: the plugin decides `payload`.
+
+    `client_clock` (a frame-clocked stage's stream only): the session's input is its clock.
+    Once its prompt is stepped, its slot is stepped once per whole frame of input that has
+    arrived, and only then (a slot whose input has not arrived skips the tick and keeps its
+    state), and every frame it steps goes to the session, listening ones too (`QUIET`).
+    Moshi's protocol: its reference server steps the model on the client's audio."""
 
     request_id: str
     fence: DuplexFence
     role: str
     payload: Any
     final: bool = True
+    client_clock: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +99,9 @@ class OutputKind(enum.StrEnum):
     #: a frame-clocked stage's slot has stepped its prompt: the model hears the session
     #: from now on (part of no response)
     READY = "ready"
+    #: `audio` at `sample_rate_hz`: a frame a client-clocked slot stepped while its model
+    #: listens (`StagePlan.client_clock`), part of no response: its protocol sends every frame
+    QUIET = "quiet"
 
 
 @dataclasses.dataclass

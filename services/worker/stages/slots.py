@@ -213,6 +213,9 @@ class SlotState:
     replayed: SlotReplay | None = None
     #: the session is told once the slot has stepped its prompt (`StageOutput` "ready")
     announce_ready: bool = False
+    #: the session's input is its clock (`StagePlan.client_clock`): past its prompt, the
+    #: slot steps only on a whole frame of input, and every frame it steps is sent
+    client_clocked: bool = False
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
     #: the input sample (counted from the slot's first) the buffer starts at: the end of
@@ -239,6 +242,20 @@ class SlotState:
     @property
     def replaying(self) -> bool:
         return self.replay is not None
+
+    @property
+    def waits_for_input(self) -> bool:
+        """A client-clocked slot past its prompt with no whole frame of input: its client
+        is the clock, and it has not ticked (the slot skips the step, its state kept)."""
+        past_prompt = self.client_clocked and not self.announce_ready
+        return past_prompt and self.buffered < self.frame_samples
+
+    @property
+    def behind(self) -> bool:
+        """A client-clocked slot with a whole frame of input left after the tick's step: its
+        client is ahead (a burst, early audio, a worker that fell behind)."""
+        past_prompt = self.client_clocked and not self.announce_ready
+        return past_prompt and self.buffered >= self.frame_samples
 
     # ------------------------------------------------------------ input
 
@@ -291,8 +308,8 @@ class SlotState:
         frame included); the cost is the extra depth, paid once, and never a gap once the
         audio flows (tests/worker/stages/test_jitter.py)."""
         frame, chunk = self.frame_samples, max(self.recent_chunks, default=0)
-        if chunk <= frame:
-            return frame
+        if chunk <= frame or self.client_clocked:
+            return frame  # a client-clocked slot steps when a frame is whole: no gap to cover
         # a burst (a client far ahead, a file sent at once) does not make the buffer deep
         return min(chunk + frame // 4, self.max_jitter_samples, self.max_buffered_samples)
 

@@ -15,6 +15,18 @@ due one period after the previous due time; a step that ends past the next due t
 deadline miss, and the grid points it overran are skipped (no burst of steps to catch up).
 With no slot open the task waits on an event, not on the clock.
 
+A client-clocked slot (`StagePlan.client_clock`: a session of Moshi's protocol, whose
+reference server steps the model on the client's audio) is stepped on the server's clock
+while it steps its prompt, and after that once per whole frame of its client's input, and
+only then: a tick that finds no whole frame for it leaves it out of the step (inactive, its
+state kept; nothing is sent), so a client that stops sending stops its model. Every frame
+it steps goes to its session, the model's quiet ones too ("quiet" outputs, part of no
+response): a frame out for every frame in. A slot with more than a frame waiting after the
+tick's step (early audio, a burst, a worker that fell behind) steps again, alone with the
+others behind, in the time before the next frame (`_catch_up`); its backlog is never more
+than `MAX_BUFFERED_MS` (the oldest is cut). A slot with no prompt is ready at once, before
+any step.
+
 Every `FrameModel` method runs on one dedicated thread (a 1-thread executor), so a step
 never overlaps an open, reset or close, and those run between steps in call order.
 
@@ -130,6 +142,9 @@ RESTORED_INPUT_MS = 160
 #: length and with the machine's other work). A share of the period, not a time: a model
 #: whose step is longer varies by more (8 ms at 80 ms, 100 ms at 1 s)
 REPLAY_MARGIN = 0.1
+#: a tick's catch-up steps of client-clocked slots behind their client, at most (the time
+#: before the next frame bounds them first: `_catch_up`)
+MAX_CATCH_UP_STEPS = 8
 #: the weight of a restore's newest call in the fit of its cost (`ReplayCost`): the calls
 #: before it weigh 1 - this times less each (about the last five count)
 REPLAY_COST_WEIGHT = 0.2
@@ -176,6 +191,8 @@ class TickCounters:
     dropped_images: int = 0
     last_tick_s: float = 0.0
     max_tick_s: float = 0.0
+    #: steps of client-clocked slots behind their client, between two ticks (`_catch_up`)
+    catch_up_steps: int = 0
     restores: int = 0
     restored_frames: int = 0
     replay_chunks: int = 0
@@ -327,6 +344,7 @@ class TickBatchedStagePort(InputFedStagePort):
         if plan.fence.epoch >= (slot.fence.epoch if slot.fence else 0):
             slot.fence, slot.request_id = plan.fence, plan.request_id
         options = dict(plan.payload or {})
+        slot.client_clocked = plan.client_clock
         if slot.opened:  # a second stream request of one session: it goes on, interrupted
             await self._on_model(self.model.interrupt_slot, slot.index)
             slot.listen()
@@ -592,6 +610,7 @@ class TickBatchedStagePort(InputFedStagePort):
                 log.exception("tick of %s failed", self.model_name)
                 ended = self.clock.now()
             due = self._next_due(due, ended)
+            await self._catch_up(due)
             await self._replay(due)
 
     async def _wait_until(self, due: float) -> None:
@@ -756,16 +775,46 @@ class TickBatchedStagePort(InputFedStagePort):
                 self._metrics.deadline_misses.labels(self.model_name).inc()
         return next_due
 
-    async def _tick(self) -> float:
+    async def _catch_up(self, due: float) -> None:
+        """Client-clocked slots behind their client (a whole frame of input left after the
+        tick's step: early audio, a burst, a worker that fell behind) step again, those slots
+        alone, while the time before the next frame holds a step (the last one's duration,
+        plus the margin), `MAX_CATCH_UP_STEPS` at most: such a slot's backlog drains as fast
+        as the worker has time, as the reference server steps a frame as soon as it is whole,
+        and it is never more than `MAX_BUFFERED_MS` (the input bound cuts the oldest)."""
+        margin = REPLAY_MARGIN * self.period_s
+        for _ in range(MAX_CATCH_UP_STEPS):
+            behind = [
+                slot
+                for slot in self._slots.values()
+                if slot.opened and not slot.replaying and not slot.closing and slot.behind
+            ]
+            if not behind or due - margin - self.clock.now() <= self.counters.last_tick_s:
+                return
+            await self._tick(behind)
+            self.counters.catch_up_steps += 1
+            if self._metrics is not None:
+                self._metrics.catch_up_steps.labels(self.model_name).inc()
+
+    async def _tick(self, only: Sequence[SlotState] | None = None) -> float:
+        """One batched step of every open slot (`only`: of these alone, a catch-up)."""
         model = self.model
         frames = np.zeros((model.slots, model.frame_samples), np.float32)
         active = np.zeros(model.slots, bool)
         images: list[tuple[bytes, ...]] = [()] * model.slots
         stepped: list[tuple[SlotState, int]] = []
         silence = 0
-        for slot in self._slots.values():
+        for slot in list(self._slots.values()) if only is None else only:
             if not slot.opened or slot.replaying:
                 continue
+            if (
+                slot.client_clocked
+                and slot.announce_ready
+                and not model.prompt_frames_left(slot.index)
+            ):
+                self._ready(slot)  # nothing of its own to step before its client speaks
+            if slot.waits_for_input:
+                continue  # its client's audio is its clock, and has not ticked: state kept
             active[slot.index] = True
             if not slot.take_frame(frames[slot.index]):
                 silence += 1  # its images wait for their audio
@@ -841,6 +890,10 @@ class TickBatchedStagePort(InputFedStagePort):
         if slot.request_id == slot.aborted_request_id:
             return  # nothing of an aborted request is sent (the runner re-stamps at once)
         if not send:
+            if slot.client_clocked:  # its protocol sends every frame, the model's quiet too
+                rate = self.model.output_sample_rate_hz
+                audio = np.array(output.audio, dtype=np.float32).reshape(-1)
+                sink(StageOutput(slot.request_id, slot.fence, OutputKind.QUIET, audio, rate))
             self._frame_error(sink, slot, output)  # the frame's own error, speaking or not
             return
         # a copy: a model may reuse its output buffer at the next step, before the runner

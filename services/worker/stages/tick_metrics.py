@@ -52,6 +52,13 @@ class TickMetrics:
             ["model"],
             registry=registry,
         )
+        self.catch_up_steps = Counter(
+            "duplex_tick_catch_up_steps_total",
+            "Steps between two ticks of client-clocked sessions (Moshi's protocol) whose "
+            "client was more than a frame ahead",
+            ["model"],
+            registry=registry,
+        )
         self.dropped_images = Counter(
             "duplex_tick_dropped_images_total",
             "Camera frames not passed to the model: more came due for one frame of input "

@@ -54,13 +54,14 @@ class Rig:
         self.step_times: list[float] = []
         self.model.on_step = lambda: self.step_times.append(self.clock.now())
 
-    async def open(self, session_id: str, epoch: int = 0) -> str:
+    async def open(self, session_id: str, epoch: int = 0, client_clock: bool = False) -> str:
         fence = DuplexFence(session_id, epoch, 0)
         self.outputs[session_id] = []
         self.ready[session_id] = 0
         self.port.bind(session_id, functools.partial(self._sink, session_id))
         request_id = await self.port.ensure(fence, "stage0")
-        await self.port.submit_initial(StagePlan(request_id, fence, "stage0", {"voice": "v"}))
+        plan = StagePlan(request_id, fence, "stage0", {"voice": "v"}, client_clock=client_clock)
+        await self.port.submit_initial(plan)
         return request_id
 
     async def tick(self, count: int = 1) -> None:

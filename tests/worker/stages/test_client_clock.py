@@ -1,0 +1,120 @@
+"""A client-clocked slot (`StagePlan.client_clock`, a session of Moshi's protocol): past its
+prompt it steps once per whole frame of its client's input and only then, its state kept
+while the client sends nothing; every frame it steps goes out, the model's quiet ones too;
+a backlog steps again between ticks; the slots on the server's clock beside it are as
+before. On the test's clock (`ManualClock`): every step is counted by the echo model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.frame_models import FRAME_SAMPLES, tone
+from services.worker.stages.tick_batched import MAX_BUFFERED_MS, MAX_CATCH_UP_STEPS
+from tests.worker.stages.test_tick_batched import Rig
+
+QUIET = np.zeros(FRAME_SAMPLES, np.float32)
+
+
+async def test_it_steps_only_on_its_clients_frames_and_waits_without_them():
+    rig = Rig()
+    try:
+        await rig.open("moshi", client_clock=True)
+        await rig.open("realtime")  # the server's clock
+        await rig.tick(3)  # neither client sent anything
+        assert rig.ready["moshi"] == 1  # no prompt: ready before any step
+        assert rig.model.steps[:2] == [0, 3]  # the realtime slot steps on silence
+        assert rig.port.stats()["silence_frames_by_session"] == {"moshi": 0, "realtime": 3}
+        assert rig.outputs["moshi"] == []  # nothing stepped, nothing sent
+        rig.port.feed("moshi", QUIET)
+        await rig.tick()
+        assert rig.model.steps[0] == 1
+        rig.port.feed("moshi", QUIET[: FRAME_SAMPLES // 2])
+        await rig.tick(2)
+        assert rig.model.steps[0] == 1  # half a frame is not a tick of its clock
+        rig.port.feed("moshi", QUIET[FRAME_SAMPLES // 2 :])
+        await rig.tick()
+        assert rig.model.steps[:2] == [2, 7]
+        assert rig.port.stats()["silence_frames_by_session"]["moshi"] == 0
+    finally:
+        await rig.port.shutdown()
+
+
+async def test_every_frame_it_steps_goes_out_the_quiet_ones_too():
+    rig = Rig()
+    try:
+        await rig.open("moshi", client_clock=True)
+        await rig.open("realtime")
+        said = [QUIET, QUIET, tone(1), tone(1), QUIET, QUIET, QUIET, QUIET, QUIET, QUIET]
+        for frame in said:
+            rig.port.feed("moshi", frame)
+            rig.port.feed("realtime", frame)
+            await rig.tick()
+        kinds = rig.kinds("moshi")
+        # one audio out per frame in: the echo model says the tone back 2 frames later, as a
+        # response that 3 quiet frames end; the frames around it are the model's quiet ones
+        assert [k for k in kinds if k != "listen"] == (
+            ["quiet"] * 4 + ["audio"] * 5 + ["quiet"] * 1
+        )
+        assert kinds.count("listen") == 1
+        assert all(
+            o.audio is not None and o.audio.size == FRAME_SAMPLES
+            for o in rig.outputs["moshi"]
+            if o.kind in ("quiet", "audio")
+        )
+        # the realtime slot sends a response's frames only, as before
+        assert "quiet" not in rig.kinds("realtime")
+        assert rig.kinds("realtime").count("audio") == 5
+    finally:
+        await rig.port.shutdown()
+
+
+async def test_a_backlog_steps_again_between_ticks_and_the_others_do_not():
+    rig = Rig()
+    try:
+        await rig.open("moshi", client_clock=True)
+        await rig.open("realtime")
+        burst = MAX_CATCH_UP_STEPS + 1 + 3  # more than one tick and its catch-up steps
+        rig.port.feed("moshi", np.concatenate([QUIET] * burst))
+        await rig.tick()
+        await rig.clock.next_sleeper()  # the tick's catch-up steps are done
+        assert rig.model.steps[:2] == [1 + MAX_CATCH_UP_STEPS, 1]
+        assert rig.port.stats()["catch_up_steps"] == MAX_CATCH_UP_STEPS
+        await rig.tick()
+        await rig.clock.next_sleeper()
+        assert rig.model.steps[:2] == [burst, 2]  # the rest, then it waits for its client
+        assert len(rig.kinds("moshi")) == burst
+    finally:
+        await rig.port.shutdown()
+
+
+async def test_its_backlog_is_bounded_oldest_cut():
+    rig = Rig()
+    try:
+        await rig.open("moshi", client_clock=True)
+        bound = MAX_BUFFERED_MS * 24 // FRAME_SAMPLES  # frames of 80 ms in the bound
+        rig.port.feed("moshi", np.concatenate([QUIET] * (bound + 10)))
+        for _ in range(bound):
+            await rig.tick()
+        await rig.clock.next_sleeper()
+        assert rig.model.steps[0] == bound  # 10 frames were cut, never stepped
+        await rig.tick(2)
+        assert rig.model.steps[0] == bound
+    finally:
+        await rig.port.shutdown()
+
+
+async def test_its_prompt_steps_on_the_servers_clock_then_it_waits_for_its_client():
+    rig = Rig()
+    try:
+        prompt = 3
+        rig.model.prompt_frames_left = lambda slot: max(0, prompt - rig.model.steps[slot])
+        await rig.open("persona", client_clock=True)
+        await rig.tick(prompt)
+        assert rig.ready["persona"] == 1 and rig.model.steps[0] == prompt
+        await rig.tick(2)
+        assert rig.model.steps[0] == prompt  # past its prompt: its client's clock
+        rig.port.feed("persona", QUIET)
+        await rig.tick()
+        assert rig.model.steps[0] == prompt + 1
+    finally:
+        await rig.port.shutdown()
