@@ -26,8 +26,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from harness.frame_models import RATE, tone
 from harness.processes import start_api, start_worker
+from shared.protocol.duplex import MOSHI_AUDIO
 from shared.redis.connection import connect as redis_connect
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import journal_entry_records
 from tests.e2e.waits import until
 
 PLUGIN = "harness.frame_models:EchoFramePlugin"
@@ -154,6 +156,52 @@ async def test_moshi_handshake_then_the_model_speaks_back_and_a_dropped_socket_f
         await handle.close()
 
 
+async def test_moshi_the_clients_audio_is_the_clock_a_frame_out_for_every_frame_in(native):
+    """As kyutai's moshi.server: the model steps once per 80 ms frame the client sent, and
+    each step's audio goes back, the model's silence included; while the client sends
+    nothing the model does not step (watched for a second of the worker's own clock, its
+    heartbeats)."""
+    api, keys, redis_url = native
+    handle = redis_connect(redis_url)
+    client = handle.client
+    try:
+        async with connect(f"{ws_base(api)}/api/chat?api_key={KEY}") as ws:
+            assert await received(ws) == b"\x00"
+            moshi = MoshiClient(ws)
+            listening = asyncio.create_task(moshi.listen())
+            sessions = [k async for k in client.scan_iter(match=keys.session("*"))]
+            states = {k: await client.hget(k, "state") for k in sessions if k.endswith(b"}")}
+            (key,) = [k for k, state in states.items() if state != b"closed"]
+            events = keys.events(key.decode().split("{", 1)[1].removesuffix("}"))
+
+            async def audio_records() -> int:
+                entries = await client.xrange(events)
+                records = [r for entry in entries for r in journal_entry_records(*entry)]
+                return sum(1 for r in records if r.wire_type == MOSHI_AUDIO)
+
+            async def a_second_of_the_worker() -> None:
+                async def beat() -> float:
+                    return await client.zscore(keys.workers(), "native-worker") or 0.0
+
+                start = await beat()
+                await until(beat, lambda at: at >= start + 1000, WAIT_S)
+
+            await a_second_of_the_worker()  # after the handshake, no audio: no step
+            assert await audio_records() == 0
+            await moshi.speak(np.zeros(FRAME * 10, np.float32))  # the model listens
+            await until(audio_records, lambda n: n >= 10, WAIT_S)
+            await a_second_of_the_worker()
+            assert await audio_records() == 10
+            await moshi.speak(tone(5))  # the model speaks it back, 2 frames later
+            await until(audio_records, lambda n: n >= 15, WAIT_S)
+            await a_second_of_the_worker()
+            assert await audio_records() == 15
+            await until(_async(lambda: len(moshi.heard)), lambda n: n > 0, WAIT_S)
+            listening.cancel()
+    finally:
+        await handle.close()
+
+
 async def test_moshi_refusals_are_http_statuses_before_the_upgrade(native):
     api, _, _ = native
     base = ws_base(api)
@@ -191,7 +239,7 @@ async def test_moshi_input_that_is_not_ogg_opus_closes_the_socket_clearly(native
         assert await received(ws) == b"\x00"
         await ws.send(message)
         with pytest.raises(ConnectionClosed) as closed:
-            async with asyncio.timeout(WAIT_S):  # padding keepalives come meanwhile
+            async with asyncio.timeout(WAIT_S):  # until the close
                 while True:
                     await ws.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == code

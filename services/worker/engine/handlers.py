@@ -109,6 +109,11 @@ async def on_stage_output(ctx: SessionContext, raw: StageOutput) -> None:
             # the slot stepped its prompt: Moshi's handshake, GPT-Live's session.started
             if native is not None and native.owns(output) and ctx.session.config.native_surface:
                 ctx.emit(ready_event())
+        case OutputKind.QUIET:
+            # a frame the model stepped while listening, of a client-clocked session: its
+            # protocol (Moshi's) sends every frame, silence included
+            if native is not None and native.owns(output):
+                ctx.emit(native.quiet_frame(output))
         case OutputKind.NONFATAL_ERROR:
             responses.nonfatal_error(output)
         case OutputKind.ERROR if native is not None and native.lost(output):

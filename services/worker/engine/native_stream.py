@@ -52,6 +52,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from services.worker.engine.engine_session import EngineSession
+from services.worker.engine.native_surfaces import SurfaceBytes, client_clocked
 from services.worker.engine.video_frames import camera_frames
 from shared.contracts import (
     SIZED_RECORDS,
@@ -65,6 +66,7 @@ from shared.contracts import (
     StagePlan,
     StagePort,
 )
+from shared.protocol.duplex import MOSHI_AUDIO, OutputAudioEncoder
 from shared.protocol.duplex.errors import INPUT_FAILED, STREAM_FAILED, WORKER_LOST
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ class NativeStream:
             self.history = ModelHistory(port.state_record_bytes, sized=port.state_records_sized)
         #: a response was in flight when the session moved here: the model goes on with it
         self.responding = False
+        #: encodes the quiet frames of a client-clocked session (`quiet_frame`)
+        self._quiet_encoder: OutputAudioEncoder | None = None
 
     def restored_history(self, data: bytes, record_bytes: int | None = None) -> None:
         """A restore: the history written to Redis so far (what the model replays), in the
@@ -129,7 +133,13 @@ class NativeStream:
             request_id = await self.port.ensure(session.fence, self.role)
             if self.history is not None and isinstance(self.port, InputFedStagePort):
                 self.port.keep_history(session.session_id, self.history, responding=self.responding)
-            plan = StagePlan(request_id, session.fence, self.role, dict(session.runtime_config))
+            plan = StagePlan(
+                request_id,
+                session.fence,
+                self.role,
+                dict(session.runtime_config),
+                client_clock=client_clocked(session),
+            )
             await self.port.submit_initial(plan)
         except DuplexSessionError:
             raise
@@ -187,6 +197,16 @@ class NativeStream:
             raise DuplexSessionError(
                 INPUT_FAILED, f"the model did not take the function output: {exc}"
             ) from exc
+
+    def quiet_frame(self, output: StageOutput) -> SurfaceBytes:
+        """A frame the model stepped while listening, in a client-clocked session (its
+        protocol sends every frame): its audio in the session's output format, as a
+        response's frames cross Redis (`MOSHI_AUDIO`: the bytes, no JSON)."""
+        if self._quiet_encoder is None:
+            fmt = self.session.config.output_audio_format
+            self._quiet_encoder = OutputAudioEncoder(fmt, self.plugin.output_sample_rate_hz)
+        audio = output.audio if output.audio is not None else np.zeros(0, np.float32)
+        return SurfaceBytes(type_name=MOSHI_AUDIO, data=self._quiet_encoder.encode(audio))
 
     def owns(self, output: StageOutput) -> bool:
         """Whether a stage output is of this session's stream (any epoch)."""

@@ -9,9 +9,11 @@ what the journal gets instead, which the API pod turns into the protocol
 (services/api/moshi_chat.py, services/api/live_sessions.py, services/api/map_realtime.py):
 
 - **moshi**: the model's audio as its bytes (`MOSHI_AUDIO`, shared/protocol/duplex/moshi.py:
-  the frame's pcm16, no base64, no JSON: the pod encodes it as Ogg Opus as it comes), its
-  words (the transcript and text deltas), `response.done` (the pod sends a response's last
-  partial frame), errors, the closures, `session.created` (the pod's open needs it) and
+  the frame's pcm16, no base64, no JSON: the pod encodes it as Ogg Opus as it comes): a
+  response's frames, and the frames the model stepped while it listened (the session is
+  client-clocked, `client_clocked`: every frame it steps is sent, silence included), its
+  words (the transcript and text deltas), errors, the closures, `session.created` (the
+  pod's open needs it) and
   `session.started` (the model's prompt is stepped: the pod sends the `0x00` handshake).
   Everything else is dropped: the pod would send nothing for it, and it would cost a
   Redis write per event.
@@ -89,7 +91,6 @@ _MOSHI_PASSES = frozenset(
         "session.created",
         "response.output_audio_transcript.delta",
         "response.output_text.delta",
-        "response.done",  # the pod sends the response's last partial frame, padded
         "error",
         "session.closed",
         "session.expired",
@@ -157,6 +158,19 @@ def usage_event(stream_ms: int) -> DuplexRawEvent:
     return DuplexRawEvent(internal_type=USAGE, event={"ms": stream_ms})
 
 
+def client_clocked(session: EngineSession) -> bool:
+    """Whether the session's input is its model's clock (`StagePlan.client_clock`).
+
+    Moshi's protocol: its reference server (kyutai's `moshi.server`) steps the model once
+    per 1920 samples of the client's audio and sends each step's audio back, silence
+    included, so its clients (LiveKit's PersonaPlex plugin, Moshi's web client) get a frame
+    for every frame they send, and a client that stops sending stops the model. The other
+    surfaces keep the server's clock: their clients are Realtime API clients, which send
+    audio in chunks of their own size and pace and expect the server to keep real time
+    (input that has not arrived is silence to the model)."""
+    return session.config.surface == SURFACE_MOSHI
+
+
 def usage_due(session: EngineSession) -> bool:
     """Whether `session.usage.updated` is due (GPT-Live's surface only)."""
     state = session.surface_state
@@ -189,6 +203,8 @@ def project(event: DuplexEvent, session: EngineSession) -> DuplexEvent | None:
             return None  # GPT-Live's mute and usage: not MAP's
         return _map(event, wire_type)
     if surface == SURFACE_MOSHI:
+        if isinstance(event, SurfaceBytes):  # a quiet frame of the client's clock
+            return event
         if wire_type == "response.output_audio.delta":
             return SurfaceBytes(
                 type_name=MOSHI_AUDIO,
