@@ -79,8 +79,9 @@ class OpusDecoder:
 class OpusEncoder:
     """pcm16 bytes at 24 kHz -> the Ogg Opus pages of whole 80 ms frames.
 
-    Audio that does not fill a frame waits for the next; `flush` pads the last one with
-    silence (the end of a response: its tail must not wait for the next one)."""
+    Audio that does not fill a frame waits for the next: the stream a client receives is
+    one continuous stream (a session of Moshi's protocol gets a frame for every frame it
+    sends, so nothing is left waiting and nothing is padded into it)."""
 
     def __init__(self) -> None:
         self._writer = sphn.OpusStreamWriter(SAMPLE_RATE)
@@ -98,9 +99,3 @@ class OpusEncoder:
         self._pending = pending[whole:].copy()
         return pages
 
-    def flush(self) -> list[bytes]:
-        if not self._pending.size:
-            return []
-        padding = np.zeros(FRAME_SAMPLES - self._pending.size, np.float32)
-        self._pending = np.concatenate((self._pending, padding))
-        return self.encode(b"")

@@ -46,17 +46,16 @@ def test_a_clients_stream_decodes_to_pcm16_frame_by_frame():
     assert abs(rms(b"".join(decoded[2:])) - 0.4 / np.sqrt(2)) < 0.05
 
 
-def test_the_models_audio_encodes_to_whole_frames_and_a_tail_is_padded():
+def test_the_models_audio_encodes_to_whole_frames_and_a_partial_one_waits():
     encoder, reader = OpusEncoder(), sphn.OpusStreamReader(SAMPLE_RATE)
     audio = pcm16(tone(3))
     pages = encoder.encode(audio[: FRAME_SAMPLES * 3])  # a frame and a half
     pages += encoder.encode(audio[FRAME_SAMPLES * 3 :])  # the rest: 3 frames in all
     assert len(pages) == 3
     assert sum(reader.append_bytes(p).size for p in pages) == 3 * FRAME_SAMPLES
-    assert encoder.encode(audio[:200]) == []  # under a frame: waits
-    tail = encoder.flush()  # the end of a response: padded with silence, sent
-    assert len(tail) == 1 and reader.append_bytes(tail[0]).size == FRAME_SAMPLES
-    assert encoder.flush() == []
+    assert encoder.encode(audio[:200]) == []  # under a frame: waits for the rest
+    (page,) = encoder.encode(audio[200:FRAME_SAMPLES * 2])  # the rest makes it whole
+    assert reader.append_bytes(page).size == FRAME_SAMPLES
 
 
 def test_bytes_that_are_not_ogg_opus_are_refused():
