@@ -1,6 +1,7 @@
-"""The API pod's CPU per session-second on the native surfaces: Moshi's Ogg Opus
-(`/api/chat`) and GPT-Live's JSON (`/v1/live/sessions`), against the duplex surface's JSON
-appends (`/v1/duplex`) as the floor, and the codec alone in-process.
+"""The API pod's CPU per session-second and its event loop's lag on the native surfaces:
+Moshi's Ogg Opus (`/api/chat`, the model speaking and the model listening) and GPT-Live's
+JSON (`/v1/live/sessions`), against the duplex surface's JSON appends (`/v1/duplex`) as the
+floor, and the codec alone in-process.
 
     .venv/bin/python -m bench.surface_cpu [--levels 8,32] [--seconds 12] [--warmup 2]
                                           [--idle-seconds 4] [--codec-repeats 7]
@@ -8,29 +9,35 @@ appends (`/v1/duplex`) as the floor, and the codec alone in-process.
 
 One real redis-server, one `duplex worker --plugin harness.frame_models:EchoFramePlugin`
 (the echo frame model: it says each 80 ms frame back two frames later, and "." while it
-speaks) and one `duplex api`. At each level N, N clients at once stream the same loud tone
-(440 Hz, 24 kHz mono) in real time through each surface in turn, for `--warmup` then a
-measured window of `--seconds`:
-  moshi   `/api/chat`: after the handshake byte, one `0x01` + Ogg Opus message per 80 ms
-          frame (sphn's `OpusStreamWriter`, the whole stream encoded once up front and sent
-          by every client); the pod decodes it to pcm16, and Opus-encodes the model's audio
-          back (`0x01` + pages), words as `0x02` + UTF-8
-  live    `/v1/live/sessions`: `session.start`, then a base64 pcm16 append every 100 ms;
-          back `session.output_audio.delta` and `session.output_transcript.delta`
-  duplex  the floor: `/v1/duplex`, `session.update` with pcm16 24 kHz in and out, then a
-          base64 pcm16 append every 80 ms: the same audio as JSON, no codec at the pod
+speaks) and one `duplex api`. At each level N, N clients at once stream the same audio in
+real time through each surface in turn, for `--warmup` then a measured window of
+`--seconds`; the audio is a loud tone (440 Hz, 24 kHz mono), so the model speaks
+throughout, except on `moshi_quiet`:
+  moshi        `/api/chat`: after the handshake byte, one `0x01` + Ogg Opus message per
+               80 ms frame (sphn's `OpusStreamWriter`, the whole stream encoded once up
+               front and sent by every client); the pod decodes it to pcm16, and
+               Opus-encodes the model's audio back (`0x01` + pages), words as `0x02` + UTF-8
+  moshi_quiet  the same client on `/api/chat` streaming silence (zeros through the same
+               writer): the model listens, and what comes back is whatever the server sends
+               for a quiet model (a server on its client's clock: a silent frame per frame)
+  live         `/v1/live/sessions`: `session.start`, then a base64 pcm16 append every
+               100 ms; back `session.output_audio.delta` and `session.output_transcript.delta`
+  duplex       the floor: `/v1/duplex`, `session.update` with pcm16 24 kHz in and out, then
+               a base64 pcm16 append every 80 ms: the same audio as JSON, no codec at the pod
 Over each window: the API pod's CPU seconds (/proc/<pid>/stat) over session-seconds (ms
 of pod CPU per session-second; the worker's, Redis's and this load generator's beside
-it), payload bytes on the wire per session-second each way, the audio that came back per
-second streamed (the Opus pages decoded after the run), and the worker's tick clock
-(ticks, deadline misses, silence frames: a session whose input had not arrived) from its
-/metrics. Before the first window, the idle pod's CPU (no session) is measured for
-`--idle-seconds`. The headline is each surface's pod CPU over the floor's at the same
-level; sessions per pod core take the idle pod's share out. Then, in this process, the
-codec alone on the same 80 ms frames: services/api/ogg_opus.py's `OpusDecoder` and
-`OpusEncoder` against base64 + orjson (an append parsed, a delta built), the floor of the
-codec's share. Writes the `surface_cpu` section of docs/benchmarks.md (or `--section`,
-into `--docs`).
+it), the pod's event-loop lag (its `duplex_event_loop_lag_seconds` histogram on its own
+/metrics, read before and after the window: the p99 is the upper bound of the bucket where
+the window's cumulative count reaches 99%), payload bytes on the wire per session-second
+each way, the audio that came back per second streamed (the Opus pages decoded after the
+run), and the worker's tick clock (ticks, deadline misses, silence frames: a session whose
+input had not arrived) from its /metrics. Before the first window, the idle pod's CPU (no
+session) is measured for `--idle-seconds`. The headline is each surface's pod CPU over the
+floor's at the same level; sessions per pod core take the idle pod's share out. Then, in
+this process, the codec alone on the same 80 ms frames: services/api/ogg_opus.py's
+`OpusDecoder` and `OpusEncoder` (on the tone and on silence) against base64 + orjson (an
+append parsed, a delta built), the floor of the codec's share. Writes the `surface_cpu`
+section of docs/benchmarks.md (or `--section`, into `--docs`).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+import numpy as np
 import orjson
 import sphn
 import websockets
@@ -64,15 +72,19 @@ from bench.common import (
 from harness.frame_models import FRAME_SAMPLES, RATE, tone
 from harness.redis_server import free_port
 from services.api.ogg_opus import OpusDecoder, OpusEncoder
+from shared.loop_lag import DEFAULT_INTERVAL_S, LAG_BUCKETS, LAG_METRIC
 from shared.protocol.duplex import float_to_pcm16
 
 PLUGIN = "harness.frame_models:EchoFramePlugin"
 MODEL = "frame_echo"
 FRAME_S = FRAME_SAMPLES / RATE  # 80 ms
 LIVE_APPEND_S = 0.1
-SURFACES = ("moshi", "live", "duplex")
+SURFACES = ("moshi", "moshi_quiet", "live", "duplex")
+#: the surfaces whose client speaks Moshi's protocol (binary messages, Ogg Opus audio)
+MOSHI = ("moshi", "moshi_quiet")
 SURFACE_NAMES = {
     "moshi": "Moshi, Ogg Opus (`/api/chat`)",
+    "moshi_quiet": "Moshi listening, Ogg Opus (`/api/chat`)",
     "live": "GPT-Live, JSON (`/v1/live/sessions`)",
     "duplex": "duplex, JSON (`/v1/duplex`): floor",
 }
@@ -89,10 +101,12 @@ TAIL_S = 5.0
 
 @dataclass
 class Streams:
-    """The same tone as each surface's client messages, encoded before any clock runs."""
+    """The same tone as each surface's client messages (and silence as Moshi's), encoded
+    before any clock runs."""
 
     pcm: bytes  # pcm16 24 kHz, the whole stream
     moshi: list[bytes]  # 0x01 + Ogg Opus, one per 80 ms frame (the first holds the headers)
+    moshi_quiet: list[bytes]  # the same for zeros: a client whose user says nothing
     live: list[str]  # session.input_audio.append, 100 ms each
     duplex: list[str]  # input_audio_buffer.append, 80 ms each
 
@@ -101,14 +115,10 @@ def make_streams(seconds: float) -> Streams:
     frames = int(seconds / FRAME_S) + 1
     samples = tone(frames)
     pcm = float_to_pcm16(samples)
-    writer = sphn.OpusStreamWriter(RATE)
-    moshi = []
-    for i in range(frames):
-        page = writer.append_pcm(samples[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES])
-        moshi.append(b"\x01" + page)
     return Streams(
         pcm=pcm,
-        moshi=moshi,
+        moshi=moshi_messages(samples, frames),
+        moshi_quiet=moshi_messages(np.zeros_like(samples), frames),
         live=[
             live_append(pcm[i : i + 2 * int(RATE * LIVE_APPEND_S)])
             for i in range(0, len(pcm), 2 * int(RATE * LIVE_APPEND_S))
@@ -118,6 +128,15 @@ def make_streams(seconds: float) -> Streams:
             for i in range(0, len(pcm), 2 * FRAME_SAMPLES)
         ],
     )
+
+
+def moshi_messages(samples: np.ndarray, frames: int) -> list[bytes]:
+    """`0x01` + the Ogg Opus bytes of each 80 ms frame, as a client's writer makes them."""
+    writer = sphn.OpusStreamWriter(RATE)
+    return [
+        b"\x01" + writer.append_pcm(samples[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES])
+        for i in range(frames)
+    ]
 
 
 def live_append(pcm: bytes) -> str:
@@ -160,7 +179,7 @@ class Client:
     # --- opening
 
     async def open(self, base: str) -> None:
-        if self.surface == "moshi":
+        if self.surface in MOSHI:
             self.ws = await websockets.connect(f"{base}/api/chat", max_size=None)
         elif self.surface == "live":
             self.ws = await websockets.connect(f"{base}/v1/live/sessions", max_size=None)
@@ -186,7 +205,7 @@ class Client:
         try:
             async for message in self.ws:
                 self.received_bytes += len(message)
-                if self.surface == "moshi":
+                if self.surface in MOSHI:
                     self._moshi(message)
                 else:
                     self._json(message)
@@ -250,7 +269,7 @@ class Client:
     async def close(self) -> None:
         assert self.ws is not None and self.reader is not None
         try:
-            if self.surface == "moshi":
+            if self.surface in MOSHI:
                 await self.ws.close()  # the session ends with its socket
             else:
                 await self.ws.send('{"type":"session.close"}')
@@ -303,12 +322,68 @@ async def wait_idle(http: httpx.AsyncClient, url: str, timeout_s: float = 15.0) 
         await asyncio.sleep(0.1)
 
 
+# ------------------------------------------------------------------ the pod's event loop
+
+
+@dataclass
+class LagHistogram:
+    """The pod's loop-lag histogram at one moment: cumulative counts by upper bound."""
+
+    buckets: dict[float, float]  # le (s) -> cumulative count; inf for +Inf
+    total_s: float  # the _sum
+
+    def minus(self, earlier: LagHistogram) -> LagHistogram:
+        return LagHistogram(
+            {le: n - earlier.buckets.get(le, 0.0) for le, n in self.buckets.items()},
+            self.total_s - earlier.total_s,
+        )
+
+    @property
+    def count(self) -> float:
+        return self.buckets.get(float("inf"), 0.0)
+
+    def quantile_bound(self, q: float) -> float:
+        """The upper bound (s) of the first bucket whose cumulative count reaches `q` of
+        the samples: the quantile is at most this (nan without samples)."""
+        if not self.count:
+            return float("nan")
+        return next(le for le, n in sorted(self.buckets.items()) if n >= q * self.count)
+
+    def max_bound(self) -> float:
+        """The upper bound (s) of the highest bucket a sample fell in (nan without any)."""
+        if not self.count:
+            return float("nan")
+        return next(le for le, n in sorted(self.buckets.items()) if n >= self.count)
+
+
+async def loop_lag(http: httpx.AsyncClient, url: str) -> LagHistogram:
+    """The API pod's `duplex_event_loop_lag_seconds` (shared/loop_lag.py) from its /metrics."""
+    text = (await http.get(url, timeout=5)).text
+    buckets = {}
+    for le, value in re.findall(
+        rf'^{LAG_METRIC}_bucket\{{[^}}]*le="([^"]+)"[^}}]*\}} (\S+)$', text, re.M
+    ):
+        buckets[float(le)] = float(value)  # float("+Inf") is inf
+    total = re.search(rf"^{LAG_METRIC}_sum(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
+    if not buckets or total is None:
+        raise RuntimeError(f"the pod's /metrics has no {LAG_METRIC}")
+    return LagHistogram(buckets, float(total.group(1)))
+
+
+def lag_ms(bound_s: float) -> str:
+    """A bucket bound in ms, as the table and the printed line show it."""
+    if bound_s != bound_s:  # nan: no sample
+        return "n/a"
+    return "> 10 s" if bound_s == float("inf") else f"{bound_s * 1000:g}"
+
+
 # ------------------------------------------------------------------ one window
 
 
 async def run_surface(
     stack: Stack,
     metrics_url: str,
+    api_metrics_url: str,
     http: httpx.AsyncClient,
     streams: Streams,
     surface: str,
@@ -321,6 +396,7 @@ async def run_surface(
     await asyncio.gather(*(c.open(base) for c in clients))
     messages, period = {
         "moshi": (streams.moshi, FRAME_S),
+        "moshi_quiet": (streams.moshi_quiet, FRAME_S),
         "live": (streams.live, LIVE_APPEND_S),
         "duplex": (streams.duplex, FRAME_S),
     }[surface]
@@ -335,6 +411,7 @@ async def run_surface(
     try:
         await asyncio.sleep(warmup)
         ticks_before = await tick_metrics(http, metrics_url)
+        lag_before = await loop_lag(http, api_metrics_url)
         before = [c.snapshot() for c in clients]
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         since = time.monotonic()
@@ -343,6 +420,7 @@ async def run_surface(
         cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
         after = [c.snapshot() for c in clients]
         ticks_after = await tick_metrics(http, metrics_url)
+        lag = (await loop_lag(http, api_metrics_url)).minus(lag_before)
     finally:
         stop.set()
         await asyncio.gather(*senders, return_exceptions=True)
@@ -356,7 +434,7 @@ async def run_surface(
         tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
     ]
     sent, received, audio, words = (sum(d[i] for d in delta) for i in range(4))
-    if surface == "moshi":
+    if surface in MOSHI:
         audio = sum(c.opus_audio_bytes(since, until) for c in clients)
     cpu = {name: cpu_after[name] - cpu_before[name] for name in pids}
     errors = [e for c in clients for e in c.errors]
@@ -374,13 +452,20 @@ async def run_surface(
         "ticks_due": window / FRAME_S,
         "misses": ticks_after["misses"] - ticks_before["misses"],
         "silence": ticks_after["silence"] - ticks_before["silence"],
+        "lag_p99_s": lag.quantile_bound(0.99),
+        "lag_max_s": lag.max_bound(),
+        "lag_mean_s": lag.total_s / lag.count if lag.count else float("nan"),
+        "lag_samples": lag.count,
         "errors": errors,
         "closes": sorted({c.closed_reason for c in clients}),
         "kinds": merged_kinds(clients),
     }
     print(
-        f"{sessions:3d} x {surface:6s}: pod {row['cpu_ms_per_session_s']['api']:.2f} ms/session-s"
-        f" (worker {row['cpu_ms_per_session_s']['worker']:.2f}, redis "
+        f"{sessions:3d} x {surface:11s}: pod {row['cpu_ms_per_session_s']['api']:.2f} "
+        f"ms/session-s, loop lag p99 <= {lag_ms(row['lag_p99_s'])} ms (max <= "
+        f"{lag_ms(row['lag_max_s'])} ms, mean {1000 * row['lag_mean_s']:.2f} ms, "
+        f"{row['lag_samples']:.0f} samples) (worker "
+        f"{row['cpu_ms_per_session_s']['worker']:.2f}, redis "
         f"{row['cpu_ms_per_session_s']['redis']:.2f}, load gen. "
         f"{row['cores']['load generator']:.2f} cores), "
         f"up {row['up_bytes_per_session_s']:.0f} B/s, down "
@@ -415,27 +500,36 @@ async def idle_pod(stack: Stack, seconds: float) -> float:
 
 def codec_costs(repeats: int, frames: int = 250) -> dict[str, float]:
     """Microseconds per 80 ms frame, the median of `repeats` passes over `frames` frames:
-    the pod's Opus work (decode a client page; parse the worker's delta and encode it)
-    against the JSON floor (parse an append and decode its base64; build a delta)."""
+    the pod's Opus work (decode a client page; encode the model's pcm16 frame), on the tone
+    and on silence, against the JSON floor (parse an append and decode its base64; build a
+    delta)."""
     streams = make_streams(frames * FRAME_S)
     pages = [m[1:] for m in streams.moshi[:frames]]
+    quiet_pages = [m[1:] for m in streams.moshi_quiet[:frames]]
     step = 2 * FRAME_SAMPLES
     pcms = [streams.pcm[i * step : (i + 1) * step] for i in range(frames)]
+    quiet = bytes(step)  # a listening model's frame: zeros
     appends = streams.duplex[:frames]
-    deltas = [
-        orjson.dumps({"type": "response.output_audio.delta", "delta": base64.b64encode(p).decode()})
-        for p in pcms
-    ]
 
     def opus_decode() -> None:
         decoder = OpusDecoder()
         for page in pages:
             decoder.decode(page)
 
+    def opus_decode_quiet() -> None:
+        decoder = OpusDecoder()
+        for page in quiet_pages:
+            decoder.decode(page)
+
     def opus_encode() -> None:
         encoder = OpusEncoder()
-        for delta in deltas:  # what the pod's writer does with each delta
-            encoder.encode(base64.b64decode(orjson.loads(delta)["delta"]))
+        for pcm in pcms:  # the pod's writer gets the model's frame as pcm16 bytes
+            encoder.encode(pcm)
+
+    def opus_encode_quiet() -> None:
+        encoder = OpusEncoder()
+        for _ in range(frames):
+            encoder.encode(quiet)
 
     def json_in() -> None:
         for append in appends:
@@ -458,6 +552,8 @@ def codec_costs(repeats: int, frames: int = 250) -> dict[str, float]:
     return {
         "opus_decode_us": timed(opus_decode),
         "opus_encode_us": timed(opus_encode),
+        "opus_decode_quiet_us": timed(opus_decode_quiet),
+        "opus_encode_quiet_us": timed(opus_encode_quiet),
         "json_in_us": timed(json_in),
         "json_out_us": timed(json_out),
     }
@@ -473,7 +569,7 @@ def render(
     floors = {r["sessions"]: r for r in results if r["surface"] == "duplex"}
     top = max(floors)
     headline = []
-    for surface in ("moshi", "live"):
+    for surface in ("moshi", "moshi_quiet", "live"):
         parts = []
         for r in results:
             if r["surface"] == surface and r["sessions"] in floors:
@@ -495,8 +591,8 @@ def render(
         "| sessions per pod core "
         "| worker ms / session-s | Redis ms / session-s | load gen. cores | up B / session-s "
         "| down B / session-s | audio back | words / session-s | ticks / due, misses, silence "
-        "| errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| pod loop lag p99 ≤ ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ms = r["cpu_ms_per_session_s"]
@@ -509,29 +605,47 @@ def render(
             f"| {r['up_bytes_per_session_s']:,.0f} | {r['down_bytes_per_session_s']:,.0f} "
             f"| {r['audio_back']:.2f} | {r['words_per_session_s']:.1f} "
             f"| {r['ticks']:.0f} / {r['ticks_due']:.0f}, {r['misses']:.0f}, {r['silence']:.0f} "
-            f"| {len(r['errors'])} |"
+            f"| {lag_ms(r['lag_p99_s'])} | {len(r['errors'])} |"
         )
     opus = codec["opus_decode_us"] + codec["opus_encode_us"]
+    opus_quiet = codec["opus_decode_quiet_us"] + codec["opus_encode_quiet_us"]
     json_floor = codec["json_in_us"] + codec["json_out_us"]
     codec_rows = [
         "| work per 80 ms frame | µs per frame | ms per session-s (12.5 frames each way) |",
         "|---|---|---|",
         f"| Opus: decode a client page (`OpusDecoder`) | {codec['opus_decode_us']:.1f} "
         f"| {codec['opus_decode_us'] * frames_per_s / 1000:.2f} |",
-        f"| Opus: parse the worker's delta (orjson + base64) and encode it (`OpusEncoder`) "
+        f"| Opus: encode the model's pcm16 frame, the tone (`OpusEncoder`) "
         f"| {codec['opus_encode_us']:.1f} | {codec['opus_encode_us'] * frames_per_s / 1000:.2f} |",
+        f"| Opus: decode a silent client page (`OpusDecoder`) "
+        f"| {codec['opus_decode_quiet_us']:.1f} "
+        f"| {codec['opus_decode_quiet_us'] * frames_per_s / 1000:.2f} |",
+        f"| Opus: encode a listening model's frame, zeros (`OpusEncoder`) "
+        f"| {codec['opus_encode_quiet_us']:.1f} "
+        f"| {codec['opus_encode_quiet_us'] * frames_per_s / 1000:.2f} |",
         f"| JSON: parse an append (orjson + base64) | {codec['json_in_us']:.1f} "
         f"| {codec['json_in_us'] * frames_per_s / 1000:.2f} |",
         f"| JSON: build a delta (base64 + orjson) | {codec['json_out_us']:.1f} "
         f"| {codec['json_out_us'] * frames_per_s / 1000:.2f} |",
-        f"| **Opus both ways / JSON both ways** | {opus:.1f} / {json_floor:.1f} "
+        f"| **Opus both ways (the tone) / JSON both ways** | {opus:.1f} / {json_floor:.1f} "
         f"| {opus * frames_per_s / 1000:.2f} / {json_floor * frames_per_s / 1000:.2f} "
         f"({opus / json_floor:.0f}x) |",
+        f"| **Opus both ways, silence** | {opus_quiet:.1f} "
+        f"| {opus_quiet * frames_per_s / 1000:.2f} |",
     ]
     moshi_top = next(r for r in results if r["surface"] == "moshi" and r["sessions"] == top)
     extra = moshi_top["cpu_ms_per_session_s"]["api"] - floors[top]["cpu_ms_per_session_s"]["api"]
     codec_extra = (opus - json_floor) * frames_per_s / 1000
     cores = {r["surface"]: per_core(r) for r in results if r["sessions"] == top}
+    lag_by_level = "; ".join(
+        f"{level} sessions: "
+        + ", ".join(
+            f"{SURFACE_NAMES[r['surface']].split(' (')[0]} ≤ {lag_ms(r['lag_p99_s'])} ms"
+            for r in results
+            if r["sessions"] == level
+        )
+        for level in sorted({r["sessions"] for r in results})
+    )
     command = (
         f"python -m bench.surface_cpu --levels {args.levels} --seconds {args.seconds:g} "
         f"--warmup {args.warmup:g} --idle-seconds {args.idle_seconds:g}"
@@ -546,17 +660,30 @@ def render(
             + (f" ({args.label})" if args.label else "")
             + f": `{command}`. Load average (1 min) {args.load_at_start:.2f} at the start, "
             f"{os.getloadavg()[0]:.2f} at the end (other work on the machine shares its "
-            "cores; CPU time, not latency, is measured).",
+            "cores: the CPU time is the pod's own, its loop lag moves with the rest).",
             "",
             "One redis-server, one `duplex worker --plugin harness.frame_models:EchoFramePlugin`"
             ' (the echo frame model: each 80 ms frame said back 2 frames later, "." while it '
             "speaks), one `duplex api`; the load generator is another Python process on the "
             "same cores. N clients stream the same 440 Hz tone (24 kHz mono) in real time on "
             f"each surface in turn: {args.warmup:g} s of warm-up, then a {args.seconds:g} s "
-            "window. *Pod CPU* is the API process's CPU time over the window (/proc) divided "
-            "by session-seconds; bytes are WebSocket payloads; *audio back* is the model's "
-            "audio received per second streamed (Opus pages decoded after the run); the tick "
-            "columns are the worker's own (/metrics).",
+            "window. Which rows are which: *Moshi, Ogg Opus* streams the tone on `/api/chat`, "
+            "so the model speaks throughout (its audio and a word back every frame); *Moshi "
+            "listening, Ogg Opus* is the same client streaming silence (zeros through the "
+            "same Opus writer), so the model listens: what comes back is what the server "
+            "sends for a quiet model (audio back near 1.00 and no words where it sends a "
+            "silent frame for each frame, near 0 where it sends nothing); *GPT-Live, JSON* "
+            "and *duplex, JSON* stream the tone as base64 pcm16, the duplex surface being "
+            "the floor (no codec at the pod). *Pod CPU* is the API process's CPU time over "
+            "the window (/proc) divided by session-seconds; bytes are WebSocket payloads; "
+            "*audio back* is the model's audio received per second streamed (Opus pages "
+            "decoded after the run); the tick columns are the worker's own (/metrics). "
+            "*Pod loop lag p99* is read from the pod's own `duplex_event_loop_lag_seconds` "
+            f"histogram (/metrics, a timer every {DEFAULT_INTERVAL_S * 1000:g} ms, so about "
+            f"{1 / DEFAULT_INTERVAL_S:g} samples a second) before and after the window: it is "
+            "the upper bound of the bucket where the window's cumulative count reaches 99% "
+            f"(buckets {', '.join(lag_ms(b) for b in LAG_BUCKETS[:7])} ms and up: a p99 "
+            "shown as 25 ms is somewhere between 10 and 25 ms).",
             "",
             f"**Pod CPU per session-second over the duplex JSON floor's, same run: "
             f"{'; '.join(headline)}.**",
@@ -572,10 +699,14 @@ def render(
             f"{idle_ms_per_s:.2f} CPU-ms per second; it is in every row's pod CPU, and taken "
             "out in *less the idle pod*. *Sessions per pod core* is what one core of this "
             "machine carries at full load, no headroom: (1000 - idle) / (less the idle pod). "
-            f"At {top} sessions: about {cores['moshi']:.0f} Moshi/Opus sessions, "
+            f"At {top} sessions: about {cores['moshi']:.0f} Moshi/Opus sessions with the "
+            f"model speaking, {cores['moshi_quiet']:.0f} with the model listening, "
             f"{cores['live']:.0f} GPT-Live sessions and {cores['duplex']:.0f} duplex sessions "
-            f"per core. The Opus surface costs the pod {extra:.2f} ms per session-second more "
-            f"than the floor; the codec alone accounts for {codec_extra:.2f} ms of it.",
+            f"per core. The Opus surface (the model speaking) costs the pod {extra:.2f} ms per "
+            f"session-second more than the floor; the codec alone accounts for "
+            f"{codec_extra:.2f} ms of it.",
+            "",
+            f"The pod's loop lag p99 (bucket bound) by level: {lag_by_level}.",
             "",
             f"Server logs over the run: API pod {log['api']}; worker {log['worker']}.",
         ]
@@ -627,6 +758,7 @@ async def main(args: argparse.Namespace) -> None:
                         await run_surface(
                             stack,
                             metrics_url,
+                            f"http://127.0.0.1:{stack.apis[0].port}/metrics",
                             http,
                             streams,
                             surface,
