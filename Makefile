@@ -215,8 +215,10 @@ clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MOSHI_VENV) $(NEMOTRON_VENV) $(MINICPMO_VENV) $(FRAMEWORKS_VENV) $(SEED_VENV) $(MAP_VENV) .pytest_cache .ruff_cache .hypothesis
 
 # The voice-agent frameworks as clients of `duplex serve` (tests/frameworks): LiveKit Agents
-# (with its OpenAI plugin, and its NVIDIA plugin's PersonaPlex client), the OpenAI Agents SDK and
-# Pipecat. Their pins (tests/frameworks/requirements/) resolve together, so they share one venv
+# (with its OpenAI plugin, and its NVIDIA plugin's PersonaPlex client), the OpenAI Agents SDK,
+# Pipecat, and fujielab's Moshi client (fujielab-moshi-client, whose opuslib loads the system's
+# libopus: Debian's libopus0, installed here when missing and we are root). Their pins
+# (tests/frameworks/requirements/) resolve together, so they share one venv
 # (about 800 MB, 1-2 minutes to install), held to the exact set in constraints.txt. Each test
 # runs a framework's client program with this venv's python against a `duplex serve` the main
 # venv starts (.venv-moshi's for the moshi plugin). A plain `pytest` never collects them
@@ -228,16 +230,27 @@ FRAMEWORKS_STAMP := $(FRAMEWORKS_VENV)/.installed
 .PHONY: test-frameworks
 
 $(FRAMEWORKS_STAMP): $(wildcard $(FRAMEWORKS_REQS)/*.txt)
+	@if ! $(PYTHON) -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('opus'))"; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing libopus0 (Debian package: fujielab's client loads it)"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopus0 >/dev/null; \
+	  else \
+	    echo "libopus is missing and we are not root: install it (e.g. apt-get install libopus0)"; \
+	    exit 1; \
+	  fi; \
+	fi
 	test -x $(FRAMEWORKS_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORKS_VENV)
 	$(FRAMEWORKS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(FRAMEWORKS_VENV)/bin/python -m pip install --quiet -c $(FRAMEWORKS_REQS)/constraints.txt \
 	  -r $(FRAMEWORKS_REQS)/livekit.txt -r $(FRAMEWORKS_REQS)/openai_agents.txt \
-	  -r $(FRAMEWORKS_REQS)/pipecat.txt
+	  -r $(FRAMEWORKS_REQS)/pipecat.txt -r $(FRAMEWORKS_REQS)/fujielab.txt
 	$(FRAMEWORKS_VENV)/bin/python -m pip check
 	touch $(FRAMEWORKS_STAMP)
 
 # The native surfaces' clients (test_native_clients.py) need .venv-moshi too: LiveKit's
-# PersonaPlex plugin talks to `duplex serve --plugin moshi` run from there, on a tiny checkpoint.
+# PersonaPlex plugin and fujielab's Moshi client talk to `duplex serve --plugin moshi` run from
+# there, on tiny checkpoints.
 test-frameworks: venv $(FRAMEWORKS_STAMP) $(MOSHI_STAMP)
 	FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python \
 	  FRAMEWORKS_MOSHI_PYTHON=$(CURDIR)/$(MOSHI_VENV)/bin/python \
