@@ -212,35 +212,75 @@ def tiny_personaplex(tmp_path_factory) -> dict[str, Path]:
     return {"checkpoint": root / "checkpoint", "voices": root / "voices"}
 
 
-@pytest.fixture(scope="session")
-def personaplex_serve(tiny_personaplex):
-    """`duplex serve --plugin moshi`, the PersonaPlex preset on the tiny checkpoint, from
-    .venv-moshi (torch and moshi live there), with ONE session slot and an API key."""
+def start_moshi_serve(name: str, checkpoint: Path, *plugin_options: str):
+    """`duplex serve --plugin moshi` on `checkpoint` from .venv-moshi (torch and moshi live
+    there), with `plugin_options` and MOSHI_OPTIONS, ONE session slot and an API key; ready."""
     duplex = Path(moshi_python()).with_name("duplex")
     options: list[str] = []
-    for option in (
-        "preset=personaplex",
-        f"voice_prompt_dir={tiny_personaplex['voices']}",
-        *MOSHI_OPTIONS,
-    ):
+    for option in (*plugin_options, *MOSHI_OPTIONS):
         options += ["--plugin-option", option]
-    args = (
-        "--plugin",
-        "moshi",
-        "--model-dir",
-        str(tiny_personaplex["checkpoint"]),
-        *options,
-        "--max-sessions",
-        "1",
-    )
+    args = ("--plugin", "moshi", "--model-dir", str(checkpoint), *options, "--max-sessions", "1")
     # harness.processes runs the `duplex` beside this interpreter: here, .venv-moshi's
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(processes, "DUPLEX", str(duplex))
-        process = start_serve(
-            "serve-personaplex", args, DUPLEX_API_KEYS=NATIVE_API_KEY, HF_HUB_OFFLINE="1"
-        )
+        process = start_serve(name, args, DUPLEX_API_KEYS=NATIVE_API_KEY, HF_HUB_OFFLINE="1")
     try:
         process.wait_ready(timeout=180)
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
+@pytest.fixture(scope="session")
+def personaplex_serve(tiny_personaplex):
+    """`duplex serve --plugin moshi`, the PersonaPlex preset on the tiny checkpoint."""
+    process = start_moshi_serve(
+        "serve-personaplex",
+        tiny_personaplex["checkpoint"],
+        "preset=personaplex",
+        f"voice_prompt_dir={tiny_personaplex['voices']}",
+    )
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+#: run with .venv-moshi's python: the tiny random Moshi checkpoint (no preset: Moshi itself)
+TINY_MOSHI = """
+import sys
+from pathlib import Path
+from harness.tiny_moshi import make_tiny_moshi
+
+make_tiny_moshi(Path(sys.argv[1]) / "checkpoint")
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_moshi(tmp_path_factory) -> Path:
+    """The tiny random Moshi checkpoint (made by .venv-moshi)."""
+    python = moshi_python()
+    root = tmp_path_factory.mktemp("tiny-moshi")
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    made = subprocess.run(
+        [python, "-c", TINY_MOSHI, str(root)],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if made.returncode != 0:
+        pytest.fail(f"the tiny Moshi checkpoint was not made:\n{made.stderr[-4000:]}")
+    return root / "checkpoint"
+
+
+@pytest.fixture(scope="session")
+def moshi_serve(tiny_moshi):
+    """`duplex serve --plugin moshi`: Moshi (no preset) on the tiny checkpoint."""
+    process = start_moshi_serve("serve-moshi", tiny_moshi)
+    try:
         yield process
     finally:
         process.stop()

@@ -6,6 +6,9 @@ their base URLs (and an API key) pointed at `duplex serve` (see conftest.py for 
   against the moshi plugin's PersonaPlex preset on a tiny random checkpoint, one session slot:
   a wrong key is refused, audio and text come back, an interruption ends the generation and the
   next one starts, and after `aclose()` a second session gets in (the slot was freed);
+- fujielab's Moshi client (`fujielab-moshi-client`: its MoshiClient) on the same protocol
+  against Moshi on a tiny random checkpoint: the handshake, a frame back per frame sent and
+  nothing without input, text items that are words only, no warning;
 - LiveKit's GPTLiveModel (`livekit-plugins-openai`) and Pipecat's OpenAILiveLLMService on
   OpenAI's GPT-Live protocol of `/v1/live/sessions`, against the echo frame model: the session
   starts, a tone comes back as audio with its transcript, (LiveKit) a session.update and mute /
@@ -54,6 +57,37 @@ def test_personaplex_plugin_talks_interrupts_and_frees_its_slot(
     assert not run["errors"], f"error events after the refusal: {run.explain()}"
     after_refusal = run["warnings"][steps["log_records_before_sessions"] :]
     assert not after_refusal, f"the plugin logged: {after_refusal}{run.explain()}"
+
+
+def test_fujielab_moshi_client_hears_a_frame_per_frame_and_only_words(
+    run_native_client, moshi_serve, speech_files
+):
+    """fujielab's MoshiClient, unchanged, against Moshi on the tiny checkpoint, fed a phrase
+    quiet enough that its Ogg writer frames every packet right (under 255 bytes; the client
+    picks the level and reports it). What it shows its user is what moshi.server 0.2.13 shows
+    it on the same checkpoint and input: 82 frames back for 83 sent, a text item per frame,
+    nothing before the client speaks or after it stops, no warning."""
+    run = run_native_client(
+        "fujielab_client", moshi_serve, "--speech", f"long={speech_files['long']}"
+    )
+    assert run["failed_step"] is None, run.explain()
+    steps = run["steps"]
+    assert steps["input"]["largest_packet_bytes"] < 255, run.explain()
+    assert steps["connect"]["handshake"], run.explain()
+
+    # the client's audio is the clock: nothing comes before it speaks
+    assert steps["quiet"]["frames_back"] == 0 and not steps["quiet"]["texts"], run.explain()
+    speak = steps["speak"]
+    # a frame back per frame sent, less the model's acoustic delay (one step: moshi's LMGen
+    # gives nothing for its first), and no more once the client stops
+    assert speak["frames_back"] == speak["frames_sent"] - 1, run.explain()
+    assert speak["audio_peak"] > 0, run.explain()
+    # its text queue holds words only: no "\x00" (a keepalive's) or blank item
+    assert speak["text_items"] > 0 and not speak["bad_texts"], run.explain()
+    assert speak["connected"], f"the socket closed while speaking: {run.explain()}"
+
+    assert not steps["disconnect"]["connected"], run.explain()
+    assert not run["warnings"], f"the client logged: {run.explain()}"
 
 
 def assert_clean_live_run(run) -> None:
