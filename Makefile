@@ -119,11 +119,15 @@ MOSHI       := moshi==0.2.13
 MOSHI_TORCH := torch==2.13.0+cpu
 MOSHI_DEPS  := 'einops>=0.7,<1' 'safetensors>=0.4,<0.8' 'sentencepiece>=0.2,<0.3' \
                'huggingface_hub>=0.24,<1' 'numpy>=1.26,<2.3'
+# kyutai's own server (moshi.server: aiohttp, in moshi's own range), which the tests run beside
+# ours on the tiny checkpoint to compare what a client receives; not in the worker image
+MOSHI_REFERENCE_DEPS := 'aiohttp>=3.10.5,<3.12'
 
 $(MOSHI_STAMP): pyproject.toml Makefile
 	test -x $(MOSHI_VENV)/bin/python || $(PYTHON) -m venv $(MOSHI_VENV)
 	$(MOSHI_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(MOSHI_VENV)/bin/python -m pip install --quiet '$(MOSHI_TORCH)' $(MOSHI_DEPS)
+	$(MOSHI_VENV)/bin/python -m pip install --quiet '$(MOSHI_TORCH)' $(MOSHI_DEPS) \
+	  $(MOSHI_REFERENCE_DEPS)
 	$(MOSHI_VENV)/bin/python -m pip install --quiet --no-deps '$(MOSHI)'
 	$(MOSHI_VENV)/bin/python -m pip install --quiet -e '.[dev]'
 	$(MOSHI_VENV)/bin/python -m pip install --quiet --no-deps '$(SILERO_VAD)'
