@@ -5,7 +5,9 @@ their base URLs (and an API key) pointed at `duplex serve` (see conftest.py for 
   the Moshi binary protocol of `/api/chat` (key in the path: the plugin sends no headers),
   against the moshi plugin's PersonaPlex preset on a tiny random checkpoint, one session slot:
   a wrong key is refused, audio and text come back, an interruption ends the generation and the
-  next one starts, and after `aclose()` a second session gets in (the slot was freed);
+  next one starts, after `aclose()` a second session gets in (the slot was freed), and each
+  session is one stream (a frame back per frame sent), so one generation (one more per
+  interruption), as kyutai's moshi.server gives it;
 - fujielab's Moshi client (`fujielab-moshi-client`: its MoshiClient) on the same protocol
   against Moshi on a tiny random checkpoint: the handshake, a frame back per frame sent and
   nothing without input, text items that are words only, no warning;
@@ -45,6 +47,8 @@ def test_personaplex_plugin_talks_interrupts_and_frees_its_slot(
     first = steps["first"]
     assert first["handshake"], f"no 0x00 handshake: the plugin sent no audio {run.explain()}"
     assert first["audio_samples"] > 0 and first["text"].strip(), run.explain()
+    # the voice as the plugin names it, a `.pt` file of the worker's voice_prompt_dir
+    assert first["voice_prompt"] == "NATF2.pt", run.explain()
 
     interrupt = steps["interrupt"]
     assert interrupt["interrupted"]["ended"], run.explain()
@@ -53,6 +57,20 @@ def test_personaplex_plugin_talks_interrupts_and_frees_its_slot(
 
     # one slot: the second session got in once the first had closed
     assert steps["second"]["audio_samples"] > 0, run.explain()
+
+    # one continuous stream per session, as moshi.server gives the plugin: a frame back for
+    # every frame sent once the handshake came (the audio the plugin held before it, while
+    # the server stepped PersonaPlex's prompt, comes back at most once a frame), and so one
+    # generation per session, ended only by the interruption or the microphone's end (the
+    # plugin ends a generation after 500 ms without an audio message: max_gap_ms says how
+    # near a stall came to it)
+    for name, interruptions in (("first_stream", 1), ("second_stream", 0)):
+        stream = steps[name]
+        after_handshake = stream["frames_sent"] - stream["frames_sent_before_handshake"]
+        assert stream["frames_back"] <= stream["frames_sent"], f"{name}: {run.explain()}"
+        assert stream["frames_back"] >= int(after_handshake) - 1, f"{name}: {run.explain()}"
+        assert stream["interruptions"] == interruptions, f"{name}: {run.explain()}"
+        assert stream["generations_per"] == "session", f"{name}: {run.explain()}"
 
     assert not run["errors"], f"error events after the refusal: {run.explain()}"
     after_refusal = run["warnings"][steps["log_records_before_sessions"] :]
