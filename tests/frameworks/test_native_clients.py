@@ -69,6 +69,12 @@ def test_personaplex_plugin_talks_interrupts_and_frees_its_slot(
         after_handshake = stream["frames_sent"] - stream["frames_sent_before_handshake"]
         assert stream["frames_back"] <= stream["frames_sent"], f"{name}: {run.explain()}"
         assert stream["frames_back"] >= int(after_handshake) - 1, f"{name}: {run.explain()}"
+        # what the plugin held while the prompt was stepped is heard too, within the worker's
+        # 10 s bound on a client-clocked backlog (the prompt takes about 6.5 s here): every
+        # frame comes back (less one at most: the model's acoustic delay, which a prompt's
+        # steps have already passed)
+        if stream["frames_sent_before_handshake"] * 0.08 < 9:
+            assert stream["frames_back"] >= stream["frames_sent"] - 1, f"{name}: {run.explain()}"
         assert stream["interruptions"] == interruptions, f"{name}: {run.explain()}"
         assert stream["generations_per"] == "session", f"{name}: {run.explain()}"
 

@@ -24,7 +24,7 @@ it steps goes to its session, the model's quiet ones too ("quiet" outputs, part 
 response): a frame out for every frame in. A slot with more than a frame waiting after the
 tick's step (early audio, a burst, a worker that fell behind) steps again, alone with the
 others behind, in the time before the next frame (`_catch_up`); its backlog is never more
-than `MAX_BUFFERED_MS` (the oldest is cut). A slot with no prompt is ready at once, before
+than `CLIENT_BACKLOG_MS` (the oldest is cut). A slot with no prompt is ready at once, before
 any step.
 
 Every `FrameModel` method runs on one dedicated thread (a 1-thread executor), so a step
@@ -130,6 +130,12 @@ T = TypeVar("T")
 # the user's latency, whatever the model's clock (Mimi's 80 ms frames, a 1 s unit).
 #: input a slot holds ahead of the clock before the oldest is cut: 2 s (25 frames at 80 ms)
 MAX_BUFFERED_MS = 2000
+#: what a client-clocked slot holds ahead of its model (the client's audio is its clock, so
+#: nothing it sent is late, only not yet stepped): 10 s. Such a backlog is audio a client held
+#: while the model stepped its prompt (LiveKit's PersonaPlex plugin sends it all after the
+#: handshake, as NVIDIA's server feeds it to its model) or sent in a burst; it is stepped
+#: between ticks (`_catch_up`), and beyond this the oldest is cut
+CLIENT_BACKLOG_MS = 10_000
 #: ... and never under 3 frames: after a late tick the slot holds the frame that was late
 #: and the next one before the tick takes one, and the next chunk arrives meanwhile (at 1 s
 #: units 2 s would cut the user's speech whenever a tick ran dry once; 3 s is held)
@@ -244,6 +250,10 @@ class TickBatchedStagePort(InputFedStagePort):
         self.period_s = frame_ms / 1000
         self.grid = TickGrid(self.period_s)
         self.max_buffered_samples = max_buffered_frames * model.frame_samples
+        #: a client-clocked slot's bound (`CLIENT_BACKLOG_MS`)
+        self.max_backlog_samples = (
+            max(frames_in(CLIENT_BACKLOG_MS, frame_ms), max_buffered_frames) * model.frame_samples
+        )
         self.max_jitter_samples = jitter_cap_samples(
             model.frame_samples, model.input_sample_rate_hz
         )
@@ -345,6 +355,8 @@ class TickBatchedStagePort(InputFedStagePort):
             slot.fence, slot.request_id = plan.fence, plan.request_id
         options = dict(plan.payload or {})
         slot.client_clocked = plan.client_clock
+        if plan.client_clock:
+            slot.max_buffered_samples = self.max_backlog_samples
         if slot.opened:  # a second stream request of one session: it goes on, interrupted
             await self._on_model(self.model.interrupt_slot, slot.index)
             slot.listen()
@@ -781,7 +793,7 @@ class TickBatchedStagePort(InputFedStagePort):
         alone, while the time before the next frame holds a step (the last one's duration,
         plus the margin), `MAX_CATCH_UP_STEPS` at most: such a slot's backlog drains as fast
         as the worker has time, as the reference server steps a frame as soon as it is whole,
-        and it is never more than `MAX_BUFFERED_MS` (the input bound cuts the oldest)."""
+        and it is never more than `CLIENT_BACKLOG_MS` (the input bound cuts the oldest)."""
         margin = REPLAY_MARGIN * self.period_s
         for _ in range(MAX_CATCH_UP_STEPS):
             behind = [

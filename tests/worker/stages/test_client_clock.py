@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.frame_models import FRAME_SAMPLES, tone
-from services.worker.stages.tick_batched import MAX_BUFFERED_MS, MAX_CATCH_UP_STEPS
+from services.worker.stages.tick_batched import CLIENT_BACKLOG_MS, MAX_CATCH_UP_STEPS
 from tests.worker.stages.test_tick_batched import Rig
 
 QUIET = np.zeros(FRAME_SAMPLES, np.float32)
@@ -91,7 +91,7 @@ async def test_its_backlog_is_bounded_oldest_cut():
     rig = Rig()
     try:
         await rig.open("moshi", client_clock=True)
-        bound = MAX_BUFFERED_MS * 24 // FRAME_SAMPLES  # frames of 80 ms in the bound
+        bound = CLIENT_BACKLOG_MS * 24 // FRAME_SAMPLES  # frames of 80 ms in the bound
         rig.port.feed("moshi", np.concatenate([QUIET] * (bound + 10)))
         for _ in range(bound):
             await rig.tick()
