@@ -30,9 +30,10 @@ it), the pod's event-loop lag (its `duplex_event_loop_lag_seconds` histogram on 
 /metrics, read before and after the window: the p99 is the upper bound of the bucket where
 the window's cumulative count reaches 99%), payload bytes on the wire per session-second
 each way, the audio that came back per second streamed (the Opus pages decoded after the
-run), and the worker's tick clock (ticks, deadline misses, silence frames: a session whose
-input had not arrived) from its /metrics. Before the first window, the idle pod's CPU (no
-session) is measured for `--idle-seconds`. The headline is each surface's pod CPU over the
+run), and the worker's tick clock (ticks: every batched step it timed, so a client-clocked
+session's catch-up steps too; deadline misses; silence frames: a session whose input had not
+arrived) from its /metrics. Before the first window, the idle pod's CPU (no session) is
+measured for `--idle-seconds`. The headline is each surface's pod CPU over the
 floor's at the same level; sessions per pod core take the idle pod's share out. Then, in
 this process, the codec alone on the same 80 ms frames: services/api/ogg_opus.py's
 `OpusDecoder` and `OpusEncoder` (on the tone and on silence) against base64 + orjson (an
