@@ -101,7 +101,7 @@ HANDSHAKE = b"\x00"
 AUDIO = 0x01
 TEXT = 0x02
 #: the client's audio messages sent before the handshake that are kept for the model: 2 s of
-#: 80 ms frames, the input backlog the worker keeps for a session anyway. Each is at most
+#: 80 ms frames (the worker steps such a backlog between its ticks). Each is at most
 #: `MAX_MESSAGE_BYTES` and its kind byte, so a socket holds at most 1.6 MiB of them, and only
 #: until the handshake
 EARLY_MESSAGES = 2 * SAMPLE_RATE // FRAME_SAMPLES

@@ -216,6 +216,8 @@ class SlotState:
     #: the session's input is its clock (`StagePlan.client_clock`): past its prompt, the
     #: slot steps only on a whole frame of input, and every frame it steps is sent
     client_clocked: bool = False
+    #: ticks in a row this client-clocked slot ended more than `CLIENT_LAG_MS` behind
+    lagging_ticks: int = 0
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
     #: the input sample (counted from the slot's first) the buffer starts at: the end of

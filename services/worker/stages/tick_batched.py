@@ -136,6 +136,12 @@ MAX_BUFFERED_MS = 2000
 #: handshake, as NVIDIA's server feeds it to its model) or sent in a burst; it is stepped
 #: between ticks (`_catch_up`), and beyond this the oldest is cut
 CLIENT_BACKLOG_MS = 10_000
+#: a client-clocked slot more than this behind its client after the catch-up steps, for
+#: `CLIENT_LAG_TICKS` ticks in a row (a worker with no time to catch it up), is cut back to
+#: this much: the jitter buffer's depth of the server-clocked sessions (`MAX_JITTER_MS`)
+CLIENT_LAG_MS = 240
+#: 2 s of 80 ms ticks: a backlog the catch-up steps are draining is left to them
+CLIENT_LAG_TICKS = 25
 #: ... and never under 3 frames: after a late tick the slot holds the frame that was late
 #: and the next one before the tick takes one, and the next chunk arrives meanwhile (at 1 s
 #: units 2 s would cut the user's speech whenever a tick ran dry once; 3 s is held)
@@ -250,6 +256,10 @@ class TickBatchedStagePort(InputFedStagePort):
         self.period_s = frame_ms / 1000
         self.grid = TickGrid(self.period_s)
         self.max_buffered_samples = max_buffered_frames * model.frame_samples
+        #: what a client-clocked slot may lag behind its client for long (`CLIENT_LAG_MS`)
+        self.client_lag_samples = max(frames_in(CLIENT_LAG_MS, frame_ms), 1) * model.frame_samples
+        #: the last `_tick`'s model step went through
+        self._last_step_ok = True
         #: a client-clocked slot's bound (`CLIENT_BACKLOG_MS`)
         self.max_backlog_samples = (
             max(frames_in(CLIENT_BACKLOG_MS, frame_ms), max_buffered_frames) * model.frame_samples
@@ -614,15 +624,26 @@ class TickBatchedStagePort(InputFedStagePort):
                 await self._wait_until(due)
                 if not any(slot.opened for slot in self._slots.values()):
                     continue  # the last slot closed while the tick waited for its frame
+            stepped = False
             try:
                 ended = await self._tick()
+                stepped = self._last_step_ok
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug of one tick must not stop the clock of every session
                 log.exception("tick of %s failed", self.model_name)
                 ended = self.clock.now()
             due = self._next_due(due, ended)
-            await self._catch_up(due)
+            try:
+                # not after a failed step: the model would fail the same way, eating a frame
+                # of each client's audio a time
+                if stepped:
+                    await self._catch_up(due)
+                self._bound_client_lag()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the same guard: the clock goes on
+                log.exception("catch-up of %s failed", self.model_name)
             await self._replay(due)
 
     async def _wait_until(self, due: float) -> None:
@@ -804,12 +825,33 @@ class TickBatchedStagePort(InputFedStagePort):
             if not behind or due - margin - self.clock.now() <= self.counters.last_tick_s:
                 return
             await self._tick(behind)
+            if not self._last_step_ok:
+                return
             self.counters.catch_up_steps += 1
             if self._metrics is not None:
                 self._metrics.catch_up_steps.labels(self.model_name).inc()
 
+    def _bound_client_lag(self) -> None:
+        """A client-clocked slot still more than `CLIENT_LAG_MS` behind its client after the
+        catch-up steps, tick after tick for `CLIENT_LAG_TICKS`, is one the worker has no
+        time to catch up (its steps take most of the frame): its input is cut to its newest
+        `CLIENT_LAG_MS` (counted as dropped input) so that the model answers its user
+        that late at most, not seconds late for the rest of the session."""
+        for slot in self._slots.values():
+            if not slot.client_clocked or slot.announce_ready or slot.replaying:
+                continue
+            if slot.buffered <= self.client_lag_samples:
+                slot.lagging_ticks = 0
+                continue
+            slot.lagging_ticks += 1
+            if slot.lagging_ticks >= CLIENT_LAG_TICKS:
+                dropped = slot.keep_latest(self.client_lag_samples // self.model.frame_samples)
+                self.counters.dropped_input_frames += dropped / self.model.frame_samples
+                slot.lagging_ticks = 0
+
     async def _tick(self, only: Sequence[SlotState] | None = None) -> float:
-        """One batched step of every open slot (`only`: of these alone, a catch-up)."""
+        """One batched step of every open slot (`only`: of these alone, a catch-up);
+        `_last_step_ok` says whether the model's step went through."""
         model = self.model
         frames = np.zeros((model.slots, model.frame_samples), np.float32)
         active = np.zeros(model.slots, bool)
@@ -840,10 +882,12 @@ class TickBatchedStagePort(InputFedStagePort):
                 self._metrics.input_lag.labels(self.model_name).observe(lag)
         started = self.clock.now()
         records: list[bytes | None] = [None] * model.slots
+        self._last_step_ok = False
         try:
             seen = images if any(images) else None  # None: no image this step (the common one)
             outputs = await self._on_model(model.step, frames, active, seen)
             records = [o.record if o is not None else None for o in outputs]
+            self._last_step_ok = True
         except Exception as exc:
             log.exception("%s: model step failed", self.model_name)
             outputs = [None] * model.slots
@@ -905,7 +949,8 @@ class TickBatchedStagePort(InputFedStagePort):
             if slot.client_clocked:  # its protocol sends every frame, the model's quiet too
                 rate = self.model.output_sample_rate_hz
                 audio = np.array(output.audio, dtype=np.float32).reshape(-1)
-                sink(StageOutput(slot.request_id, slot.fence, OutputKind.QUIET, audio, rate))
+                if audio.size:  # none yet: the model's acoustic delay, nothing to send
+                    sink(StageOutput(slot.request_id, slot.fence, OutputKind.QUIET, audio, rate))
             self._frame_error(sink, slot, output)  # the frame's own error, speaking or not
             return
         # a copy: a model may reuse its output buffer at the next step, before the runner

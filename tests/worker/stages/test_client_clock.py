@@ -9,7 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from harness.frame_models import FRAME_SAMPLES, tone
-from services.worker.stages.tick_batched import CLIENT_BACKLOG_MS, MAX_CATCH_UP_STEPS
+from services.worker.stages.tick_batched import (
+    CLIENT_BACKLOG_MS,
+    CLIENT_LAG_MS,
+    CLIENT_LAG_TICKS,
+    MAX_CATCH_UP_STEPS,
+)
 from tests.worker.stages.test_tick_batched import Rig
 
 QUIET = np.zeros(FRAME_SAMPLES, np.float32)
@@ -116,5 +121,29 @@ async def test_its_prompt_steps_on_the_servers_clock_then_it_waits_for_its_clien
         rig.port.feed("persona", QUIET)
         await rig.tick()
         assert rig.model.steps[0] == prompt + 1
+    finally:
+        await rig.port.shutdown()
+
+
+async def test_a_worker_with_no_time_to_catch_up_cuts_a_lagging_client_back():
+    """Steps that take most of the frame leave no time for catch-up steps: a client whose
+    backlog stays over `CLIENT_LAG_MS` for `CLIENT_LAG_TICKS` ticks is cut back to its newest
+    `CLIENT_LAG_MS`, so its model answers that late at most, not seconds late for good."""
+    rig = Rig()
+    try:
+        rig.model.on_step = lambda: rig.clock.skew(0.05)  # a step takes 50 of the 80 ms
+        await rig.open("moshi", client_clock=True)
+        lag_frames = CLIENT_LAG_MS * 24 // FRAME_SAMPLES
+        rig.port.feed("moshi", np.concatenate([QUIET] * 20))  # held during a stall, say
+        backlog = []
+        for _ in range(CLIENT_LAG_TICKS + 5):
+            rig.port.feed("moshi", QUIET)  # and the client goes on in real time
+            await rig.tick()
+            await rig.clock.next_sleeper()
+            backlog.append(rig.port._slots["moshi"].buffered // FRAME_SAMPLES)
+        assert rig.port.stats()["catch_up_steps"] == 0  # never time for one
+        assert backlog[CLIENT_LAG_TICKS - 2] == 20  # behind by the stall until then
+        assert max(backlog[CLIENT_LAG_TICKS:]) <= lag_frames  # then cut back
+        assert rig.port.stats()["dropped_input_frames"] == 20 - lag_frames
     finally:
         await rig.port.shutdown()
