@@ -365,7 +365,7 @@ IMAGE_VERSION     ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' helm/
 IMAGE_TAG         ?= $(IMAGE_VERSION)$(if $(filter cpu,$(IMAGE_TORCH)),-cpu)
 CONTAINER_ENGINE  ?= $(shell if docker info >/dev/null 2>&1; then echo docker; else echo podman; fi)
 
-.PHONY: images test-images container-engine
+.PHONY: images test-images podman-engine
 
 images:
 	@echo "building with $(CONTAINER_ENGINE): the API $(IMAGE_VERSION), workers $(IMAGE_TAG)"
@@ -389,41 +389,41 @@ images:
 	    "$$(numfmt --to=iec-i --suffix=B $$size)"; \
 	done
 
-# docker where its daemon answers; else podman, installed (Debian's podman 4.3 and runc, and
-# debootstrap for the base stand-in) where any is missing and we are root
-container-engine:
-	@if ! docker info >/dev/null 2>&1; then \
-	  missing=""; \
-	  for tool in podman runc debootstrap; do \
-	    command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
-	  done; \
-	  if [ -n "$$missing" ]; then \
-	    if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	      echo "installing$$missing (Debian packages)"; \
-	      apt-get update -qq >/dev/null && \
-	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	    else \
-	      echo "no docker daemon, and$$missing missing: install them (apt-get install$$missing)"; \
-	      exit 1; \
-	    fi; \
+# podman for the images' test (its flags, build mounts and networks are podman's), installed
+# (Debian's podman 4.3 and runc, and debootstrap for the base stand-in) where any is missing
+# and we are root
+podman-engine:
+	@missing=""; \
+	for tool in podman runc debootstrap; do \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing (Debian packages)"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "make test-images runs podman:$$missing missing (apt-get install$$missing)"; \
+	    exit 1; \
 	  fi; \
 	fi
 
-# The images as the chart's pods (tests/images): the API image, the CPU variants of the cascade
-# (echo) and Moshi workers, and a stand-in for the bundled Redis are built on python:3.11-slim,
+# The images as the chart's pods (tests/images), with podman: the API image, the CPU variants of
+# the cascade (echo) and Moshi workers, and a stand-in for the bundled Redis are built on
+# python:3.11-slim,
 # or on a local stand-in of it where no registry answers (docker/base-image.sh; kept between
 # runs on one machine), with this machine's pip settings; then redis, an API pod and the
 # workers run as containers with what `helm template` renders for them. Whatever a killed run
 # left behind is removed before and after.
-TEST_IMAGE_ENGINE = $(shell if docker info >/dev/null 2>&1; then echo docker; else echo podman; fi)
-TEST_IMAGE_PREFIX = $(if $(filter podman,$(TEST_IMAGE_ENGINE)),localhost/)
+TEST_IMAGE_ENGINE := podman
+TEST_IMAGE_PREFIX := localhost/
 TEST_IMAGE_CLEAN  = ids=$$($(TEST_IMAGE_ENGINE) ps -aq --filter label=io.duplex-serve.test=images); \
 	  [ -z "$$ids" ] || $(TEST_IMAGE_ENGINE) rm -f $$ids >/dev/null; \
 	  nets=$$($(TEST_IMAGE_ENGINE) network ls -q --filter label=io.duplex-serve.test=images); \
 	  [ -z "$$nets" ] || $(TEST_IMAGE_ENGINE) network rm -f $$nets >/dev/null
 
 test-images: export CONTAINERS_CONF = $(CURDIR)/tests/images/containers.conf
-test-images: venv $(HELM) $(MOSHI_STAMP) container-engine
+test-images: venv $(HELM) $(MOSHI_STAMP) podman-engine
 	@$(TEST_IMAGE_CLEAN)
 	@base=$$(sh docker/base-image.sh $(TEST_IMAGE_ENGINE)) || exit 1; \
 	torch_index=$$(getent hosts download.pytorch.org >/dev/null || echo "--build-arg TORCH_CPU_INDEX="); \

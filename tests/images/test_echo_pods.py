@@ -34,6 +34,11 @@ REAL_TIME = {
 }
 
 
+#: the module's pods start once, for its tests: their set-up (images' start, a model's
+#: load, probes) counts against the first test's time
+pytestmark = pytest.mark.timeout(900)
+
+
 @pytest.fixture(scope="module")
 def echo(start_release) -> Release:
     return start_release("echo", release_values(replicas=2, plugin="echo", maxSessions=4))

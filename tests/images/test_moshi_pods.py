@@ -22,6 +22,11 @@ MODEL_DIR = "/models/tiny-moshi"
 OPTIONS = {"device": "cpu", "temperature": "0", "temperature_text": "0", "threads": "1"}
 
 
+#: the module's pods start once, for its tests: their set-up (images' start, a model's
+#: load, probes) counts against the first test's time
+pytestmark = pytest.mark.timeout(900)
+
+
 @pytest.fixture(scope="module")
 def moshi(start_release, tiny_moshi: Path) -> Release:
     values = release_values(
