@@ -193,22 +193,26 @@ def moshi_python() -> str:
     return python
 
 
-@pytest.fixture(scope="session")
-def tiny_personaplex(tmp_path_factory) -> dict[str, Path]:
-    """The tiny PersonaPlex checkpoint and its voice prompt directory (made by .venv-moshi)."""
-    python = moshi_python()
-    root = tmp_path_factory.mktemp("tiny-personaplex")
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+def make_in_moshi_venv(script: str, root: Path, what: str) -> None:
+    """Run `script` (its one argument: `root`) with .venv-moshi's python, offline; a failure
+    fails the set-up, naming `what` was not made."""
     made = subprocess.run(
-        [python, "-c", TINY_PERSONAPLEX, str(root)],
+        [moshi_python(), "-c", script, str(root)],
         cwd=ROOT,
-        env=environment,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=300,
     )
     if made.returncode != 0:
-        pytest.fail(f"the tiny PersonaPlex checkpoint was not made:\n{made.stderr[-4000:]}")
+        pytest.fail(f"{what} was not made:\n{made.stderr[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def tiny_personaplex(tmp_path_factory) -> dict[str, Path]:
+    """The tiny PersonaPlex checkpoint and its voice prompt directory (made by .venv-moshi)."""
+    root = tmp_path_factory.mktemp("tiny-personaplex")
+    make_in_moshi_venv(TINY_PERSONAPLEX, root, "the tiny PersonaPlex checkpoint")
     return {"checkpoint": root / "checkpoint", "voices": root / "voices"}
 
 
@@ -260,19 +264,8 @@ make_tiny_moshi(Path(sys.argv[1]) / "checkpoint")
 @pytest.fixture(scope="session")
 def tiny_moshi(tmp_path_factory) -> Path:
     """The tiny random Moshi checkpoint (made by .venv-moshi)."""
-    python = moshi_python()
     root = tmp_path_factory.mktemp("tiny-moshi")
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    made = subprocess.run(
-        [python, "-c", TINY_MOSHI, str(root)],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if made.returncode != 0:
-        pytest.fail(f"the tiny Moshi checkpoint was not made:\n{made.stderr[-4000:]}")
+    make_in_moshi_venv(TINY_MOSHI, root, "the tiny Moshi checkpoint")
     return root / "checkpoint"
 
 

@@ -9,13 +9,52 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from harness.processes import HttpProcess, Process, start_api, start_worker, wait_worker_ready
+from harness.redis_server import free_port
 from harness.tiny_moshi import make_tiny_moshi
 from plugins.moshi import MoshiPlugin
 
 GREEDY = {"device": "cpu", "temperature": "0", "temperature_text": "0", "threads": "1"}
+#: GREEDY as a worker's DUPLEX_PLUGIN_OPTIONS
+GREEDY_OPTIONS = ",".join(f"{key}={value}" for key, value in GREEDY.items())
+
+
+@contextlib.contextmanager
+def moshi_stack(
+    redis_url: str, model_dir: Path, name: str
+) -> Iterator[tuple[HttpProcess, int, Process]]:
+    """`duplex worker --plugin moshi` (greedy, 2 slots) on `model_dir` and `duplex api`, as
+    real processes on `redis_url`, ready: (the API pod, the worker's health port, the
+    worker); both stopped at the end."""
+    prefix = f"duplex-{name}-{uuid.uuid4().hex[:8]}"
+    health = free_port()
+    worker = start_worker(
+        redis_url,
+        prefix,
+        "moshi-worker",
+        "moshi",
+        DUPLEX_MODEL_DIR=str(model_dir),
+        DUPLEX_PLUGIN_OPTIONS=GREEDY_OPTIONS,
+        DUPLEX_MAX_SESSIONS="2",
+        DUPLEX_WORKER_HEALTH_PORT=str(health),
+        HF_HUB_OFFLINE="1",
+    )
+    api = start_api(redis_url, prefix, "moshi-api")
+    try:
+        wait_worker_ready(worker, health, 120)
+        api.wait_ready()
+        yield api, health, worker
+    finally:
+        api.stop()
+        worker.stop()
 
 
 @pytest.fixture(scope="session")

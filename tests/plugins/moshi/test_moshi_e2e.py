@@ -11,46 +11,23 @@ from __future__ import annotations
 
 import base64
 import signal
-import uuid
 
 import httpx
 import numpy as np
 import pytest
 
-from harness.processes import start_api, start_worker, wait_worker_ready
-from harness.redis_server import free_port
 from shared.client.duplex_client import DuplexClient
 from shared.protocol.duplex import float_to_pcm16
 from tests.e2e.native_moves import move_a_native_session
-from tests.plugins.moshi.conftest import user_audio
+from tests.plugins.moshi.conftest import GREEDY_OPTIONS, moshi_stack, user_audio
 
 RATE = 24_000
-OPTIONS = "device=cpu,temperature=0,temperature_text=0,threads=1"
 
 
 @pytest.fixture(scope="module")
 def moshi_cluster(redis_server, tiny_dir):
-    prefix = f"duplex-moshi-{uuid.uuid4().hex[:8]}"
-    health = free_port()
-    worker = start_worker(
-        redis_server.url,
-        prefix,
-        "moshi-worker",
-        "moshi",
-        DUPLEX_MODEL_DIR=str(tiny_dir),
-        DUPLEX_PLUGIN_OPTIONS=OPTIONS,
-        DUPLEX_MAX_SESSIONS="2",
-        DUPLEX_WORKER_HEALTH_PORT=str(health),
-        HF_HUB_OFFLINE="1",
-    )
-    api = start_api(redis_server.url, prefix, "moshi-api")
-    try:
-        wait_worker_ready(worker, health, 120)
-        api.wait_ready()
-        yield api, health, worker
-    finally:
-        api.stop()
-        worker.stop()
+    with moshi_stack(redis_server.url, tiny_dir, "moshi") as stack:
+        yield stack
 
 
 async def send_pcm(client: DuplexClient, samples: np.ndarray) -> None:
@@ -106,7 +83,7 @@ async def test_a_moshi_session_keeps_its_models_memory_when_its_worker_goes(
         model="moshi",
         record_bytes=12,
         DUPLEX_MODEL_DIR=str(tiny_dir),
-        DUPLEX_PLUGIN_OPTIONS=OPTIONS,
+        DUPLEX_PLUGIN_OPTIONS=GREEDY_OPTIONS,
         DUPLEX_MAX_SESSIONS="2",
         HF_HUB_OFFLINE="1",
     )

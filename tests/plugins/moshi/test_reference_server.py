@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,10 +58,9 @@ import sphn
 from safetensors.torch import load_file, save_file
 from websockets.asyncio.client import ClientConnection, connect
 
-from harness.processes import start_api, start_worker, wait_worker_ready
 from harness.redis_server import free_port
 from tests.e2e.waits import until
-from tests.plugins.moshi.conftest import user_audio
+from tests.plugins.moshi.conftest import moshi_stack, user_audio
 from tests.plugins.moshi.reference_server import reference_checkpoint
 
 RATE = 24_000
@@ -74,7 +72,6 @@ WAIT_S = 60
 #: step generates no audio, on both servers (moshi's LMGen returns None for it), as the 7B's
 #: (delay 1 too: 99 messages for 100 frames)
 DELAY = 1
-OPTIONS = "device=cpu,temperature=0,temperature_text=0,threads=1"
 SHIM = Path(__file__).with_name("reference_server.py")
 
 
@@ -174,27 +171,8 @@ def ours(model, redis_server) -> Iterator[str]:
     """`duplex api` and `duplex worker --plugin moshi` on the model (greedy): the API pod's
     /api/chat URL."""
     _, directory, _ = model
-    prefix = f"duplex-reference-{uuid.uuid4().hex[:8]}"
-    health = free_port()
-    worker = start_worker(
-        redis_server.url,
-        prefix,
-        "moshi-worker",
-        "moshi",
-        DUPLEX_MODEL_DIR=str(directory),
-        DUPLEX_PLUGIN_OPTIONS=OPTIONS,
-        DUPLEX_MAX_SESSIONS="2",
-        DUPLEX_WORKER_HEALTH_PORT=str(health),
-        HF_HUB_OFFLINE="1",
-    )
-    api = start_api(redis_server.url, prefix, "moshi-api")
-    try:
-        wait_worker_ready(worker, health, 120)
-        api.wait_ready()
+    with moshi_stack(redis_server.url, directory, "reference") as (api, _, _):
         yield f"ws://127.0.0.1:{api.port}/api/chat"
-    finally:
-        api.stop()
-        worker.stop()
 
 
 # ------------------------------------------------------------------ the raw client
