@@ -36,7 +36,9 @@ arrived) from its /metrics. Before the first window, the idle pod's CPU (no sess
 measured for `--idle-seconds`. The headline is each surface's pod CPU over the
 floor's at the same level; sessions per pod core take the idle pod's share out. Then, in
 this process, the codec alone on the same 80 ms frames: services/api/ogg_opus.py's
-`OpusDecoder` and `OpusEncoder` (on the tone and on silence) against base64 + orjson (an
+`OpusDecoder` and the pod's encoder (`new_encoder()`: libopus at complexity 5 where it is
+installed) beside sphn's writer (`SphnEncoder`, `moshi.server`'s), on the tone, on zeros and
+on low-level noise (a listening Moshi's output), against base64 + orjson (an
 append parsed, a delta built), the floor of the codec's share. Writes the `surface_cpu`
 section of docs/benchmarks.md (or `--section`, into `--docs`).
 """
@@ -51,6 +53,7 @@ import random
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -72,7 +75,7 @@ from bench.common import (
 )
 from harness.frame_models import FRAME_SAMPLES, RATE, tone
 from harness.redis_server import free_port
-from services.api.ogg_opus import OpusDecoder, OpusEncoder
+from services.api.ogg_opus import OpusDecoder, SphnEncoder, new_encoder
 from shared.loop_lag import DEFAULT_INTERVAL_S, LAG_BUCKETS, LAG_METRIC
 from shared.protocol.duplex import float_to_pcm16
 
@@ -522,15 +525,17 @@ def codec_costs(repeats: int, frames: int = 250) -> dict[str, float]:
         for page in quiet_pages:
             decoder.decode(page)
 
-    def opus_encode() -> None:
-        encoder = OpusEncoder()
-        for pcm in pcms:  # the pod's writer gets the model's frame as pcm16 bytes
-            encoder.encode(pcm)
+    # a listening Moshi's frame is low-level noise (its Mimi decoder's idle output), not zeros
+    noise = (np.random.default_rng(0).standard_normal(FRAME_SAMPLES) * 30).astype("<i2")
+    noisy = noise.tobytes()
 
-    def opus_encode_quiet() -> None:
-        encoder = OpusEncoder()
-        for _ in range(frames):
-            encoder.encode(quiet)
+    def encoding(make, frame_pcms) -> Callable[[], None]:
+        def work() -> None:
+            encoder = make()
+            for pcm in frame_pcms:  # the pod's writer gets the model's frame as pcm16 bytes
+                encoder.encode(pcm)
+
+        return work
 
     def json_in() -> None:
         for append in appends:
@@ -552,9 +557,13 @@ def codec_costs(repeats: int, frames: int = 250) -> dict[str, float]:
 
     return {
         "opus_decode_us": timed(opus_decode),
-        "opus_encode_us": timed(opus_encode),
+        "opus_encode_us": timed(encoding(new_encoder, pcms)),
         "opus_decode_quiet_us": timed(opus_decode_quiet),
-        "opus_encode_quiet_us": timed(opus_encode_quiet),
+        "opus_encode_quiet_us": timed(encoding(new_encoder, [quiet] * frames)),
+        "opus_encode_noise_us": timed(encoding(new_encoder, [noisy] * frames)),
+        "sphn_encode_us": timed(encoding(SphnEncoder, pcms)),
+        "sphn_encode_quiet_us": timed(encoding(SphnEncoder, [quiet] * frames)),
+        "sphn_encode_noise_us": timed(encoding(SphnEncoder, [noisy] * frames)),
         "json_in_us": timed(json_in),
         "json_out_us": timed(json_out),
     }
@@ -608,6 +617,7 @@ def render(
             f"| {r['ticks']:.0f} / {r['ticks_due']:.0f}, {r['misses']:.0f}, {r['silence']:.0f} "
             f"| {lag_ms(r['lag_p99_s'])} | {len(r['errors'])} |"
         )
+    encoder_name = type(new_encoder()).__name__
     opus = codec["opus_decode_us"] + codec["opus_encode_us"]
     opus_quiet = codec["opus_decode_quiet_us"] + codec["opus_encode_quiet_us"]
     json_floor = codec["json_in_us"] + codec["json_out_us"]
@@ -616,14 +626,22 @@ def render(
         "|---|---|---|",
         f"| Opus: decode a client page (`OpusDecoder`) | {codec['opus_decode_us']:.1f} "
         f"| {codec['opus_decode_us'] * frames_per_s / 1000:.2f} |",
-        f"| Opus: encode the model's pcm16 frame, the tone (`OpusEncoder`) "
-        f"| {codec['opus_encode_us']:.1f} | {codec['opus_encode_us'] * frames_per_s / 1000:.2f} |",
         f"| Opus: decode a silent client page (`OpusDecoder`) "
         f"| {codec['opus_decode_quiet_us']:.1f} "
         f"| {codec['opus_decode_quiet_us'] * frames_per_s / 1000:.2f} |",
-        f"| Opus: encode a listening model's frame, zeros (`OpusEncoder`) "
-        f"| {codec['opus_encode_quiet_us']:.1f} "
-        f"| {codec['opus_encode_quiet_us'] * frames_per_s / 1000:.2f} |",
+        *(
+            f"| Opus: encode {what} (`{cls}`{note}) | {codec[key]:.1f} "
+            f"| {codec[key] * frames_per_s / 1000:.2f} |"
+            for cls, note, prefix in (
+                (encoder_name, ", the pod's", "opus"),
+                ("SphnEncoder", ", moshi.server's writer", "sphn"),
+            )
+            for what, key in (
+                ("the model's pcm16 frame, the tone", f"{prefix}_encode_us"),
+                ("a listening model's frame, zeros", f"{prefix}_encode_quiet_us"),
+                ("a listening model's frame, low-level noise", f"{prefix}_encode_noise_us"),
+            )
+        ),
         f"| JSON: parse an append (orjson + base64) | {codec['json_in_us']:.1f} "
         f"| {codec['json_in_us'] * frames_per_s / 1000:.2f} |",
         f"| JSON: build a delta (base64 + orjson) | {codec['json_out_us']:.1f} "

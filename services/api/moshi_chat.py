@@ -72,9 +72,10 @@ from services.api.ogg_opus import (
     FRAME_SAMPLES,
     MAX_MESSAGE_BYTES,
     SAMPLE_RATE,
+    EncoderThread,
     OggOpusError,
     OpusDecoder,
-    OpusEncoder,
+    new_encoder,
 )
 from services.api.output_queue import CLOSURE_TYPES, OutItem
 from services.api.socket_driver import (
@@ -166,6 +167,11 @@ class MoshiChatEndpoint(SocketEndpoint):
         self.parts = parts
         self.admission_wait_s = admission_wait_s
         self.handshake_timeout_s = handshake_timeout_s
+        #: every session's Opus encoding, off the event loop (services/api/ogg_opus.py)
+        self.encoder_thread = EncoderThread()
+
+    def close(self) -> None:
+        self.encoder_thread.close()
 
     def match(self, path: str) -> tuple[str | None] | None:
         key = moshi_chat_path(path)
@@ -192,7 +198,9 @@ class MoshiChatEndpoint(SocketEndpoint):
         self.metrics.sessions_opened.inc()
         self.metrics.active_sessions.inc()
         try:
-            await MoshiConnection(websocket, parts, self.metrics, self.handshake_timeout_s).run()
+            await MoshiConnection(
+                websocket, parts, self.metrics, self.handshake_timeout_s, self.encoder_thread
+            ).run()
         finally:
             self.metrics.active_sessions.dec()
 
@@ -261,11 +269,13 @@ class MoshiConnection(SocketDriver):
         parts: SessionParts,
         metrics: ApiMetrics,
         handshake_timeout_s: float,
+        encoder_thread: EncoderThread,
     ):
         super().__init__(websocket, parts.attachment, parts.delivery, metrics)
         self.handshake_timeout_s = handshake_timeout_s
         self.decoder = OpusDecoder()
-        self.encoder = OpusEncoder()
+        self.encoder = new_encoder()
+        self.encoder_thread = encoder_thread
         self.handshaken = asyncio.Event()
         self.early_dropped = 0  # messages sent before the handshake and not kept
 
@@ -355,8 +365,9 @@ class MoshiConnection(SocketDriver):
         elif wire_type == MOSHI_AUDIO:  # one step's pcm16 as it crossed Redis, a frame
             # One continuous Opus stream, whether the model speaks or listens: nothing is
             # flushed at a response's end (a padded partial frame would put samples into
-            # it that the model never made; a step's frame is whole, so none waits anyway)
-            await self._audio(self.encoder.encode(item.data))
+            # it that the model never made; a step's frame is whole, so none waits anyway).
+            # Encoded on the pod's encoder thread: the loop serves other sockets meanwhile
+            await self._audio(await self.encoder_thread.encode(self.encoder, item.data))
         elif wire_type in WORDS:
             text = orjson.loads(item.data).get("delta") or ""
             if text:

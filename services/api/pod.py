@@ -212,6 +212,7 @@ class ApiPod:
         await self.liveness.stop()
         await self.hub.stop()
         await self.workers.stop()
+        self.moshi_chat.close()
         with contextlib.suppress(Exception):
             await self.client.zrem(self.keys.apis(), self.settings.pod_id)
 

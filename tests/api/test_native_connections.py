@@ -34,7 +34,7 @@ from services.api.moshi_chat import (
     MoshiConnection,
     moshi_chat_path,
 )
-from services.api.ogg_opus import OpusDecoder
+from services.api.ogg_opus import EncoderThread, OpusDecoder
 from services.api.output_queue import OutItem, OutputQueue
 from services.api.security import KeyChecker
 from shared.protocol.duplex import MOSHI_AUDIO, AppendAudio
@@ -113,9 +113,13 @@ class Session:
         self.queue.put(OutItem(orjson.dumps({"type": wire_type, **body}), wire_type))
 
 
+#: the pod's encoder thread, one for the module's connections as one pod has one
+ENCODER_THREAD = EncoderThread()
+
+
 def moshi(session: Session, socket: Socket) -> MoshiConnection:
     parts = SessionParts(session, session, None)  # type: ignore[arg-type]
-    return MoshiConnection(socket, parts, ApiMetrics(), handshake_timeout_s=WAIT_S)  # type: ignore[arg-type]
+    return MoshiConnection(socket, parts, ApiMetrics(), WAIT_S, ENCODER_THREAD)  # type: ignore[arg-type]
 
 
 async def test_a_session_that_ends_before_the_handshake_closes_with_its_error():
