@@ -17,6 +17,11 @@ COPY plugins ./plugins
 RUN pip install --no-cache-dir --prefix=/install .
 
 FROM ${BASE_IMAGE}
+# libopus: the pod's Opus encoder for Moshi's protocol (services/api/libopus.py; without it
+# the pod falls back to sphn's, at about 5x the CPU for a listening model)
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libopus0 \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /install /usr/local
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin duplex
 USER 10001

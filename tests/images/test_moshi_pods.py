@@ -67,3 +67,10 @@ async def test_a_moshi_protocol_session_on_the_mounted_checkpoint(moshi: Release
         await client.close()
     assert "Traceback" not in worker.logs()
     assert "Traceback" not in moshi.api.logs()
+    # the API image has libopus (Debian's libopus0), so the pod encodes with it and never
+    # falls back to sphn's costlier writer
+    assert "sphn's Opus encoder" not in moshi.api.logs()
+    found = moshi.api.exec(
+        "python", "-c", "from services.api import libopus; print(libopus.version())"
+    )
+    assert found.stdout.startswith("libopus "), found.stdout + found.stderr
