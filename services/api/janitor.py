@@ -265,16 +265,10 @@ class Janitor:
         if self.redis.server is not None:
             arq.worker.log_redis_info = _no_redis_info  # type: ignore[assignment]
         if not self.redis.cluster:
-            pool = self.redis.new_client().connection_pool
-            if self.redis.server is None:
-                # a pool of arq's own: arq's close() disconnects the pool it was given, and
-                # the pod's (its live hub's subscription on it) must outlive the janitor
-                pool = type(pool)(
-                    connection_class=pool.connection_class,
-                    max_connections=pool.max_connections,
-                    **pool.connection_kwargs,
-                )
-            return ArqRedis(connection_pool=pool), self.keys.arq_queue()
+            # a client of arq's own, on a pool of its own: arq's close() disconnects the
+            # pool it was given, and the pod's (its live hub's subscription on it) must
+            # outlive the janitor; with Sentinel, one that follows the primary as the pod's does
+            return self.redis.client_of_its_own(ArqRedis), self.keys.arq_queue()
         tag = "{" + self.keys.arq_queue() + "}"
         _tag_arq_keys(tag)
         await self.client.initialize()

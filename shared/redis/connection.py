@@ -1,8 +1,19 @@
-"""A Redis client: the real server at DUPLEX_REDIS_URL, a Redis Cluster, or an embedded fakeredis.
+"""A Redis client: the real server at DUPLEX_REDIS_URL, a Sentinel-managed primary, a Redis
+Cluster, or an embedded fakeredis.
 
-URLs: `redis://host:port/db` (one Redis), `redis+cluster://host:port` (a Redis
-Cluster, any node as the seed), or unset (embedded fakeredis with Lua, for
-`duplex serve` only).
+URLs: `redis://host:port/db` (one Redis), `redis+sentinel://[user:password@]h1:26379,
+h2:26379,h3:26379/<service>[/db][?sentinel_username=..&sentinel_password=..]` (the primary
+that Redis Sentinel names for `<service>`, asked of the sentinels listed, followed across
+failovers; `rediss+sentinel://` for TLS to the data nodes and the sentinels),
+`redis+cluster://host:port` (a Redis Cluster, any node as the seed), or unset (embedded
+fakeredis with Lua, for `duplex serve` only). redis-py has no Sentinel URL of its own: the
+form is the one Pomerium, rq-dashboard and redis-sentinel-url use (the user and password are
+the data nodes'; `sentinel_`-prefixed options are the sentinels' own credentials).
+
+Every real client connects with a timeout and TCP keepalive, so a primary that vanished
+without a reset (a partitioned host) is noticed in seconds rather than at the kernel's
+two-hour default; no read timeout is set, because the pods' subscriptions and blocking
+reads wait on purpose.
 
 Live channels on a cluster are shard channels: SPUBLISH goes to the master that owns the
 channel's slot and stays there (classic PUBLISH is copied to every node over the cluster
@@ -12,26 +23,71 @@ bus), and the API pod listens with SSUBSCRIBE on that master
 
 from __future__ import annotations
 
+import socket
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as redis_async
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 EMBEDDED = "embedded (fakeredis, in this process)"
 CLUSTER_SCHEME = "redis+cluster://"
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+SENTINEL_PORT = 26379
+#: a connect that takes longer is a Redis that is not there (a promoted replica answers in
+#: milliseconds; a dead primary's address would otherwise hold a connect for minutes)
+CONNECT_TIMEOUT_S = 2.0
+#: TCP keepalive: a peer silent for 5 s is probed every second, dropped after 3 probes
+KEEPALIVE = {
+    option: value
+    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3))
+    if (option := getattr(socket, name, None)) is not None
+}
+#: the options of every real client's connections
+SOCKET_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": CONNECT_TIMEOUT_S,
+    "socket_keepalive": True,
+    "socket_keepalive_options": KEEPALIVE,
+}
 
 
 class RedisHandle:
     """The client plus a description for logs (never the password)."""
 
     def __init__(
-        self, client: Any, description: str, server: Any = None, seed_url: str | None = None
+        self,
+        client: Any,
+        description: str,
+        server: Any = None,
+        seed_url: str | None = None,
+        sentinel: SentinelTarget | None = None,
     ) -> None:
         self.client = client
         self.description = description
         self.server = server  # the FakeServer, for embedded mode
         self.seed_url = seed_url  # the cluster node it was given (for operators)
+        self.sentinel = sentinel  # the Sentinel set and service, when the primary is theirs
         self.cluster = isinstance(client, RedisCluster)
+
+    def client_of_its_own(self, redis_class: type) -> Any:
+        """A client of `redis_class` (a `redis.asyncio.Redis` subclass: arq's) on a pool of
+        its own, to the same Redis (one Redis, or the primary the sentinels name): for a
+        library that closes the pool it is given when it stops (the pod's subscriptions run
+        on the pod's). Not for a cluster, whose nodes a library must be told itself."""
+        if self.sentinel is not None:
+            return self.sentinel.manager().master_for(
+                self.sentinel.service, redis_class=redis_class, **self.sentinel.connection
+            )
+        pool = self.new_client().connection_pool
+        if self.server is None:
+            pool = type(pool)(
+                connection_class=pool.connection_class,
+                max_connections=pool.max_connections,
+                **pool.connection_kwargs,
+            )
+        return redis_class(connection_pool=pool)
 
     def new_client(self) -> Any:
         """Another connection to the same server (blocking reads get their own)."""
@@ -70,20 +126,112 @@ async def publish_live(client: Any, channel: str, data: bytes) -> int:
 
 
 def redact(url: str) -> str:
+    """The URL without its secrets: the userinfo, and any `password` option's value."""
+    if "?" in url:
+        base, query = url.split("?", 1)
+        options = [
+            f"{name}=***" if name.endswith("password") else f"{name}={value}"
+            for name, _, value in (option.partition("=") for option in query.split("&"))
+        ]
+        return redact(base) + "?" + "&".join(options)
     if "@" not in url:
         return url
     scheme, rest = url.split("://", 1) if "://" in url else ("redis", url)
     return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A `redis+sentinel://` URL, parsed: the sentinels to ask, the service they name the
+    primary of, and the options of the data nodes' and the sentinels' connections."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    #: the data nodes' connection options (db, credentials, TLS, timeouts)
+    connection: dict[str, Any] = field(default_factory=dict)
+    #: the sentinels' own (their credentials and TLS; redis-py gives them none otherwise)
+    sentinel_options: dict[str, Any] = field(default_factory=dict)
+
+    def manager(self) -> Sentinel:
+        return Sentinel(list(self.sentinels), sentinel_kwargs=self.sentinel_options)
+
+    def describe(self) -> str:
+        host, port = self.sentinels[0]
+        more = f",+{len(self.sentinels) - 1}" if len(self.sentinels) > 1 else ""
+        return f"Redis via Sentinel {self.service!r} @ {host}:{port}{more}"
+
+
+#: the options a Sentinel URL takes (anything else is refused: a typo is not ignored)
+SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """`redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db][?...]`
+    (ValueError for anything else). IPv6 hosts go in brackets; a port defaults to 26379."""
+    scheme, rest = url.split("://", 1)
+    tls = scheme == "rediss+sentinel"
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    connection: dict[str, Any] = {**SOCKET_OPTIONS, "health_check_interval": 10}
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        user, _, password = userinfo.partition(":")
+        if user:
+            connection["username"] = unquote(user)
+        if password:
+            connection["password"] = unquote(password)
+    sentinels = tuple(_host_port(entry) for entry in netloc.split(",") if entry)
+    if not sentinels:
+        raise ValueError(f"{redact(url)}: name at least one sentinel (host:port)")
+    parts = [unquote(part) for part in path.split("/") if part]
+    if not parts or len(parts) > 2:
+        raise ValueError(
+            f"{redact(url)}: the path is /<service>[/<db>], the name the sentinels monitor "
+            "the primary by"
+        )
+    if len(parts) == 2:
+        if not parts[1].isdigit():
+            raise ValueError(f"{redact(url)}: the database must be a number, not {parts[1]!r}")
+        connection["db"] = int(parts[1])
+    sentinel_options: dict[str, Any] = dict(SOCKET_OPTIONS)
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if name not in SENTINEL_OPTIONS:
+            raise ValueError(
+                f"{redact(url)}: unknown option {name!r} (known: {', '.join(SENTINEL_OPTIONS)})"
+            )
+        sentinel_options[name.removeprefix("sentinel_")] = values[-1]
+    if tls:
+        connection["ssl"] = True
+        sentinel_options["ssl"] = True
+    return SentinelTarget(sentinels, parts[0], connection, sentinel_options)
+
+
+def _host_port(entry: str) -> tuple[str, int]:
+    if entry.startswith("["):  # [v6]:port
+        host, _, port = entry[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
+    if not host:
+        raise ValueError(f"not a sentinel address: {entry!r}")
+    if port and not port.isdigit():
+        raise ValueError(f"not a port: {port!r} in {entry!r}")
+    return unquote(host), int(port) if port else SENTINEL_PORT
+
+
 def connect(url: str | None) -> RedisHandle:
-    """Real Redis (or Redis Cluster) when `url` is set, else an embedded fakeredis server."""
+    """Real Redis (a Sentinel-managed primary, a Redis Cluster) when `url` is set, else an
+    embedded fakeredis server."""
     if url and url.startswith(CLUSTER_SCHEME):
         seed = "redis://" + url[len(CLUSTER_SCHEME) :]
-        client = RedisCluster.from_url(seed)
+        client = RedisCluster.from_url(seed, **SOCKET_OPTIONS)
         return RedisHandle(client, f"Redis Cluster via {redact(seed)}", seed_url=seed)
+    if url and url.startswith(SENTINEL_SCHEMES):
+        target = parse_sentinel_url(url)
+        client = target.manager().master_for(target.service, **target.connection)
+        return RedisHandle(client, target.describe(), sentinel=target)
     if url:
-        client = redis_async.Redis.from_url(url, health_check_interval=10)
+        client = redis_async.Redis.from_url(url, health_check_interval=10, **SOCKET_OPTIONS)
         return RedisHandle(client, redact(url))
     import fakeredis
 
