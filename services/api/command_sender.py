@@ -12,6 +12,13 @@ the append's event_id, through `report`: by default onto the connection's live f
 bare unsequenced event (the delivery pump sends it on, like an open's refusal); a
 connection may instead hand it to its delivery directly.
 
+Redis being away is told once per turn, not once per append: while appends keep failing
+with `internal_error` (a failover takes seconds, and audio appends come every 20-100 ms),
+the first is reported and logged, the rest counted; a write that succeeds, or the next
+command that is not an append (a commit, a response: the next turn), ends the run, and the
+pod logs how many were not written. A full inbox (`input_backpressure`) is still told for
+every append it drops: that is the client's cue to slow down, and each is its own.
+
 Backpressure stays: at most `MAX_UNSENT_APPENDS` appends (or `MAX_UNSENT_BYTES` of their
 audio) of one attachment may be queued and unwritten; past that the reader waits for the
 oldest to be written.
@@ -61,6 +68,9 @@ class CommandSender:
             self.report = lambda event: feed.push(event.to_json())
         self._unsent: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         self._unsent_bytes = 0
+        #: the code of the failing run of appends already told, and how many more failed
+        self._failing: str | None = None
+        self._failed_since_told = 0
 
     @property
     def unsent(self) -> int:
@@ -73,15 +83,18 @@ class CommandSender:
         any other command returns its future, for the caller to await."""
         written = self._workers.send_command(worker_id, session_id, attachment, self.seqs, command)
         if not isinstance(command, AppendAudio):
+            self._end_run(session_id)  # the next turn: its first failure is told again
             return written
         size = len(command.audio)
         self._unsent.append((written, size))
         self._unsent_bytes += size
         event_id = command.event_id
         if written.done():  # refused at once: the client hears it before the next frame
-            self._settled(written, size, event_id)
+            self._settled(written, size, event_id, session_id)
         else:
-            written.add_done_callback(lambda done: self._settled(done, size, event_id))
+            written.add_done_callback(
+                lambda done: self._settled(done, size, event_id, session_id)
+            )
         while self._unsent and (
             len(self._unsent) > MAX_UNSENT_APPENDS or self._unsent_bytes > MAX_UNSENT_BYTES
         ):
@@ -95,15 +108,43 @@ class CommandSender:
                 await asyncio.shield(oldest)
         return None
 
-    def _settled(self, done: asyncio.Future[None], size: int, event_id: str | None) -> None:
+    def _settled(
+        self, done: asyncio.Future[None], size: int, event_id: str | None, session_id: str
+    ) -> None:
         with contextlib.suppress(ValueError):
             self._unsent.remove((done, size))
             self._unsent_bytes -= size
-        if done.cancelled() or (exc := done.exception()) is None:
+        if done.cancelled():
             return
+        if (exc := done.exception()) is None:
+            self._end_run(session_id)  # written again
+            return
+        event = failure_event(exc, event_id)
+        if self._failing is not None and self._failing == event.code:
+            self._failed_since_told += 1  # told already, this turn
+            return
+        self._end_run(session_id)
+        if event.code == "internal_error":
+            self._failing = event.code
         if not isinstance(exc, InboxFull | RedisError):
             log.error("an append of event %s was not written", event_id, exc_info=exc)
         elif isinstance(exc, RedisError):
-            log.warning("an append of event %s was not written: %s", event_id, exc)
+            log.warning(
+                "session %s: an append (event %s) was not written: %s (told once; the "
+                "appends after it that fail this turn are counted)",
+                session_id,
+                event_id,
+                exc,
+            )
         if self.report is not None:
-            self.report(failure_event(exc, event_id))
+            self.report(event)
+
+    def _end_run(self, session_id: str) -> None:
+        if self._failed_since_told:
+            log.warning(
+                "session %s: %d more appends were not written (%s), not told one by one",
+                session_id,
+                self._failed_since_told,
+                self._failing,
+            )
+        self._failing, self._failed_since_told = None, 0

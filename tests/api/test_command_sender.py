@@ -1,0 +1,86 @@
+"""`CommandSender` while Redis is away (a failover): a client's appends that cannot be written
+are told once per turn, not once per append; a write that succeeds or the next turn's
+command ends the run (the next failure is told again); a full inbox is still told for every
+append it drops; the pod logs the run once, with a count."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from services.api.command_sender import CommandSender
+from services.api.inbox_writer import InboxFull
+from shared.protocol.duplex import AppendAudio, Commit, DuplexErrorEvent
+
+
+class Workers:
+    """The inbox's side: each command settles as `outcome` says (None: written)."""
+
+    def __init__(self) -> None:
+        self.outcome: BaseException | None = None
+
+    def send_command(self, worker_id, session_id, attachment, seqs, command) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        if self.outcome is None:
+            future.set_result(None)
+        else:
+            future.set_exception(self.outcome)
+        return future
+
+
+def append(n: int) -> AppendAudio:
+    return AppendAudio(audio=b"\x00" * 64, event_id=f"a{n}")
+
+
+async def sent(sender: CommandSender, command) -> None:
+    written = await sender.send("w", "duplex-s", 1, command)
+    if written is not None:  # not an append: the caller awaits it
+        with contextlib.suppress(Exception):
+            await written
+
+
+async def test_redis_away_is_told_once_per_turn_not_once_per_append(caplog):
+    workers = Workers()
+    sender = CommandSender(workers)  # type: ignore[arg-type]
+    heard: list[DuplexErrorEvent] = []
+    sender.report = heard.append
+    workers.outcome = RedisConnectionError("the primary is gone")
+    with caplog.at_level(logging.WARNING, logger="services.api.command_sender"):
+        for n in range(27):  # 27 appends 20 ms apart: half a second of a failover
+            await sent(sender, append(n))
+        assert [(e.code, e.related_event_id) for e in heard] == [("internal_error", "a0")]
+        await sent(sender, Commit(event_id="c1"))  # the next turn
+        for n in range(27, 30):
+            await sent(sender, append(n))
+        # the next turn's first failure is told again
+        assert [e.related_event_id for e in heard] == ["a0", "a27"]
+        workers.outcome = None
+        await sent(sender, append(30))  # written: Redis is back
+        workers.outcome = RedisConnectionError("again")
+        await sent(sender, append(31))
+    assert [e.related_event_id for e in heard] == ["a0", "a27", "a31"]
+    assert all(e.to_dict()["error"]["retryable"] and e.code == "internal_error" for e in heard)
+    lines = [r.getMessage() for r in caplog.records]
+    # three runs told (one line each) and two counted (26 after a0, 2 after a27)
+    assert sum("was not written" in line for line in lines) == 3
+    assert any("26 more appends were not written" in line for line in lines)
+    assert any("2 more appends were not written" in line for line in lines)
+    assert len(lines) == 5
+
+
+async def test_a_full_inbox_is_told_for_every_append_it_drops():
+    workers = Workers()
+    sender = CommandSender(workers)  # type: ignore[arg-type]
+    heard: list[DuplexErrorEvent] = []
+    sender.report = heard.append
+    workers.outcome = InboxFull("full")
+    for n in range(3):
+        await sent(sender, append(n))
+    assert [(e.code, e.related_event_id) for e in heard] == [
+        ("input_backpressure", "a0"),
+        ("input_backpressure", "a1"),
+        ("input_backpressure", "a2"),
+    ]
