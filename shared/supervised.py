@@ -1,8 +1,10 @@
 """Supervised background loops: every long-lived task of a process runs under one of these.
 
 A loop is named (the name is its asyncio task's name, so a task dump reads), its failure
-is logged with the traceback and the loop is restarted after a jittered, growing pause
-(`Backoff`), and `stop()` cancels it and waits until it has ended. A body that returns
+is logged with the traceback once per run of failures (`OutageLog`: Redis failing over
+fails every try for seconds; the rest of the run is counted, and the loop's recovery logged
+in one line) and the loop is restarted after a jittered, growing pause (`Backoff`), and
+`stop()` cancels it and waits until it has ended. A body that returns
 ends the loop; one that raises is restarted, except for `CancelledError`. A loop that ran
 for longer than the longest pause before it failed counts as having worked: its next
 failure starts the backoff again from the shortest pause.
@@ -22,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from shared.backoff import Backoff
+from shared.outage_log import OutageLog
 
 log = logging.getLogger("duplex.loops")
 
@@ -35,19 +38,24 @@ class SupervisedLoop:
         self._backoff = backoff or Backoff(initial_s=0.1, max_s=2.0)
         self._task: asyncio.Task[None] | None = None
         self.failures = 0  # every failure since start, for tests and /metrics
+        self.outage = OutageLog(log, f"loop {name}")
 
     @classmethod
     def every(
         cls, name: str, interval_s: float, step: Body, *, backoff: Backoff | None = None
     ) -> SupervisedLoop:
-        """A loop that sleeps `interval_s`, then runs `step`, for ever."""
+        """A loop that sleeps `interval_s`, then runs `step`, for ever. A step that works
+        ends a run of failures (logged then, with how long it lasted)."""
+        loop = cls(name, step, backoff=backoff)
 
         async def repeat() -> None:
             while True:
                 await asyncio.sleep(interval_s)
                 await step()
+                loop.outage.succeeded()
 
-        return cls(name, repeat, backoff=backoff)
+        loop._body = repeat
+        return loop
 
     @property
     def running(self) -> bool:
@@ -73,13 +81,13 @@ class SupervisedLoop:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self.failures += 1
                 if time.monotonic() - started > self._backoff.max_s:
                     self._backoff.reset()  # it had been working: a new failure, not a streak
-                pause = self._backoff.next_delay()
-                log.warning("loop %s failed; restarting in %.2f s", self.name, pause, exc_info=True)
-                await asyncio.sleep(pause)
+                    self.outage.succeeded()
+                self.outage.failed(exc)
+                await asyncio.sleep(self._backoff.next_delay())
 
 
 async def stop_all(loops: Iterable[SupervisedLoop | None]) -> None:

@@ -1,4 +1,5 @@
-"""SupervisedLoop: a failing loop is logged and restarted with backoff; stop cancels it."""
+"""SupervisedLoop: a failing loop is logged (once per run of failures) and restarted with
+backoff; stop cancels it. OutageLog: a run of failures is one line, its end another."""
 
 import asyncio
 import logging
@@ -27,8 +28,9 @@ async def test_a_body_that_raises_is_logged_and_restarted(caplog):
         async with asyncio.timeout(10):
             await third_run.wait()
     assert loop.failures == 2 and loop.running
+    # two failures in a row are one run: logged once, with the first one's traceback
     failures = [r for r in caplog.records if "loop flaky failed" in r.getMessage()]
-    assert len(failures) == 2 and failures[0].exc_info[1].args == ("failure 1",)
+    assert len(failures) == 1 and failures[0].exc_info[1].args == ("failure 1",)
     await loop.stop()
     assert not loop.running
 
@@ -100,3 +102,50 @@ async def test_the_backoff_grows_with_failures_in_a_row():
             await asyncio.sleep(0)
     assert pauses == [1, 2, 3, 4]  # never reset: each run failed at once
     await loop.stop()
+
+
+async def test_a_run_of_failing_steps_is_one_line_and_its_end_another(caplog):
+    """Redis failing over fails every try of a heartbeat for seconds: one WARNING when it
+    starts, one when it works again, with how many tries failed."""
+    steps = 0
+    eight = asyncio.Event()
+
+    async def step() -> None:
+        nonlocal steps
+        steps += 1
+        if steps == 8:
+            eight.set()
+        if 2 <= steps <= 6:
+            raise ConnectionError("redis went away")
+
+    with caplog.at_level(logging.WARNING, logger="duplex.loops"):
+        loop = SupervisedLoop.every("beat", 0.001, step, backoff=FAST).start()
+        async with asyncio.timeout(10):
+            await eight.wait()
+        await loop.stop()
+    assert loop.failures == 5 and loop.outage.outages == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("loop beat failed: redis went away")
+    assert lines[1].startswith("loop beat works again after") and "(5 tries failed)" in lines[1]
+
+
+def test_outage_log_counts_each_run_apart(caplog):
+    from shared.outage_log import OutageLog
+
+    outage = OutageLog(logging.getLogger("test.outage"), "publishing")
+    with caplog.at_level(logging.WARNING, logger="test.outage"):
+        outage.succeeded()  # nothing to end
+        for _ in range(3):
+            outage.failed(ConnectionError("gone"), traceback=False)
+        assert outage.failing
+        outage.succeeded()
+        outage.failed(TimeoutError())
+        outage.succeeded()
+    lines = [r.getMessage() for r in caplog.records]
+    assert outage.outages == 2 and not outage.failing
+    assert lines[0] == "publishing failed: gone (retrying; logged once until it works again)"
+    assert "(3 tries failed)" in lines[1]
+    assert lines[2].startswith("publishing failed: TimeoutError")
+    assert "(1 try failed)" in lines[3]
+    assert len(lines) == 4

@@ -38,6 +38,7 @@ from services.worker.plugins import build_frame_stage, load_plugin
 from services.worker.publisher import RedisEventPublisher
 from services.worker.stages.tick_batched import TickBatchedStagePort
 from shared.contracts import DuplexSessionError, FrameClockedPlugin, SessionRuntimeConfig
+from shared.outage_log import OutageLog
 from shared.protocol.duplex import DuplexCommand, DuplexErrorEvent, RealtimeProtocolError
 from shared.redis.boundary import (
     ChatReply,
@@ -118,6 +119,7 @@ class WorkerProcess:
             lambda: self.drain,
         )
         self._loops: list[SupervisedLoop] = []
+        self._beat_outage = OutageLog(log, "worker heartbeat")
         #: a frame-clocked model's stage: its restores' progress goes to their hashes
         self._frame_port: TickBatchedStagePort | None = None
         self._stopping = asyncio.Event()
@@ -307,9 +309,11 @@ class WorkerProcess:
         try:
             if await self._beat() and self.table.live():
                 await self.ownership.rejoined()
-        except Exception:
+        except Exception as exc:
             self._last_beat_ok = False
-            log.exception("worker heartbeat failed")
+            self._beat_outage.failed(exc)  # once per outage, the rest counted
+        else:
+            self._beat_outage.succeeded()
 
     def _new_drain(self) -> Drain:
         self.reader.block_ms = DRAIN_READ_BLOCK_MS  # so the linger ends soon after it may

@@ -48,6 +48,7 @@ from services.worker.control.publish_host import FENCED_OUT, PublishHost
 from services.worker.control.table import FinalCheckpoint, SessionRecord, SessionTable
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
+from shared.outage_log import OutageLog
 from shared.protocol.duplex import DuplexEvent, dumps
 from shared.redis.store import ModelAppend, PublishItem, SessionStore, SessionWrite
 from shared.supervised import SupervisedLoop
@@ -126,6 +127,7 @@ class RedisEventPublisher(SessionEventSink):
         self._loop: SupervisedLoop | None = None
         self._model_loop: SupervisedLoop | None = None
         self._backoff = Backoff()
+        self._outage = OutageLog(log, "publishing sessions' events")
         self.published = 0
         self.checkpoints = 0
         self.model_bytes = 0  # model history bytes written
@@ -273,16 +275,16 @@ class RedisEventPublisher(SessionEventSink):
             except asyncio.CancelledError:
                 self._put_back(rounds)
                 raise
-            except Exception:
+            except Exception as exc:
                 # Redis is unreachable: put the batch back in front, retry after a pause
-                log.warning(
-                    "publishing %d sessions' events failed; retrying", len(rounds), exc_info=True
-                )
+                # (logged once per outage: a failover fails every try for seconds)
+                self._outage.failed(exc)
                 self._put_back(rounds)
                 await asyncio.sleep(self._backoff.next_delay())
                 self._wake.set()
                 continue
             self._backoff.reset()
+            self._outage.succeeded()
             if not self._ready:
                 self._idle.set()
 

@@ -1,0 +1,50 @@
+"""`OutageLog`: a run of failures of one thing, logged once rather than once per try.
+
+When Redis fails over, every loop that writes to it fails for the seconds the promotion
+takes, and retries every 0.1-2 s: a heartbeat, a publisher, a janitor. Logged per try, that
+is hundreds of WARNING lines with tracebacks for one event, and the line that says what
+happened is lost among them. Here the first failure of a run is logged as a WARNING with
+its error (and its traceback, once), the next ones are counted, and the first success after
+them logs one line: how long it failed and how many tries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+class OutageLog:
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self.log = logger
+        self.what = what
+        self._since: float | None = None  # monotonic: when the run of failures began
+        self._failures = 0
+        self.outages = 0  # runs of failures so far, for tests and diagnostics
+
+    @property
+    def failing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, exc: BaseException, *, traceback: bool = True) -> None:
+        """One try failed: logged if it starts a run, counted otherwise."""
+        self._failures += 1
+        if self._since is not None:
+            return
+        self._since = time.monotonic()
+        self.outages += 1
+        self.log.warning(
+            "%s failed: %s (retrying; logged once until it works again)",
+            self.what,
+            str(exc) or type(exc).__name__,
+            exc_info=exc if traceback else None,
+        )
+
+    def succeeded(self) -> None:
+        """One try worked: the end of a run of failures, if there was one, is logged."""
+        if self._since is None:
+            return
+        lasted = time.monotonic() - self._since
+        tries = f"{self._failures} {'try' if self._failures == 1 else 'tries'} failed"
+        self.log.warning("%s works again after %.1f s (%s)", self.what, lasted, tries)
+        self._since, self._failures = None, 0
