@@ -17,6 +17,12 @@ the pods only one runs a given tick. Every second:
   `error{worker_lost, retryable}` and `session.closed{worker_lost}` in its
   journal. Then the worker's registration, inbox and session set are removed.
 
+A Redis outage (a failover: seconds without a primary) stops every heartbeat with it, and
+the promoted primary holds the scores from before: the first tick after it would find every
+worker and pod older than the TTL. So the two dead sweeps judge heartbeats only once Redis
+has answered them for a heartbeat TTL without a gap (`SteadyRedis`): a worker or pod is
+declared dead only after it had that long to beat and did not, however long the outage was.
+
 Failed stage cleanups are retried by each worker's own reaper: the stages live
 in the worker process, so no other process can retry them.
 
@@ -54,6 +60,35 @@ from shared.supervised import SupervisedLoop
 log = logging.getLogger(__name__)
 
 EVERY_SECOND = set(range(60))
+#: ticks further apart than this are an outage (the jobs run every second; arq's own queue
+#: is in Redis too, so no tick runs while Redis is away)
+TICK_GAP_S = 3.0
+
+
+class SteadyRedis:
+    """Since when one sweep's reads have been answered without a gap: its judgement of
+    heartbeats waits until that is a heartbeat TTL (`steady`)."""
+
+    def __init__(self, ttl_s: float, gap_s: float = TICK_GAP_S) -> None:
+        self.ttl_s = ttl_s
+        self.gap_s = gap_s
+        self._since: float | None = None
+        self._last: float | None = None
+        self.waited = 0  # ticks that did not judge, for tests and diagnostics
+
+    def steady(self, now: float | None = None) -> bool:
+        """Record a tick whose reads Redis answered; True once the ticks have come without
+        a gap for the TTL (the first tick of a pod, or the first after an outage, starts
+        the count)."""
+        now = time.monotonic() if now is None else now
+        if self._last is None or now - self._last > self.gap_s:
+            self._since = now
+        self._last = now
+        assert self._since is not None
+        if now - self._since >= self.ttl_s:
+            return True
+        self.waited += 1
+        return False
 
 
 class ArqAtDebug(logging.Filter):
@@ -131,6 +166,9 @@ class Janitor:
         self.runtime = runtime
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.disconnect_grace_s = disconnect_grace_s
+        #: each dead sweep's own: the two zsets may live on different shards
+        self.apis_steady = SteadyRedis(heartbeat_ttl_s)
+        self.workers_steady = SteadyRedis(heartbeat_ttl_s)
         # the moved notices go out through the pod's live hub (it can PUBLISH on a cluster)
         self.failover = Failover(self.client, keys, store, directory, live.publish)
         self._worker: arq.worker.Worker | None = None
@@ -169,7 +207,10 @@ class Janitor:
         detached = []
         cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
         grace_ms = int(self.disconnect_grace_s * 1000)
-        for raw in await self.client.zrangebyscore(self.keys.apis(), "-inf", f"({cutoff}"):
+        stale = await self.client.zrangebyscore(self.keys.apis(), "-inf", f"({cutoff}")
+        if not self.apis_steady.steady():
+            return []  # Redis was away: the pods have not had a TTL to beat since
+        for raw in stale:
             dead = raw.decode()
             members = await self.client.smembers(self.keys.api_sessions(dead))
             for member in members:
@@ -190,7 +231,10 @@ class Janitor:
         """Re-place each dead worker's sessions; returns those closed with worker_lost."""
         lost = []
         cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
-        for raw in await self.client.zrangebyscore(self.keys.workers(), "-inf", f"({cutoff}"):
+        stale = await self.client.zrangebyscore(self.keys.workers(), "-inf", f"({cutoff}")
+        if not self.workers_steady.steady():
+            return []  # Redis was away: the workers have not had a TTL to beat since
+        for raw in stale:
             dead = raw.decode()
             loss = await self.failover.begin(dead)
             closed = []

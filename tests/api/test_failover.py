@@ -30,7 +30,7 @@ from shared.redis.boundary import (
 from shared.redis.connection import RedisHandle
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
-from tests.api.parts import JOURNAL, KEYS, active_session, register_worker
+from tests.api.parts import JOURNAL, KEYS, active_session, register_worker, steady_since_long_ago
 from tests.redis.sharded_listener import listener_of
 
 DEAD = "w-dead"
@@ -54,6 +54,7 @@ async def janitor(redis_client):
         directory=WorkerDirectory(redis_client, KEYS, heartbeat_ttl_s=5.0),
         live=LiveHub(live_client, KEYS.api("api-t")),
     )
+    steady_since_long_ago(janitor)
     yield janitor
     await workers.stop()
     if factory:

@@ -24,7 +24,7 @@ from shared.redis.keys import KeySchema
 from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
-from tests.api.parts import JOURNAL, KEYS, active_session, inbox
+from tests.api.parts import JOURNAL, KEYS, active_session, inbox, steady_since_long_ago
 
 
 @pytest.fixture
@@ -44,6 +44,7 @@ async def janitor():
         directory=WorkerDirectory(client, KEYS, heartbeat_ttl_s=5.0),
         live=LiveHub(client, KEYS.api("api-t")),
     )
+    steady_since_long_ago(janitor)
     yield janitor
     await workers.stop()
     await client.aclose()
@@ -86,6 +87,45 @@ async def test_a_dead_workers_sessions_end_with_worker_lost(janitor):
     assert (await janitor.store.meta("duplex-w"))["state"] == "closed"
     assert await janitor.client.exists(KEYS.worker("w9"), KEYS.worker_sessions("w9")) == 0
     assert await janitor.client.zscore(KEYS.workers(), "w9") is None
+
+
+async def test_after_an_outage_no_heartbeat_is_judged_until_redis_answered_for_a_ttl(janitor):
+    """A failover: the promoted primary holds every worker's and pod's score from before
+    the outage, all older than the TTL by the first tick after it. A janitor whose Redis
+    was away (here: a fresh one, whose first tick it is) judges none of them dead until
+    its ticks have come a TTL without a gap, so they have had a TTL to beat."""
+    from services.api.janitor import SteadyRedis
+
+    janitor.apis_steady = SteadyRedis(5.0)
+    janitor.workers_steady = SteadyRedis(5.0)
+    await active_session(janitor.store, "duplex-w", worker="w9")
+    await janitor.client.sadd(KEYS.worker_sessions("w9"), "duplex-w")
+    await janitor.client.hset(KEYS.worker("w9"), mapping={"model": "echo"})
+    stale = int((time.time() - 6) * 1000)  # beat 6 s ago, just before the outage
+    await janitor.client.zadd(KEYS.workers(), {"w9": stale})
+    await janitor.client.zadd(KEYS.apis(), {"api-t": stale})
+    assert await janitor.sweep_dead_workers() == []
+    assert await janitor.sweep_dead_apis() == []
+    assert janitor.workers_steady.waited == 1 and janitor.apis_steady.waited == 1
+    assert await janitor.client.zscore(KEYS.workers(), "w9") is not None
+    assert (await janitor.store.meta("duplex-w"))["state"] == "active"
+
+
+def test_steady_redis_counts_from_the_first_tick_after_a_gap():
+    from services.api.janitor import SteadyRedis
+
+    steady = SteadyRedis(5.0, gap_s=3.0)
+    # a tick a second: not steady until 5 s of them
+    assert [steady.steady(now=t) for t in (100, 101, 102, 103, 104, 105)] == [
+        False, False, False, False, False, True,
+    ]
+    # an outage: no tick for 8 s (arq's queue is in Redis too); the count starts again
+    assert steady.steady(now=113) is False
+    assert [steady.steady(now=t) for t in (114, 115, 116, 117, 118)] == [
+        False, False, False, False, True,
+    ]
+    # ticks 2.5 s apart (a slow pod) are no outage
+    assert steady.steady(now=120.5) is True
 
 
 def test_the_surface_is_read_from_the_config_in_the_hash():
@@ -141,6 +181,7 @@ async def test_two_deployments_on_one_redis_each_run_their_own_sweeps(janitor):
         directory=WorkerDirectory(client, other_keys, heartbeat_ttl_s=5.0),
         live=LiveHub(client, other_keys.api("api-o")),
     )
+    steady_since_long_ago(other)
     sweeps = {janitor: 0, other: 0}
     job_ids: dict[Janitor, set[str]] = {janitor: set(), other: set()}
     for each in sweeps:
