@@ -84,8 +84,17 @@ def test_workers_are_a_statefulset_with_gpus_stable_ids_and_warm_readiness():
     assert "nvidia.com/gpu" not in cpu_only["resources"]["requests"]
 
 
-def test_secrets_stay_out_of_configmaps():
-    docs = render(PRODUCTION)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://redis-cluster.data.svc:6379",
+        "redis+sentinel://:pw@s1.data.svc:26379,s2.data.svc:26379/duplex/0",
+    ],
+)
+def test_secrets_stay_out_of_configmaps(url, tmp_path):
+    values = tmp_path / "redis.yaml"
+    values.write_text(yaml.safe_dump({"redis": {"url": url}}))  # a list of sentinels has commas
+    docs = render(PRODUCTION, values)
     configmaps = [doc for (kind, _), doc in docs.items() if kind == "ConfigMap"]
     assert configmaps
     for configmap in configmaps:
@@ -94,12 +103,10 @@ def test_secrets_stay_out_of_configmaps():
             assert (
                 "redis://" not in value
                 and "redis+cluster://" not in value
+                and "redis+sentinel://" not in value
                 and "sk-prod" not in value
             )
-    assert (
-        docs[("Secret", "duplex-redis")]["stringData"]["redisUrl"]
-        == "redis+cluster://redis-cluster.data.svc:6379"
-    )
+    assert docs[("Secret", "duplex-redis")]["stringData"]["redisUrl"] == url
     assert docs[("Secret", "duplex-api-keys")]["stringData"]["apiKeys"] == "sk-prod-example"
     env = {
         e["name"]: e
