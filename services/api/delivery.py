@@ -13,7 +13,13 @@ policy), and the worker's events reach it in `server_event_seq` order without a 
 - a `moved` notice (a drain or a failover put the session on another worker) routes the
   client's commands to the new worker, when its owner generation is newer;
 - a client that reads too slowly overflows its queue: it hears `output_overflow`, and the
-  worker is asked once to close the session.
+  worker is asked once to close the session;
+- a live event under a seq the client already has is a duplicate (a replay and the live
+  channel overlap) and is skipped, unless it is another event than the one delivered under
+  that seq (`RECENT_SEQS` are remembered by checksum): the store went back in time, a Redis
+  failover having lost the writes that journaled the client's last events, and the writer
+  reuses their seqs. The client then hears `session.resync_required{journal_gap}` and
+  nothing more, never a seq twice or one lower than it has.
 
 A live message carries its events framed, each with a header (seq, type, response id)
 ahead of the exact JSON the client gets (shared/redis/live_message.py): the pump splits
@@ -33,9 +39,11 @@ answer is delivered (`SessionView.expect` / `answer`): a refused one leaves them
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
+import zlib
 from typing import Any
 
 import orjson
@@ -189,6 +197,11 @@ class SessionView:
             pending.answered.set()
 
 
+#: how many delivered events' checksums a live duplicate is checked against: a replay and
+#: the live channel overlap by a round or two; older duplicates are skipped unchecked
+RECENT_SEQS = 512
+
+
 class Delivery:
     def __init__(
         self,
@@ -206,6 +219,8 @@ class Delivery:
         self.metrics = metrics
         self.view = view
         self.last_seq = 0  # the last server_event_seq queued for the client
+        #: seq -> CRC-32 of the event delivered under it, the last `RECENT_SEQS`
+        self._recent: collections.OrderedDict[int, int] = collections.OrderedDict()
         #: the close asked of the worker once the client overflowed its queue (awaitable)
         self.overflow_close: asyncio.Task[None] | None = None
 
@@ -279,6 +294,7 @@ class Delivery:
         """A resumed session: the client has every event up to `seq`; queue the journal's
         after it. False when some are gone."""
         self.last_seq = seq
+        self._recent.clear()  # what the client got before is not known here
         return await self.replay()
 
     async def replay(self, until_seq: int | None = None) -> bool:
@@ -289,7 +305,7 @@ class Delivery:
         for record in records:
             if record.seq != self.last_seq + 1:
                 return False
-            self.last_seq = record.seq
+            self._delivered_seq(record)
             self.deliver(record)
         return until_seq is None or self.last_seq >= until_seq
 
@@ -345,17 +361,40 @@ class Delivery:
         seq = record.seq
         if seq:
             if seq <= self.last_seq:
+                if self._is_another_event(record):
+                    log.warning(
+                        "session %s: seq %d came again with another event (the client has "
+                        "up to %d): the session store went back in time, a Redis failover "
+                        "lost its last writes; the client is told to resync",
+                        self.attachment.session_id,
+                        seq,
+                        self.last_seq,
+                    )
+                    self.metrics.store_regressions.inc()
+                    self._resync()
+                    return False
                 return True  # already replayed or delivered
             if seq > self.last_seq + 1 and not await self.replay(until_seq=seq - 1):
-                self.send(
-                    SessionResyncRequired(
-                        session_id=self.attachment.session_id, reason="journal_gap"
-                    )
-                )
+                self._resync()
                 return False
-            self.last_seq = seq
+            self._delivered_seq(record)
         self.deliver(record)
         return True
+
+    def _resync(self) -> None:
+        session_id = self.attachment.session_id
+        self.send(SessionResyncRequired(session_id=session_id, reason="journal_gap"))
+
+    def _delivered_seq(self, record: LiveRecord) -> None:
+        self.last_seq = record.seq
+        self._recent[record.seq] = zlib.crc32(record.data)
+        if len(self._recent) > RECENT_SEQS:
+            self._recent.popitem(last=False)
+
+    def _is_another_event(self, record: LiveRecord) -> bool:
+        """A seq the client has, with other bytes than the event it got under it."""
+        known = self._recent.get(record.seq)
+        return known is not None and known != zlib.crc32(record.data)
 
 
 def _parsed(data: bytes) -> dict[str, Any]:

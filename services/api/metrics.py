@@ -24,6 +24,12 @@ class ApiMetrics:
         )
         self.events = Counter("duplex_events", "Server events delivered to clients", registry=r)
         self.resumes = Counter("duplex_resumes", "Sessions resumed through this pod", registry=r)
+        self.store_regressions = Counter(
+            "duplex_store_regressions",
+            "Sessions told to resync because an event came again under a seq their client "
+            "had (the session store went back in time: a Redis failover lost writes)",
+            registry=r,
+        )
         self.errors = Counter(
             "duplex_errors", "Client errors answered by this pod", ["code"], registry=r
         )

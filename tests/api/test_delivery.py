@@ -228,3 +228,36 @@ async def test_catch_up_reads_the_owner_from_the_hash_when_a_moved_notice_was_lo
     assert await taken(delivery, 1) == [("rate_limits.updated", None)]
     assert attachment.worker_id == "worker-b"
     pump.cancel()
+
+
+async def test_another_event_under_a_seq_the_client_has_ends_in_resync(parts):
+    """A Redis failover lost the writes that journaled the client's last events: the store
+    went back to seq 1 and the writer's next event reuses seq 2. The client must not get a
+    second event under seq 2 (nor a seq below 3): it is told to resync. The same event again
+    under its seq (a replay overlapping the live channel) is still a plain duplicate."""
+    await active_session(parts.store, SID)
+    for event_type in ("e1", "e2", "e3"):  # one round each: journal entries 1-1, 2-1, 3-1
+        await publish(parts.store, SID, event_type)
+    live = await journal_data(parts)
+    _, delivery = await attached(parts, last_seq=0)
+    for seq in (1, 2, 3):
+        delivery.feed.push(live[seq])
+    delivery.feed.push(live[3])  # the same event again: skipped
+    delivery.feed.push(MARKER)
+    pump = asyncio.create_task(delivery.pump())
+    assert await taken(delivery, 4) == [
+        ("e1", 1), ("e2", 2), ("e3", 3), ("rate_limits.updated", None)
+    ]
+    # what the promoted replica holds: the journal and the counter as of seq 1
+    [(entry_id, fields)] = await parts.client.xrange(KEYS.events(SID), "1-1", "1-1")
+    await parts.client.delete(KEYS.events(SID))
+    await parts.client.xadd(KEYS.events(SID), fields, id=entry_id)
+    await parts.client.hset(KEYS.session(SID), "next_seq", 1)
+    assert await publish(parts.store, SID, "x2") == [2]
+    delivery.feed.push((await journal_data(parts))[2])
+    item = await delivery.get()
+    assert item.wire_type == "session.resync_required"
+    assert orjson.loads(item.data)["reason"] == "journal_gap"
+    await pump  # delivery ends there
+    assert len(delivery.queue) == 0 and delivery.last_seq == 3
+    assert delivery.metrics.store_regressions._value.get() == 1

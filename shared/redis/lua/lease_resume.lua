@@ -10,8 +10,10 @@
 -- ARGV[7] SHA-256 of the API key presented ("" without keys): a session opened with a key
 --         resumes only with that key, answered like a wrong token (nothing to learn)
 -- returns {"ok", attachment_generation, lease_generation, worker, next_seq, session JSON, model}
---      or {"resync", reason}  or an error reply: session_resume_expired | invalid_resume_token |
---         session_resume_conflict | invalid_session_resume
+--      or {"resync", reason} (journal_overflow; journal_gap: events past the last one are
+--         gone, or the client has events past the head, which a Redis failover lost)
+--      or an error reply: session_resume_expired | invalid_resume_token |
+--         session_resume_conflict
 local meta = KEYS[1]
 local state = redis.call('HGET', meta, 'state')
 if not state or state == 'closed' or state == 'closing' or state == 'opening' then
@@ -39,11 +41,14 @@ if stored == '' or not same(stored, ARGV[2]) then
 end
 local last = tonumber(ARGV[4])
 local next_seq = tonumber(redis.call('HGET', meta, 'next_seq'))
-if last > next_seq then
-  return redis.error_reply('invalid_session_resume')
-end
 if redis.call('HGET', meta, 'journal_overflow') == '1' then
   return {'resync', 'journal_overflow'}
+end
+if last > next_seq then
+  -- the client holds events this store never journaled: a failover lost the writes that
+  -- journaled them (replication is asynchronous). Nothing can be replayed past what it
+  -- has without seqs going back: a gap, and the client starts over
+  return {'resync', 'journal_gap'}
 end
 -- the oldest entry's id is the first seq it holds (one entry per publisher round), so the
 -- first seq still replayable is exact whether that entry is whole or partly acknowledged
