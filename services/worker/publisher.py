@@ -336,6 +336,8 @@ class RedisEventPublisher(SessionEventSink):
                 continue
             self.published += len(round_.items)
             self.checkpoints += round_.checkpoint is not None
+            journaled = max(reply[: len(round_.items)], default=0)
+            record.journaled_seq = max(record.journaled_seq, journaled)
             if round_.model is not None and len(reply) == len(round_.items) + 1:
                 self._model_written(record, round_.model, reply[-1])
             if round_.items and round_.items[-1].wire_type == "session.closed":
@@ -433,4 +435,5 @@ class _Round:
             checkpoint=self.checkpoint or b"",
             stamp_seq=not record.unstamped,
             model_append=self.model,
+            seq_floor=record.journaled_seq,
         )

@@ -78,6 +78,9 @@ class SessionWrite:
     checkpoint: bytes = b""
     stamp_seq: bool = True
     model_append: ModelAppend | None = None
+    #: the highest seq the writer knows was journaled (0: none known): a store found below
+    #: it went back in time, and is moved forward past it before any seq is handed out
+    seq_floor: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +166,7 @@ class SessionStore:
             "" if model_append is None else model_append.offset,
             b"" if model_append is None else model_append.data,
             "" if model_append is None else model_append.record_bytes,
+            write.seq_floor,
         ]
         for item in items:
             journaled, rid = "1" if item.journaled else "0", response_token(item.response_id)

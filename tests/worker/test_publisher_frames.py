@@ -88,3 +88,37 @@ def test_the_ga_audio_delta_is_what_the_projection_made_of_the_duplex_one():
         "event_id": ga.event_id,
     }
     assert surface.project(ga, session=None) is ga  # already GA's: passed as it is
+
+
+async def test_after_the_store_went_back_in_time_the_worker_goes_on_from_its_own_seq():
+    """A Redis failover promoted a replica that had not received seqs 3 and 4, which
+    clients already have: the worker's next event is 5, not 3 (its record's seq floor)."""
+    handle = connect(None)
+    store = SessionStore(handle.client, KEYS)
+    sid = "duplex-floor"
+    await store.open(sid, "w", "echo", "", "{}")
+    publisher = publisher_on(store)
+    record = own(publisher, sid, 1, openai=False)
+    publisher.start()
+    try:
+        for n in (1, 2):
+            publisher.emit(sid, delta(n))
+            await publisher.flush()  # one round each
+        for n in (3, 4):
+            publisher.emit(sid, delta(n))
+            await publisher.flush()
+        assert record.journaled_seq == 4
+        # the promoted replica's state: the session as of seq 2
+        await handle.client.hset(KEYS.session(sid), mapping={"next_seq": 2})
+        kept = (await handle.client.xrange(KEYS.events(sid)))[:2]
+        await handle.client.delete(KEYS.events(sid))
+        for entry_id, fields in kept:
+            await handle.client.xadd(KEYS.events(sid), fields, id=entry_id)
+        publisher.emit(sid, delta(5))
+        await publisher.flush()
+        assert [r.seq for r in await store.journal_records(sid, 0)] == [5]
+        assert record.journaled_seq == 5
+        assert (await store.meta(sid))["seq_regressions"] == "1"
+    finally:
+        await publisher.stop()
+        await handle.close()

@@ -114,6 +114,10 @@ class SessionRecord(Generic[Runner]):
     stage_clean: bool = False
     #: another worker owns the session: nothing is published for it any more
     fenced: bool = False
+    #: the highest seq Redis has journaled for the session in this worker's calls: each
+    #: call carries it, so a store that went back in time (a Redis failover lost writes)
+    #: never hands out a seq a client may already have (event_publish.lua's seq floor)
+    journaled_seq: int = 0
     order: CommandOrder = dataclasses.field(default_factory=CommandOrder)
     outbox: Outbox = dataclasses.field(default_factory=Outbox)
     #: a drain is moving the session: the inbox messages read for it meanwhile, held back

@@ -47,6 +47,12 @@
 --   the same bytes again; an offset past the end (the key lost bytes) writes nothing and
 --   sets model_gap, and the length returned tells the writer where to write from again.
 -- ARGV[13] the model's record bytes per frame (kept as model_record_bytes, for operators)
+-- ARGV[14] the writer's seq floor: the highest seq it was handed for the session (0: none).
+--   A next_seq below it means the store went back in time (a failover promoted a replica
+--   that had not received the last writes): next_seq moves up to the floor, so no seq a
+--   client may hold is handed out again, and the journal starts over after it (what is
+--   left of it cannot be replayed to a client past the gap: such a client resyncs);
+--   seq_regressions counts it for operators
 -- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated),
 --   response id ("" when none; no line break)
@@ -58,7 +64,8 @@ local channel, max_bytes, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, stamp = tonumber(ARGV[4]), ARGV[9] == '1'
 local publish = ARGV[10] == '1' and 'SPUBLISH' or 'PUBLISH'
 local m = redis.call('HMGET', meta, 'state', 'owner_generation', 'journal_overflow',
-  'next_seq', 'journal_bytes', 'journal_first_seq', 'journal_expires_at', 'checkpoints')
+  'next_seq', 'journal_bytes', 'journal_first_seq', 'journal_expires_at', 'checkpoints',
+  'seq_regressions')
 local state = m[1]
 if not state then
   return {-1}
@@ -78,6 +85,18 @@ local entry = {}    -- journaled records not yet in the journal
 local entry_first, entry_last, entry_bytes = 0, 0, 0
 local seqs = {}
 local opened, recreated, closed_now = false, false, false
+
+local floor = tonumber(ARGV[14]) or 0
+if floor > next_seq then
+  next_seq = floor
+  updates['next_seq'] = floor
+  updates['seq_regressions'] = (tonumber(m[9]) or 0) + 1
+  if not overflow then
+    redis.call('DEL', journal)
+    bytes, first_seq, expires_at = 0, floor + 1, 0
+    updates['journal_first_seq'] = first_seq
+  end
+end
 
 local function flush()
   if #frame > 0 then
@@ -110,7 +129,7 @@ local function open_journal()
   updates['journal_expires_at'] = now + ttl_ms + math.floor(ttl_ms / 2)
 end
 
-for i = 14, #ARGV, 5 do
+for i = 15, #ARGV, 5 do
   local journaled, etype, data, session, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if session ~= '' then
     updates['session'] = session

@@ -1,0 +1,61 @@
+"""The writer's seq floor (event_publish.lua): a store that went back in time, as a Redis
+failover leaves it when the promoted replica had not received the last writes, never hands
+out a seq a client may already have. The next call moves next_seq past the floor, starts
+the journal over after it (a client behind the gap resyncs, one at the floor resumes
+without a hole) and counts the regression for operators."""
+
+from __future__ import annotations
+
+from shared.redis.store import ResumeGranted, ResumeResync, SessionWrite
+from tests.redis.test_journal_rounds import JOURNAL, KEYS, item, opened
+
+
+async def lose_writes_after(client, sid: str, seq: int) -> None:
+    """What the promoted replica holds: the session as it was after `seq` (journal entries
+    past it gone, next_seq back to it; one event per entry in these tests)."""
+    kept = [(entry_id, fields) for entry_id, fields in await client.xrange(KEYS.events(sid))
+            if int(entry_id.split(b"-")[0]) <= seq]
+    await client.delete(KEYS.events(sid))
+    for entry_id, fields in kept:
+        await client.xadd(KEYS.events(sid), fields, id=entry_id)
+    await client.hset(KEYS.session(sid), mapping={"next_seq": seq})
+
+
+async def publish(store, sid: str, n: int, floor: int) -> list[int]:
+    replies = await store.publish_many(
+        [SessionWrite(sid, [item(n)], seq_floor=floor)], **JOURNAL
+    )
+    return replies[sid]
+
+
+async def test_a_store_behind_the_writers_floor_never_reuses_a_seq(redis_client):
+    store, sid = await opened(redis_client)
+    floor = 0
+    for n in range(1, 6):
+        [floor] = await publish(store, sid, n, floor)
+    assert floor == 5
+    await lose_writes_after(redis_client, sid, 2)  # seqs 3-5 reached clients, then were lost
+    assert await publish(store, sid, 6, floor) == [6]  # not 3
+    meta = await store.meta(sid)
+    assert (meta["next_seq"], meta["seq_regressions"], meta["journal_first_seq"]) == (
+        "6",
+        "1",
+        "6",
+    )
+    # the journal starts over after the floor: nothing from before the gap is replayed
+    assert [r.seq for r in await store.journal_records(sid, 0)] == [6]
+    # a client that had everything to the floor resumes without a hole; one behind it
+    # (it had 2, the store had lost 3-5) resyncs
+    assert isinstance(await store.resume(sid, "tok-0", "tok-1", 5), ResumeGranted)
+    assert await store.resume(sid, "tok-1", "tok-2", 2) == ResumeResync("journal_gap")
+    # at or above the floor, nothing changes
+    assert await publish(store, sid, 7, 6) == [7]
+    assert (await store.meta(sid))["seq_regressions"] == "1"
+
+
+async def test_a_writer_without_a_floor_writes_as_before(redis_client):
+    store, sid = await opened(redis_client)
+    assert await publish(store, sid, 1, 0) == [1]
+    assert await publish(store, sid, 2, 0) == [2]
+    meta = await store.meta(sid)
+    assert "seq_regressions" not in meta and meta["journal_first_seq"] == "1"
