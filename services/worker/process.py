@@ -91,6 +91,7 @@ class WorkerProcess:
             ttl_s=self.runtime.resume_replay_ttl_s,
             closed_ttl_s=settings.closed_ttl_s,
             sessions_key=self.keys.worker_sessions(settings.worker_id),
+            worker_id=settings.worker_id,
         )
         self.inbox = self.keys.inbox(settings.worker_id)
         # a frame-clocked model is loaded in `start` (off the loop), its manager with it

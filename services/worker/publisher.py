@@ -109,10 +109,12 @@ class RedisEventPublisher(SessionEventSink):
         ttl_s: float,
         closed_ttl_s: float,
         sessions_key: str | None = None,
+        worker_id: str = "",
     ) -> None:
         self.store = store
         self.table = table
         self.sessions_key = sessions_key  # the worker's set of sessions: closed ones leave it
+        self.worker_id = worker_id  # named in each call: a lost move is set back to it
         self.max_bytes = max_bytes
         self.ttl_ms = int(ttl_s * 1000)
         self.closed_ttl_ms = int(closed_ttl_s * 1000)
@@ -318,7 +320,7 @@ class RedisEventPublisher(SessionEventSink):
         if not rounds:
             return
         replies = await self.store.publish_many(
-            [round_.write() for round_ in rounds],
+            [round_.write(self.worker_id) for round_ in rounds],
             max_bytes=self.max_bytes,
             ttl_ms=self.ttl_ms,
             closed_ttl_ms=self.closed_ttl_ms,
@@ -425,7 +427,7 @@ class _Round:
     #: what of the session's model history to append, or None
     model: ModelAppend | None = None
 
-    def write(self) -> SessionWrite:
+    def write(self, worker_id: str) -> SessionWrite:
         """This round as the store writes it: fenced on the record's owner generation."""
         record = self.record
         return SessionWrite(
@@ -436,4 +438,5 @@ class _Round:
             stamp_seq=not record.unstamped,
             model_append=self.model,
             seq_floor=record.journaled_seq,
+            worker_id=worker_id,
         )

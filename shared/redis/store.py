@@ -81,6 +81,9 @@ class SessionWrite:
     #: the highest seq the writer knows was journaled (0: none known): a store found below
     #: it went back in time, and is moved forward past it before any seq is handed out
     seq_floor: int = 0
+    #: the writing worker's id (""): with owner_generation, a store found to have lost
+    #: the move that made it the owner is set back to it (event_publish.lua)
+    worker_id: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +170,7 @@ class SessionStore:
             b"" if model_append is None else model_append.data,
             "" if model_append is None else model_append.record_bytes,
             write.seq_floor,
+            write.worker_id,
         ]
         for item in items:
             journaled, rid = "1" if item.journaled else "0", response_token(item.response_id)

@@ -59,3 +59,28 @@ async def test_a_writer_without_a_floor_writes_as_before(redis_client):
     assert await publish(store, sid, 2, 0) == [2]
     meta = await store.meta(sid)
     assert "seq_regressions" not in meta and meta["journal_first_seq"] == "1"
+
+
+async def test_a_move_the_store_lost_stands_and_the_old_owner_stays_fenced(redis_client):
+    """A drain moved the session from worker-a to worker-b (owner generation 2), then a
+    failover lost that write: the store says worker-a at 1 again. worker-b's first call sets
+    the move back (it holds the session; worker-a stopped serving it before the move), so
+    commands route to it and worker-a's writes, should it still have any, are refused."""
+    store, sid = await opened(redis_client)  # worker-a, generation 1
+    assert await store.move_owner(sid, "worker-a", "worker-b", "drain", 1) == 2
+    lost = {"owner_generation": 1, "worker": "worker-a"}
+    await redis_client.hset(KEYS.session(sid), mapping=lost)
+    write = SessionWrite(sid, [item(1)], owner_generation=2, worker_id="worker-b")
+    assert (await store.publish_many([write], **JOURNAL))[sid] == [1]
+    meta = await store.meta(sid)
+    assert (meta["worker"], meta["owner_generation"], meta["owner_regressions"]) == (
+        "worker-b",
+        "2",
+        "1",
+    )
+    stale = SessionWrite(sid, [item(2)], owner_generation=1, worker_id="worker-a")
+    assert (await store.publish_many([stale], **JOURNAL))[sid] == [-2]
+    # a writer that does not say who it is (the janitor, an operator) never moves it
+    unnamed = SessionWrite(sid, [item(3)], owner_generation=3)
+    assert (await store.publish_many([unnamed], **JOURNAL))[sid] == [-2]
+    assert (await store.meta(sid))["owner_generation"] == "2"

@@ -53,6 +53,11 @@
 --   client may hold is handed out again, and the journal starts over after it (what is
 --   left of it cannot be replayed to a client past the gap: such a client resyncs);
 --   seq_regressions counts it for operators
+-- ARGV[15] the caller's worker id ("": not a worker). The fence on ARGV[7] refuses an
+--   owner generation below the stored one; one above it means the store lost the move
+--   that made the caller the owner (a failover lost it): the move stands (the caller holds
+--   the session, its old owner has stopped or died), so owner_generation and worker are
+--   set back to the caller's, and every later write of the old owner is refused
 -- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated),
 --   response id ("" when none; no line break)
@@ -70,8 +75,14 @@ local state = m[1]
 if not state then
   return {-1}
 end
+local updates = {}  -- the meta fields this call changes: one HSET at the end
 if ARGV[7] ~= '' and m[2] ~= ARGV[7] then
-  return {-2}
+  local stored, mine = tonumber(m[2]) or 0, tonumber(ARGV[7])
+  if stored > mine or ARGV[15] == '' then
+    return {-2}
+  end
+  updates['owner_generation'], updates['worker'] = ARGV[7], ARGV[15]
+  redis.call('HINCRBY', meta, 'owner_regressions', 1)
 end
 local overflow = m[3] == '1'
 local next_seq = tonumber(m[4]) or 0
@@ -79,7 +90,6 @@ local bytes = tonumber(m[5]) or 0
 local first_seq = tonumber(m[6]) or 1
 local expires_at = tonumber(m[7]) or 0
 local entry_cap = math.max(math.floor(max_bytes / 8), 1)
-local updates = {}  -- the meta fields this call changes: one HSET at the end
 local frame = {}    -- framed records not yet published
 local entry = {}    -- journaled records not yet in the journal
 local entry_first, entry_last, entry_bytes = 0, 0, 0
@@ -129,7 +139,7 @@ local function open_journal()
   updates['journal_expires_at'] = now + ttl_ms + math.floor(ttl_ms / 2)
 end
 
-for i = 15, #ARGV, 5 do
+for i = 16, #ARGV, 5 do
   local journaled, etype, data, session, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if session ~= '' then
     updates['session'] = session
