@@ -120,6 +120,11 @@ class RedisSettings:
     heartbeat_ttl_s: float = 5.0
     #: every process kind: log a WARNING when its event loop lags past this (shared/loop_lag.py)
     loop_lag_warn_s: float = 0.1
+    #: replicas that must acknowledge (WAIT) a resume's token rotation and an owner move
+    #: before they take effect, so that a failover does not lose them (0: not waited; one
+    #: Redis or a Sentinel-managed primary only, not a cluster)
+    redis_replica_acks: int = 0
+    redis_replica_ack_timeout_ms: int = 500
 
     def __repr__(self) -> str:
         from shared.redis.connection import redact
@@ -140,6 +145,10 @@ class RedisSettings:
             values["heartbeat_ttl_s"] = float(ttl)
         if (lag := _env("LOOP_LAG_WARN_S", env=env)) is not None:
             values["loop_lag_warn_s"] = float(lag)
+        if (acks := _env("REDIS_REPLICA_ACKS", env=env)) is not None:
+            values["redis_replica_acks"] = int(acks)
+        if (timeout := _env("REDIS_REPLICA_ACK_TIMEOUT_MS", env=env)) is not None:
+            values["redis_replica_ack_timeout_ms"] = int(timeout)
         return values
 
 

@@ -57,7 +57,12 @@ class ApiPod:
         self.redis = redis
         self.client = redis.client
         self.keys = KeySchema(settings.key_prefix)
-        self.store = SessionStore(self.client, self.keys)
+        self.store = SessionStore(
+            self.client,
+            self.keys,
+            replica_acks=settings.redis_replica_acks,
+            replica_ack_timeout_ms=settings.redis_replica_ack_timeout_ms,
+        )
         self.runtime = runtime or settings.session  # the policy the workers apply too
         self.metrics = ApiMetrics()
         self.authorized = KeyChecker(settings.api_keys)

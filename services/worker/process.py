@@ -75,7 +75,12 @@ class WorkerProcess:
         self.settings = settings
         self.redis = redis  # a RedisHandle
         self.keys = KeySchema(settings.key_prefix)
-        self.store = SessionStore(redis.client, self.keys)
+        self.store = SessionStore(
+            redis.client,
+            self.keys,
+            replica_acks=settings.redis_replica_acks,
+            replica_ack_timeout_ms=settings.redis_replica_ack_timeout_ms,
+        )
         self.plugin = load_plugin(
             settings.plugin, settings.plugin_options(), max_sessions=settings.max_sessions
         )

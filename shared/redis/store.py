@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import CodedError
 from shared.ids import now_ms, token_digest
+from shared.outage_log import OutageLog
 from shared.redis.boundary import InboxMessage, encode_entry, entry_bytes
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.live_message import (
@@ -20,7 +22,9 @@ from shared.redis.live_message import (
     journal_entry_records,
     response_token,
 )
-from shared.redis.scripts import Scripts
+from shared.redis.scripts import LuaScript, Scripts
+
+log = logging.getLogger(__name__)
 
 
 def _notice_event_id() -> str:
@@ -119,11 +123,59 @@ class RestoreState:
 
 class SessionStore:
     def __init__(
-        self, client: Any, keys: KeySchema | None = None, scripts: Scripts | None = None
+        self,
+        client: Any,
+        keys: KeySchema | None = None,
+        scripts: Scripts | None = None,
+        *,
+        replica_acks: int = 0,
+        replica_ack_timeout_ms: int = 500,
     ) -> None:
         self.client = client
         self.keys = keys or KeySchema()
         self.scripts = scripts or Scripts()
+        #: the writes a failover must not lose (a resume's token rotation, an owner move)
+        #: wait for this many replicas to acknowledge them (WAIT), at most the timeout; 0:
+        #: not waited (one Redis, or a cluster: WAIT covers its own connection's writes, and
+        #: a cluster client does not pipeline scripts)
+        self.replica_acks = 0 if isinstance(client, RedisCluster) else replica_acks
+        self.replica_ack_timeout_ms = replica_ack_timeout_ms
+        self.unacked = 0  # such writes a replica had not acknowledged in time
+        self._unacked_log = OutageLog(log, "replicas acknowledging the writes a failover must keep")
+
+    async def _acknowledged(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+        """The script's reply; with `replica_acks`, once that many replicas have the write
+        (a WAIT sent after it on the same connection, which is what WAIT counts) or the
+        timeout passed: then the write stands unacknowledged, counted and logged once per
+        run, since a failover now could still lose it."""
+        if not self.replica_acks:
+            return await script(self.client, keys, args)
+        for attempt in range(2):
+            pipeline = self.client.pipeline(transaction=False)
+            script.queue(pipeline, keys, args)
+            pipeline.execute_command("WAIT", self.replica_acks, self.replica_ack_timeout_ms)
+            # errors as replies: the script's own (a refusal) is raised as it would be alone
+            reply, acked = await pipeline.execute(raise_on_error=False)
+            if isinstance(reply, redis_errors.NoScriptError) and not attempt:
+                await script.ensure_loaded(self.client)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            if int(acked) < self.replica_acks:
+                self.unacked += 1
+                self._unacked_log.failed(
+                    TimeoutError(
+                        f"{acked} of {self.replica_acks} replicas acknowledged within "
+                        f"{self.replica_ack_timeout_ms} ms"
+                    ),
+                    traceback=False,
+                )
+            else:
+                self._unacked_log.succeeded()
+            return reply
+        raise AssertionError("unreachable")
 
     def _session_keys(self, session_id: str) -> list[str]:
         return [
@@ -261,7 +313,7 @@ class SessionStore:
             "" if paused_at_ms is None else paused_at_ms,
         ]
         keys = [self.keys.session(session_id)]
-        return int(await self.scripts.owner_move(self.client, keys, args))
+        return int(await self._acknowledged(self.scripts.owner_move, keys, args))
 
     async def mark_restored(self, session_id: str) -> None:
         """The new owner serves the session from now: `restored_at` (ms) in its hash."""
@@ -347,7 +399,7 @@ class SessionStore:
             key_sha,
         ]
         try:
-            reply = await self.scripts.lease_resume(self.client, keys, args)
+            reply = await self._acknowledged(self.scripts.lease_resume, keys, args)
         except redis_errors.ResponseError as exc:
             raise SessionStoreError(str(exc).split()[0], str(exc)) from None
         if _text(reply[0]) == "resync":
