@@ -23,6 +23,11 @@ worker and pod older than the TTL. So the two dead sweeps judge heartbeats only 
 has answered them for a heartbeat TTL without a gap (`SteadyRedis`): a worker or pod is
 declared dead only after it had that long to beat and did not, however long the outage was.
 
+On a Redis Cluster, arq (which knows nothing of clusters) talks to the one master that serves
+its keys' hash tag. Each restart of arq's run after a failure asks the cluster anew which
+master that is, so when that master fails over (a replica promoted at another address) the
+sweeps stop only until a restart finds the promoted one.
+
 Failed stage cleanups are retried by each worker's own reaper: the stages live
 in the worker process, so no other process can retry them.
 
@@ -34,6 +39,7 @@ something or not) is DEBUG (`ArqAtDebug`), so an idle pod's log stays quiet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -53,6 +59,7 @@ from shared.redis.connection import RedisHandle
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
+from shared.redis.slot_map import CONNECTION_SETTINGS, SlotMap
 from shared.redis.store import PublishItem, SessionStore
 from shared.settings import CLOSED_SESSION_TTL_S
 from shared.supervised import SupervisedLoop
@@ -173,6 +180,9 @@ class Janitor:
         self.failover = Failover(self.client, keys, store, directory, live.publish)
         self._worker: arq.worker.Worker | None = None
         self._loop: SupervisedLoop | None = None
+        #: on a cluster: where arq's tag is served, re-read before each run of arq's loop
+        self._slots: SlotMap | None = None
+        self._node_settings: dict[str, Any] = {}
 
     # ------------------------------------------------------------ jobs
 
@@ -305,7 +315,7 @@ class Janitor:
     async def _arq_pool(self) -> tuple[ArqRedis, str]:
         """arq's connection and queue name. On Redis Cluster, arq's keys get one hash
         tag (arq itself knows nothing of clusters) and arq talks to the node that
-        serves that tag's slot."""
+        serves that tag's slot now: asked of the cluster each time (`_cluster_arq_pool`)."""
         if self.redis.server is not None:
             arq.worker.log_redis_info = _no_redis_info  # type: ignore[assignment]
         if not self.redis.cluster:
@@ -315,13 +325,30 @@ class Janitor:
             return self.redis.client_of_its_own(ArqRedis), self.keys.arq_queue()
         tag = "{" + self.keys.arq_queue() + "}"
         _tag_arq_keys(tag)
-        await self.client.initialize()
-        node = self.client.get_node_from_key(tag)
-        return ArqRedis(host=node.host, port=node.port), tag + ":queue"
+        return await self._cluster_arq_pool(tag), tag + ":queue"
 
-    async def start(self) -> None:
-        quiet_arq()
-        pool, queue_name = await self._arq_pool()
+    async def _cluster_arq_pool(self, tag: str) -> ArqRedis:
+        """A client to the master that serves `tag`'s slot, as the cluster says now: after
+        a failover that is the promoted replica. The slot map is our own (`SlotMap`) and
+        read afresh: the pod's cluster client may not have noticed the failover yet (arq
+        polls every 0.2 s, the pod's own commands may touch other shards only), and a forced
+        refresh of that client's map would drop every connection of the pod, commands in
+        flight included (redis-py replaces each node's object and disconnects the old)."""
+        if self._slots is None:
+            await self.client.initialize()  # the nodes it knows are the seeds
+            nodes = [*self.client.nodes_manager.startup_nodes.values(), *self.client.get_nodes()]
+            kwargs = self.client.get_connection_kwargs()
+            self._node_settings = {
+                name: kwargs[name] for name in CONNECTION_SETTINGS if kwargs.get(name)
+            }
+            self._slots = SlotMap(
+                [(node.host, int(node.port)) for node in nodes], self._node_settings
+            )
+        await self._slots.refresh()
+        host, port = self._slots.owner(tag)
+        return ArqRedis(host=host, port=port, **self._node_settings)
+
+    def _arq_worker(self, pool: ArqRedis, queue_name: str) -> arq.worker.Worker:
         # A cron job's id is its name and its second (`arq:job:<name>:<ms>`), whatever the
         # queue: the names carry the key prefix, so that two deployments sharing one Redis
         # (or a test's two clusters) do not take each other's ticks, each running only the
@@ -335,7 +362,7 @@ class Janitor:
             )
             for job in (self.expire_leases, self.sweep_dead_apis, self.sweep_dead_workers)
         ]
-        self._worker = arq.worker.Worker(
+        return arq.worker.Worker(
             functions=[],
             cron_jobs=jobs,
             redis_pool=pool,
@@ -344,22 +371,56 @@ class Janitor:
             keep_result=0,
             poll_delay=0.2,
             max_jobs=4,
+            on_startup=self._arq_connected,
         )
-        # arq's run loop, restarted after a pause should it fail (Redis gone, for one)
-        self._loop = SupervisedLoop("janitor", self._worker.async_run).start()
+
+    async def _arq_connected(self, ctx: dict[str, Any]) -> None:
+        """arq's run has reached its Redis (arq asks it for INFO before this): the end of
+        a run of failed restarts, if there was one, is logged."""
+        if self._loop is not None:
+            self._loop.outage.succeeded()
+
+    async def _run_arq(self) -> None:
+        """One run of arq's loop; the supervising loop starts another, after a backoff
+        pause, when it fails (Redis gone, for one). On a cluster each run gets a new client,
+        to the node that serves arq's tag now: the last run's was pinned to the address of a
+        master that may have failed over (its replica promoted elsewhere), and reusing it
+        left the janitor dead for the whole deployment. One Redis and Sentinel keep theirs:
+        it reconnects to the same address, or the primary the sentinels name."""
+        if self._worker is None or self.redis.cluster:
+            await self._close_arq()
+            pool, queue_name = await self._arq_pool()
+            self._worker = self._arq_worker(pool, queue_name)
+        await self._worker.async_run()
+
+    async def _close_arq(self) -> None:
+        """Close arq's worker (its running jobs are cancelled) and its client's pool."""
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        try:
+            await worker.close()
+        except asyncio.CancelledError:
+            # arq's close() cancels the jobs of a tick still running, then gathers them:
+            # their CancelledError must not end this stop (and the pod's) half-way, nor the
+            # supervised run that replaces a failed worker. Our own cancellation goes on.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+        except Exception:
+            pass  # its Redis is gone (arq deletes its health key before closing the pool)
+        finally:
+            if worker.pool is not None:  # close() stopped before closing its pool
+                with contextlib.suppress(Exception):
+                    await worker.pool.aclose(close_connection_pool=True)
+
+    async def start(self) -> None:
+        quiet_arq()
+        # arq's run loop, restarted after a pause should it fail (Redis gone, for one);
+        # each run makes its client first (on a cluster, to the node serving arq's tag now)
+        self._loop = SupervisedLoop("janitor", self._run_arq).start()
 
     async def stop(self) -> None:
         if self._loop is not None:
             await self._loop.stop()
-        if self._worker is not None:
-            try:
-                await self._worker.close()
-            except asyncio.CancelledError:
-                # arq's close() cancels the jobs of a tick still running, then gathers them:
-                # their CancelledError must not end this stop (and the pod's) half-way.
-                # Our own cancellation goes on.
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-            except Exception:
-                pass
+        await self._close_arq()
