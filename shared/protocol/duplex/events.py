@@ -269,7 +269,11 @@ class SessionReplaced(RealtimeEvent):
 
 @dataclasses.dataclass(kw_only=True)
 class SessionResyncRequired(RealtimeEvent):
-    """Replay is impossible (journal gap or overflow): start a new session."""
+    """Replay is impossible (journal gap or overflow): start a new session. `journal_gap`
+    also when the session store went back in time (a Redis failover lost its last writes):
+    a resume whose `last_received_server_event_seq` is past the journal's head, or a live
+    event that comes under a seq the client already has with other content. A client never
+    gets two events under one seq, nor a seq lower than one it has."""
 
     TYPE = "session.resync_required"
     session_id: str
