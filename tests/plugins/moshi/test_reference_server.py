@@ -246,7 +246,7 @@ async def converse(url: str, early: bool) -> tuple[Received, int]:
     # encoded beforehand, so that they go out within a millisecond of the upgrade (ours
     # sends its handshake some 50 ms later, the model's slot open; the reference at once)
     early_messages = client.encode(user_audio(3, 6)) if early else []
-    async with connect(url, max_size=None) as ws:
+    async with connect(url, max_size=None, open_timeout=WAIT_S) as ws:
         await client.send(ws, early_messages, paced=False)  # nothing read before
         reading = asyncio.create_task(client.read(ws))
         try:
