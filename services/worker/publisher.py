@@ -41,16 +41,25 @@ such key; the seq still travels in the header.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 
 from services.worker.control.publish_host import FENCED_OUT, PublishHost
-from services.worker.control.table import FinalCheckpoint, SessionRecord, SessionTable
+from services.worker.control.table import (
+    FinalCheckpoint,
+    PublishRound,
+    SessionRecord,
+    SessionTable,
+)
 from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.outage_log import OutageLog
 from shared.protocol.duplex import DuplexEvent, dumps
-from shared.redis.store import ModelAppend, PublishItem, SessionStore, SessionWrite
+from shared.redis.store import (
+    ModelAppend,
+    PartialPublish,
+    PublishItem,
+    SessionStore,
+)
 from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
@@ -217,7 +226,7 @@ class RedisEventPublisher(SessionEventSink):
                 self._idle.clear()
                 self._wake.set()
 
-    def _take(self) -> list[_Round]:
+    def _take(self) -> list[PublishRound]:
         """The batch, and the checkpoints that go with it, taken at one instant."""
         ready, self._ready = self._ready, {}
         rounds = []
@@ -225,18 +234,23 @@ class RedisEventPublisher(SessionEventSink):
             outbox = record.outbox
             if record.fenced or self.table.get(record.session_id) is not record:
                 continue  # nothing is sent for it any more (fenced, or given up: removed)
+            if outbox.retry is not None:
+                # a round that failed goes again as it was, under its token, before the
+                # events emitted since (they follow in the next batch)
+                rounds.append(outbox.retry)
+                outbox.retry, outbox.in_flight = None, True
+                continue
             if not outbox.pending and outbox.final is None and not outbox.model_due:
                 continue
             items, outbox.pending = outbox.pending, []
             final, outbox.final = outbox.final, None
-            kept, outbox.kept = outbox.kept, None
-            checkpoint = kept
+            checkpoint = None
             if final is not None:
                 checkpoint = final.data
                 outbox.dirty = False
             elif outbox.dirty:
                 outbox.dirty = False
-                checkpoint = self._snapshot(record.session_id) or kept
+                checkpoint = self._snapshot(record.session_id)
             model = None
             if outbox.model_due or checkpoint is not None:
                 outbox.model_due = False
@@ -244,7 +258,7 @@ class RedisEventPublisher(SessionEventSink):
             if not items and final is None and checkpoint is None and model is None:
                 continue
             outbox.in_flight = True
-            rounds.append(_Round(record, items, checkpoint, final, model))
+            rounds.append(PublishRound(record, items, checkpoint, final, model))
         return rounds
 
     def _model_append(self, session_id: str) -> ModelAppend | None:
@@ -277,6 +291,16 @@ class RedisEventPublisher(SessionEventSink):
             except asyncio.CancelledError:
                 self._put_back(rounds)
                 raise
+            except PartialPublish as partial:
+                # a cluster master is away: the rounds the others wrote are settled, only
+                # the failed ones go back
+                self._outage.failed(partial, traceback=False)
+                done = [r for r in rounds if r.record.session_id in partial.written]
+                await self._settle(done, partial.written)
+                self._put_back([r for r in rounds if r.record.session_id not in partial.written])
+                await asyncio.sleep(self._backoff.next_delay())
+                self._wake.set()
+                continue
             except Exception as exc:
                 # Redis is unreachable: put the batch back in front, retry after a pause
                 # (logged once per outage: a failover fails every try for seconds)
@@ -287,13 +311,15 @@ class RedisEventPublisher(SessionEventSink):
                 continue
             self._backoff.reset()
             self._outage.succeeded()
-            if not self._ready:
+            if self._ready:
+                self._wake.set()  # left for the next batch (the events after a retried round)
+            else:
                 self._idle.set()
 
-    def _put_back(self, rounds: list[_Round]) -> None:
-        """A batch that failed goes back in front, its checkpoints with it: a session's
-        checkpoint taken then is still the one matching those events (a later batch of the
-        session marks it dirty again and takes a newer one)."""
+    def _put_back(self, rounds: list[PublishRound]) -> None:
+        """A batch that failed goes back in front: each round is sent again as it was, its
+        checkpoint with it (still the one matching those events) and under its token, so a
+        call that was written before its reply was lost is not journaled twice."""
         ready, self._ready = self._ready, {}
         for round_ in rounds:
             record, outbox = round_.record, round_.record.outbox
@@ -302,21 +328,12 @@ class RedisEventPublisher(SessionEventSink):
                 if round_.final is not None and not round_.final.done.done():
                     round_.final.done.set_result(False)
                 continue
-            outbox.pending = round_.items + outbox.pending
-            if round_.final is not None:
-                if outbox.final is None:
-                    outbox.final = round_.final
-                elif not round_.final.done.done():
-                    round_.final.done.set_result(True)  # superseded by the newer final
-            elif round_.checkpoint is not None:
-                outbox.kept = round_.checkpoint
-            if round_.model is not None:
-                outbox.model_due = True  # its bytes go again (SETRANGE: the same bytes)
+            outbox.retry = round_
             self._ready[record] = None
         for record in ready:
             self._ready[record] = None
 
-    async def _send(self, rounds: list[_Round]) -> None:
+    async def _send(self, rounds: list[PublishRound]) -> None:
         if not rounds:
             return
         replies = await self.store.publish_many(
@@ -325,6 +342,10 @@ class RedisEventPublisher(SessionEventSink):
             ttl_ms=self.ttl_ms,
             closed_ttl_ms=self.closed_ttl_ms,
         )
+        await self._settle(rounds, replies)
+
+    async def _settle(self, rounds: list[PublishRound], replies: dict[str, list[int]]) -> None:
+        """The written rounds' replies taken in: seqs, fences, closed sessions."""
         closed = []
         for round_ in rounds:
             record = round_.record
@@ -344,7 +365,7 @@ class RedisEventPublisher(SessionEventSink):
                 self._model_written(record, round_.model, reply[-1])
             if round_.items and round_.items[-1].wire_type == "session.closed":
                 closed.append(session_id)
-            if record.outbox.pending or record.outbox.final:
+            if record.outbox.pending or record.outbox.final or record.outbox.model_due:
                 self._ready[record] = None  # emitted while this batch flew
         for round_ in rounds:
             self.table.settle(round_.record)
@@ -414,29 +435,3 @@ class RedisEventPublisher(SessionEventSink):
             await self._loop.stop()
         if self._model_loop is not None:
             await self._model_loop.stop()
-
-
-@dataclasses.dataclass
-class _Round:
-    """One session's part of a batch: its events, and the checkpoint that goes with them."""
-
-    record: SessionRecord
-    items: list[PublishItem]
-    checkpoint: bytes | None
-    final: FinalCheckpoint | None
-    #: what of the session's model history to append, or None
-    model: ModelAppend | None = None
-
-    def write(self, worker_id: str) -> SessionWrite:
-        """This round as the store writes it: fenced on the record's owner generation."""
-        record = self.record
-        return SessionWrite(
-            record.session_id,
-            self.items,
-            owner_generation=record.owner_generation or None,
-            checkpoint=self.checkpoint or b"",
-            stamp_seq=not record.unstamped,
-            model_append=self.model,
-            seq_floor=record.journaled_seq,
-            worker_id=worker_id,
-        )

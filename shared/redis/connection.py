@@ -29,8 +29,11 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as redis_async
-from redis.asyncio.cluster import RedisCluster
+from redis._parsers.commands import AsyncCommandsParser
+from redis.asyncio.cluster import PRIMARY, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 EMBEDDED = "embedded (fakeredis, in this process)"
 CLUSTER_SCHEME = "redis+cluster://"
@@ -219,12 +222,54 @@ def _host_port(entry: str) -> tuple[str, int]:
     return unquote(host), int(port) if port else SENTINEL_PORT
 
 
+class AnyNodeCommandsParser(AsyncCommandsParser):
+    """The cluster client's command table and key lookups, from whichever primary answers.
+
+    redis-py's cluster client asks its default node (the first primary CLUSTER SLOTS lists)
+    for the command table at every re-initialization, and that node for the keys of a
+    command whose keys move (XREADGROUP, XREAD). With that one master lost, every command
+    failed, for every shard, until a replica had taken over its slots: every session
+    stalled, not only those whose keys were on it. The table does not change with the
+    topology, so it is read once; a key lookup goes to the next primary when one is away."""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        super().__init__()
+        self._cluster = cluster
+
+    async def initialize(self, node: Any = None) -> None:
+        if node is not None:
+            self.node = node
+        if not self.commands:
+            await self._on_any_node(super().initialize)
+
+    async def _get_moveable_keys(self, *args: Any) -> Any:
+        lookup = super()._get_moveable_keys
+        return await self._on_any_node(lambda: lookup(*args))
+
+    async def _on_any_node(self, call: Any) -> Any:
+        tried: set[str] = set()
+        while True:
+            try:
+                return await call()
+            except (RedisConnectionError, RedisTimeoutError):
+                tried.add(self.node.name)
+                others = [
+                    node
+                    for node in self._cluster.nodes_manager.nodes_cache.values()
+                    if node.server_type == PRIMARY and node.name not in tried
+                ]
+                if not others:
+                    raise
+                self.node = others[0]
+
+
 def connect(url: str | None) -> RedisHandle:
     """Real Redis (a Sentinel-managed primary, a Redis Cluster) when `url` is set, else an
     embedded fakeredis server."""
     if url and url.startswith(CLUSTER_SCHEME):
         seed = "redis://" + url[len(CLUSTER_SCHEME) :]
         client = RedisCluster.from_url(seed, **SOCKET_OPTIONS)
+        client.commands_parser = AnyNodeCommandsParser(client)
         return RedisHandle(client, f"Redis Cluster via {redact(seed)}", seed_url=seed)
     if url and url.startswith(SENTINEL_SCHEMES):
         target = parse_sentinel_url(url)

@@ -45,6 +45,17 @@ class SessionStoreError(CodedError):
     """A script refused: `code` is the contract error code."""
 
 
+class PartialPublish(Exception):
+    """Some calls of a `publish_many` on a cluster failed (their master is away); the
+    others were written: their replies are in `written`, and must not be sent again."""
+
+    def __init__(self, written: dict[str, list[int]], failed: dict[str, BaseException]):
+        first = next(iter(failed.values()))
+        super().__init__(f"{len(failed)} of {len(written) + len(failed)} sessions: {first}")
+        self.written = written
+        self.failed = failed
+
+
 @dataclasses.dataclass(frozen=True)
 class PublishItem:
     """One event to publish: its JSON, type, whether it is journaled, the session object it
@@ -88,6 +99,9 @@ class SessionWrite:
     #: the writing worker's id (""): with owner_generation, a store found to have lost
     #: the move that made it the owner is set back to it (event_publish.lua)
     worker_id: str = ""
+    #: the round's token (""): a call sent again under the token of the session's last
+    #: written call is answered with that call's reply, and nothing is written twice
+    round_token: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +237,7 @@ class SessionStore:
             "" if model_append is None else model_append.record_bytes,
             write.seq_floor,
             write.worker_id,
+            write.round_token,
         ]
         for item in items:
             journaled, rid = "1" if item.journaled else "0", response_token(item.response_id)
@@ -268,12 +283,26 @@ class SessionStore:
         calls = [self._publish_call(write, max_bytes, ttl_ms, closed_ttl_ms) for write in writes]
         script = self.scripts.event_publish
         if isinstance(self.client, RedisCluster):
+            # each call settles on its own: a master that is failing over fails its sessions'
+            # calls, never those the other masters wrote (sent again, they would be journaled
+            # twice under new seqs)
             replies = await asyncio.gather(
-                *(script(self.client, keys, args) for keys, args in calls)
+                *(script(self.client, keys, args) for keys, args in calls),
+                return_exceptions=True,
             )
-            return {
-                sid: [int(v) for v in reply] for sid, reply in zip(sessions, replies, strict=True)
+            written = {
+                sid: [int(v) for v in reply]
+                for sid, reply in zip(sessions, replies, strict=True)
+                if not isinstance(reply, BaseException)
             }
+            failed = {
+                sid: reply
+                for sid, reply in zip(sessions, replies, strict=True)
+                if isinstance(reply, BaseException)
+            }
+            if failed:
+                raise PartialPublish(written, failed)
+            return written
         for attempt in range(2):
             pipeline = self.client.pipeline(transaction=False)
             for keys, args in calls:

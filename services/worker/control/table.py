@@ -33,13 +33,14 @@ import asyncio
 import dataclasses
 import enum
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from services.worker.control.command_order import CommandOrder
 from shared.contracts import DuplexSessionError, ModelHistory
 from shared.redis.inbox_codec import InboxMessage
-from shared.redis.store import PublishItem
+from shared.redis.store import ModelAppend, PublishItem, SessionWrite
 
 #: The session's runner: the engine's `SessionRunner` (`SessionTable[SessionRunner]`). The
 #: table holds it for the manager and the moves and never calls it, so the table stands
@@ -64,6 +65,38 @@ class FinalCheckpoint:
 
 
 @dataclasses.dataclass(eq=False)
+class PublishRound:
+    """One session's part of a publisher batch: its events, the checkpoint and model history
+    that go with them, and the token the call is sent under. A round whose call failed is
+    sent again exactly as it was, under the same token (`Outbox.retry`): a call that had
+    been written before its reply was lost (a connection dropped, a Redis failing over)
+    is answered from Redis with the seqs it got, and nothing is journaled twice."""
+
+    record: SessionRecord
+    items: list[PublishItem]
+    checkpoint: bytes | None
+    final: FinalCheckpoint | None
+    #: what of the session's model history to append, or None
+    model: ModelAppend | None = None
+    token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+    def write(self, worker_id: str) -> SessionWrite:
+        """This round as the store writes it: fenced on the record's owner generation."""
+        record = self.record
+        return SessionWrite(
+            record.session_id,
+            self.items,
+            owner_generation=record.owner_generation or None,
+            checkpoint=self.checkpoint or b"",
+            stamp_seq=not record.unstamped,
+            model_append=self.model,
+            seq_floor=record.journaled_seq,
+            worker_id=worker_id,
+            round_token=self.token,
+        )
+
+
+@dataclasses.dataclass(eq=False)
 class Outbox:
     """What of a session's events the publisher still has to send, and its checkpoints."""
 
@@ -74,8 +107,8 @@ class Outbox:
     dirty: bool = False
     #: a drain's final checkpoint, waiting for the session's pending events
     final: FinalCheckpoint | None = None
-    #: the checkpoint of a batch that failed, sent again with its retry
-    kept: bytes | None = None
+    #: the round of a batch that failed, sent again as it was before anything newer
+    retry: PublishRound | None = None
     #: a batch of the session's events is on its way to Redis
     in_flight: bool = False
     #: handed off: its final checkpoint is still to come (`write_checkpoint`)
@@ -85,13 +118,18 @@ class Outbox:
 
     @property
     def idle(self) -> bool:
-        return not (self.pending or self.final or self.in_flight or self.awaiting_final)
+        return not (
+            self.pending or self.final or self.in_flight or self.awaiting_final or self.retry
+        )
 
     def discard(self) -> None:
         """Nothing more is sent (fenced out, dropped): a final still waiting is refused."""
         self.pending = []
         self.dirty = False
-        self.kept = None
+        retried = self.retry.final if self.retry is not None else None
+        if retried is not None and not retried.done.done():
+            retried.done.set_result(False)
+        self.retry = None
         self.awaiting_final = False
         self.model_due = False
         if self.final is not None and not self.final.done.done():

@@ -58,6 +58,10 @@
 --   that made the caller the owner (a failover lost it): the move stands (the caller holds
 --   the session, its old owner has stopped or died), so owner_generation and worker are
 --   set back to the caller's, and every later write of the old owner is refused
+-- ARGV[16] the round's token ("": none). A call sent again with the token of the session's
+--   last written call (its reply was lost: a connection dropped, a master failing over,
+--   a client library retrying) writes nothing and returns that call's reply, kept as
+--   last_round / last_round_reply, so no event is journaled or published twice
 -- then per event, 5 values: journaled ("1"/"0"), type, event JSON (compact, ends in "}"),
 --   session object JSON ("" unless the event carries the session: created/updated),
 --   response id ("" when none; no line break)
@@ -70,7 +74,7 @@ local now, stamp = tonumber(ARGV[4]), ARGV[9] == '1'
 local publish = ARGV[10] == '1' and 'SPUBLISH' or 'PUBLISH'
 local m = redis.call('HMGET', meta, 'state', 'owner_generation', 'journal_overflow',
   'next_seq', 'journal_bytes', 'journal_first_seq', 'journal_expires_at', 'checkpoints',
-  'seq_regressions')
+  'seq_regressions', 'last_round', 'last_round_reply')
 local state = m[1]
 if not state then
   return {-1}
@@ -83,6 +87,14 @@ if ARGV[7] ~= '' and m[2] ~= ARGV[7] then
   end
   updates['owner_generation'], updates['worker'] = ARGV[7], ARGV[15]
   redis.call('HINCRBY', meta, 'owner_regressions', 1)
+end
+local token = ARGV[16]
+if token ~= '' and m[10] == token then
+  local reply = {}
+  for value in string.gmatch(m[11] or '', '[^,]+') do
+    reply[#reply + 1] = tonumber(value)
+  end
+  return reply
 end
 local overflow = m[3] == '1'
 local next_seq = tonumber(m[4]) or 0
@@ -139,7 +151,7 @@ local function open_journal()
   updates['journal_expires_at'] = now + ttl_ms + math.floor(ttl_ms / 2)
 end
 
-for i = 16, #ARGV, 5 do
+for i = 17, #ARGV, 5 do
   local journaled, etype, data, session, rid = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if session ~= '' then
     updates['session'] = session
@@ -265,6 +277,12 @@ if ARGV[11] ~= '' and state ~= 'closed' then
     updates['model_gap'] = offset
   end
 end
+if model_length then
+  seqs[#seqs + 1] = model_length  -- the writer resumes from here after a gap
+end
+if token ~= '' then
+  updates['last_round'], updates['last_round_reply'] = token, table.concat(seqs, ',')
+end
 local fields = {}
 for field, value in pairs(updates) do
   fields[#fields + 1] = field
@@ -272,8 +290,5 @@ for field, value in pairs(updates) do
 end
 if #fields > 0 then
   redis.call('HSET', meta, unpack(fields))
-end
-if model_length then
-  seqs[#seqs + 1] = model_length  -- the writer resumes from here after a gap
 end
 return seqs
