@@ -14,10 +14,11 @@ connection may instead hand it to its delivery directly.
 
 Redis being away is told once per turn, not once per append: while appends keep failing
 with `internal_error` (a failover takes seconds, and audio appends come every 20-100 ms),
-the first is reported and logged, the rest counted; a write that succeeds, or the next
-command that is not an append (a commit, a response: the next turn), ends the run, and the
-pod logs how many were not written. A full inbox (`input_backpressure`) is still told for
-every append it drops: that is the client's cue to slow down, and each is its own.
+the first is reported, the rest counted; a write that succeeds, or the next command that is
+not an append (a commit, a response: the next turn), ends the run (the count is logged at
+DEBUG: the pod's inbox writer logs the outage itself, once a run, with its length). A full
+inbox (`input_backpressure`) is still told for every append it drops: that is the client's
+cue to slow down, and each is its own.
 
 Backpressure stays: at most `MAX_UNSENT_APPENDS` appends (or `MAX_UNSENT_BYTES` of their
 audio) of one attachment may be queued and unwritten; past that the reader waits for the
@@ -129,7 +130,8 @@ class CommandSender:
         if not isinstance(exc, InboxFull | RedisError):
             log.error("an append of event %s was not written", event_id, exc_info=exc)
         elif isinstance(exc, RedisError):
-            log.warning(
+            # the pod's inbox writer logs the outage once a run (`OutageLog`)
+            log.debug(
                 "session %s: an append (event %s) was not written: %s (told once; the "
                 "appends after it that fail this turn are counted)",
                 session_id,
@@ -141,7 +143,7 @@ class CommandSender:
 
     def _end_run(self, session_id: str) -> None:
         if self._failed_since_told:
-            log.warning(
+            log.debug(
                 "session %s: %d more appends were not written (%s), not told one by one",
                 session_id,
                 self._failed_since_told,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -38,10 +39,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from services.api.inbox_round import CommandSeq, Entry, Queued, items_of, take_round
+from shared.outage_log import OutageLog
 from shared.redis.boundary import InboxMessage
 from shared.redis.keys import KeySchema
 from shared.redis.scripts import Scripts
 from shared.supervised import SupervisedLoop
+
+log = logging.getLogger(__name__)
 
 __all__ = ["INBOX_MAX_BYTES", "CommandSeq", "InboxFull", "InboxWriter"]
 
@@ -83,6 +87,9 @@ class InboxWriter:
         # started by the first item; a round that fails fails its callers, not the loop
         self._loop = SupervisedLoop("inbox-writer", self._run)
         self.pipelines = 0  # diagnostics: how many pipelines carried the entries
+        #: the pod's one log of clients' commands not written (Redis away): once a run,
+        #: with how long and how many; each client hears its own refusal as an event
+        self.outage = OutageLog(log, "writing clients' commands to the workers' inboxes")
         self.entries = 0  # how many entries they wrote
         self.commands = 0  # how many queued items those entries carried
 
@@ -149,6 +156,7 @@ class InboxWriter:
                 self._fail(items_of(entries), RedisConnectionError("the inbox writer stopped"))
                 raise
             except Exception as exc:  # Redis unreachable: every caller hears it
+                self.outage.failed(exc, traceback=False)
                 self._fail(items_of(entries), exc)
 
     async def _execute(self, entries: list[Entry]) -> list[Any]:
@@ -194,8 +202,10 @@ class InboxWriter:
     def _settle(self, done: list[tuple[Entry, Any]]) -> None:
         for entry, result in done:
             if isinstance(result, Exception):
+                self.outage.failed(result, traceback=False)
                 self._fail(entry.items, result)
                 continue
+            self.outage.succeeded()
             self.entries += 1
             self.commands += len(entry.items)
             for item in entry.items:

@@ -321,7 +321,9 @@ class SocketDriver(abc.ABC):
             await self.attachment.command(command)
         except (InboxFull, RedisError) as exc:
             if isinstance(exc, RedisError):
-                log.warning("command for %s not delivered: %s", self.attachment.session_id, exc)
+                # said once a run for the pod by its inbox writer (`OutageLog`); the client
+                # hears its refusal
+                log.debug("command for %s not delivered: %s", self.attachment.session_id, exc)
             self.refuse(failure_event(exc, event_id))
             return False
         return True

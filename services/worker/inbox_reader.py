@@ -32,6 +32,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from shared.backoff import Backoff
+from shared.outage_log import OutageLog
 from shared.redis.boundary import InboxMessage, decode_entry, entry_bytes
 from shared.redis.keys import INBOX_GROUP
 from shared.redis.store import SessionStore
@@ -65,6 +66,8 @@ class InboxReader:
         self.dispatch = dispatch
         self.ack_interval_s = ack_interval_s
         self.block_ms = READ_BLOCK_MS
+        self._read_outage = OutageLog(log, "reading the inbox")
+        self._ack_outage = OutageLog(log, "acknowledging inbox entries")
         #: the worker's `Drain` while it drains (it forwards moved sessions' messages)
         self.drain = drain
         # where the next XREADGROUP starts: first our own pending entries (a restart), then
@@ -102,15 +105,17 @@ class InboxReader:
                             self.inbox, INBOX_GROUP, id="0", mkstream=True
                         )
                 else:
-                    log.exception("reading the inbox failed; retrying")
+                    self._read_outage.failed(exc)
                     await asyncio.sleep(backoff.next_delay())
                 continue
-            except Exception:
+            except Exception as exc:
                 # connection lost: redis-py reconnects on the next call; back off meanwhile
-                log.warning("reading the inbox failed; retrying", exc_info=True)
+                # (logged once a run: a failover fails every read for seconds)
+                self._read_outage.failed(exc)
                 await asyncio.sleep(backoff.next_delay())
                 continue
             backoff.reset()
+            self._read_outage.succeeded()
             if (drain := self.drain()) is not None:
                 drain.read_round()
             entries = reply[0][1] if reply else []
@@ -170,12 +175,13 @@ class InboxReader:
                 await self.ack_pending(check_empty=self._quiet)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("acknowledging inbox entries failed; retrying", exc_info=True)
+            except Exception as exc:
+                self._ack_outage.failed(exc)
                 await asyncio.sleep(backoff.next_delay())
                 self._ack_wake.set()
                 continue
             backoff.reset()
+            self._ack_outage.succeeded()
 
     async def ack_pending(self, *, check_empty: bool = False) -> None:
         handled, self.unacked = self.unacked, []

@@ -4,6 +4,10 @@ back); appends do not hold the socket's reader, and their failures reach the cli
 
 import asyncio
 import collections
+import logging
+
+import fakeredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.api.command_sender import CommandSender
 from services.api.inbox_writer import CommandSeq, InboxFull, InboxWriter
@@ -203,3 +207,52 @@ async def test_appends_left_by_a_round_cut_short_do_not_linger_again(redis_clien
     assert urgent.lingers == [0]  # one linger, before the first round only
     expected = [("duplex-s", n + 1, f"a{n}") for n in range(10)]
     assert await commands_in(redis_client, "w") == expected
+
+
+class Flaky:
+    """A client whose pipelines fail while `down` (Redis failing over), the real one else."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.down = False
+
+    def pipeline(self, transaction: bool = False):
+        pipeline = self.client.pipeline(transaction=transaction)
+        if self.down:
+
+            async def fail(*args, **kwargs):
+                raise RedisConnectionError("Connection refused")
+
+            pipeline.execute = fail
+        return pipeline
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+async def test_the_pod_logs_an_outage_once_not_once_per_command(caplog):
+    """Many sessions' commands failing for as long as a failover lasts: one WARNING when the
+    writes begin to fail, one when they work again (with how long and how many), whatever
+    the number of commands and sessions."""
+    real = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    flaky = Flaky(real)
+    writer = InboxWriter(flaky, KEYS, linger_s=0)
+    workers = WorkerClient(writer)
+    seqs = {sid: CommandSeq() for sid in ("duplex-a", "duplex-b", "duplex-c")}
+    with caplog.at_level(logging.WARNING, logger="services.api.inbox_writer"):
+        flaky.down = True
+        failed = 0
+        for n in range(30):
+            sid = f"duplex-{'abc'[n % 3]}"
+            try:
+                await workers.command("w", sid, 1, seqs[sid], Heartbeat(event_id=f"h{n}"))
+            except RedisConnectionError:
+                failed += 1
+        flaky.down = False
+        await workers.command("w", "duplex-a", 1, seqs["duplex-a"], Heartbeat(event_id="back"))
+    await writer.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert failed == 30
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("writing clients' commands to the workers' inboxes failed")
+    assert "works again" in lines[1] and "(30 tries failed)" in lines[1]
