@@ -4,14 +4,25 @@ When Redis fails over, every loop that writes to it fails for the seconds the pr
 takes, and retries every 0.1-2 s: a heartbeat, a publisher, a janitor. Logged per try, that
 is hundreds of WARNING lines with tracebacks for one event, and the line that says what
 happened is lost among them. Here the first failure of a run is logged as a WARNING with
-its error (and its traceback, once), the next ones are counted, and the first success after
-them logs one line: how long it failed and how many tries.
+its error, the next ones are counted, and the first success after them logs one line: how
+long it failed and how many tries. A connection refused or timed out is Redis being away,
+said in its message; anything else is logged with its traceback, once a run.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from redis import exceptions as redis_errors
+
+#: errors that only say Redis is away (their traceback tells nothing more)
+UNREACHABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 class OutageLog:
@@ -26,8 +37,11 @@ class OutageLog:
     def failing(self) -> bool:
         return self._since is not None
 
-    def failed(self, exc: BaseException, *, traceback: bool = True) -> None:
-        """One try failed: logged if it starts a run, counted otherwise."""
+    def failed(self, exc: BaseException, *, traceback: bool | None = None) -> None:
+        """One try failed: logged if it starts a run, counted otherwise. `traceback`: None
+        logs it unless the error only says Redis is unreachable."""
+        if traceback is None:
+            traceback = not isinstance(exc, UNREACHABLE)
         self._failures += 1
         if self._since is not None:
             return
