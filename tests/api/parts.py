@@ -231,6 +231,33 @@ async def inbox(client: Any, worker_id: str) -> list[InboxMessage]:
     ]
 
 
+def janitor_on(
+    handle: Any, keys: KeySchema = KEYS, live_client: Any = None
+) -> tuple[Any, WorkerClient]:
+    """The API pod's janitor as its pod builds it, on `handle` (a `RedisHandle`), with the
+    WorkerClient it closes sessions through (stop it after); `live_client`: the client its
+    live hub publishes on (the handle's pub/sub client by default)."""
+    from services.api.janitor import Janitor
+    from shared.contracts import SessionRuntimeConfig
+
+    client = handle.client
+    store = SessionStore(client, keys)
+    workers = WorkerClient(InboxWriter(client, keys, store.scripts))
+    live = live_client if live_client is not None else handle.pubsub_client()
+    janitor = Janitor(
+        handle,
+        keys,
+        store,
+        workers,
+        SessionRuntimeConfig(),
+        heartbeat_ttl_s=5.0,
+        disconnect_grace_s=30.0,
+        directory=WorkerDirectory(client, keys, heartbeat_ttl_s=5.0),
+        live=LiveHub(live, keys.api("api-t")),
+    )
+    return janitor, workers
+
+
 def steady_since_long_ago(janitor: Any) -> None:
     """The janitor's dead sweeps judge heartbeats at once, as if Redis had answered them for
     longer than the TTL (a fresh janitor waits a TTL first: `SteadyRedis`)."""

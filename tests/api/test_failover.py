@@ -10,11 +10,6 @@ import uuid
 import orjson
 import pytest
 
-from services.api.inbox_writer import InboxWriter
-from services.api.janitor import Janitor
-from services.api.live import LiveHub
-from services.api.worker_client import WorkerClient
-from shared.contracts import SessionRuntimeConfig
 from shared.protocol.duplex import AppendAudio, Heartbeat
 from shared.redis.boundary import (
     ChatRequest,
@@ -28,9 +23,15 @@ from shared.redis.boundary import (
     decode_entry,
 )
 from shared.redis.connection import RedisHandle
-from shared.redis.placement import WorkerDirectory
-from shared.redis.store import PublishItem, SessionStore
-from tests.api.parts import JOURNAL, KEYS, active_session, register_worker, steady_since_long_ago
+from shared.redis.store import PublishItem
+from tests.api.parts import (
+    JOURNAL,
+    KEYS,
+    active_session,
+    janitor_on,
+    register_worker,
+    steady_since_long_ago,
+)
 from tests.redis.sharded_listener import listener_of
 
 DEAD = "w-dead"
@@ -41,19 +42,7 @@ CHECKPOINT = b'{"v":1,"items":[]}'
 async def janitor(redis_client):
     factory = getattr(redis_client, "pubsub_client", None)  # a cluster client has no PUBLISH
     live_client = factory() if factory else redis_client
-    store = SessionStore(redis_client, KEYS)
-    workers = WorkerClient(InboxWriter(redis_client, KEYS, store.scripts))
-    janitor = Janitor(
-        RedisHandle(redis_client, "test"),
-        KEYS,
-        store,
-        workers,
-        SessionRuntimeConfig(),
-        heartbeat_ttl_s=5.0,
-        disconnect_grace_s=30.0,
-        directory=WorkerDirectory(redis_client, KEYS, heartbeat_ttl_s=5.0),
-        live=LiveHub(live_client, KEYS.api("api-t")),
-    )
+    janitor, workers = janitor_on(RedisHandle(redis_client, "test"), live_client=live_client)
     steady_since_long_ago(janitor)
     yield janitor
     await workers.stop()

@@ -24,25 +24,15 @@ from shared.redis.keys import KeySchema
 from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import PublishItem, SessionStore
-from tests.api.parts import JOURNAL, KEYS, active_session, inbox, steady_since_long_ago
+from tests.api.parts import JOURNAL, KEYS, active_session, inbox, janitor_on, steady_since_long_ago
 
 
 @pytest.fixture
 async def janitor():
     server = fakeredis.FakeServer()
     client = fakeredis.FakeAsyncRedis(server=server)
-    store = SessionStore(client, KEYS)
-    workers = WorkerClient(InboxWriter(client, KEYS, store.scripts))
-    janitor = Janitor(
-        RedisHandle(client, "fakeredis", server=server),
-        KEYS,
-        store,
-        workers,
-        SessionRuntimeConfig(),
-        heartbeat_ttl_s=5.0,
-        disconnect_grace_s=30.0,
-        directory=WorkerDirectory(client, KEYS, heartbeat_ttl_s=5.0),
-        live=LiveHub(client, KEYS.api("api-t")),
+    janitor, workers = janitor_on(
+        RedisHandle(client, "fakeredis", server=server), live_client=client
     )
     steady_since_long_ago(janitor)
     yield janitor

@@ -15,19 +15,13 @@ import orjson
 import pytest
 
 from harness.redis_cluster import RedisClusterServers
-from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
-from services.api.live import LiveHub
-from services.api.worker_client import WorkerClient
-from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.redis.boundary import CloseRequest
-from shared.redis.connection import RedisHandle, connect
+from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
-from shared.redis.placement import WorkerDirectory
 from shared.redis.slot_map import slot_of
-from shared.redis.store import SessionStore
-from tests.api.parts import active_session, inbox
+from tests.api.parts import active_session, inbox, janitor_on
 from tests.redis.cluster_ops import add_replica, eventually, kill, node, slot_owner, take_over
 
 KEYS = KeySchema()
@@ -42,25 +36,6 @@ def servers():
     servers = RedisClusterServers()
     yield servers
     servers.stop()
-
-
-def janitor_on(handle: RedisHandle) -> tuple[Janitor, WorkerClient]:
-    """The API pod's janitor as its pod builds it, on `handle`."""
-    client = handle.client
-    store = SessionStore(client, KEYS)
-    workers = WorkerClient(InboxWriter(client, KEYS, store.scripts))
-    janitor = Janitor(
-        handle,
-        KEYS,
-        store,
-        workers,
-        SessionRuntimeConfig(),
-        heartbeat_ttl_s=5.0,
-        disconnect_grace_s=30.0,
-        directory=WorkerDirectory(client, KEYS, heartbeat_ttl_s=5.0),
-        live=LiveHub(handle.pubsub_client(), KEYS.api("api-t")),
-    )
-    return janitor, workers
 
 
 async def lease_expires(janitor: Janitor, sid: str, worker: str) -> None:
