@@ -84,3 +84,29 @@ async def test_a_move_the_store_lost_stands_and_the_old_owner_stays_fenced(redis
     unnamed = SessionWrite(sid, [item(3)], owner_generation=3)
     assert (await store.publish_many([unnamed], **JOURNAL))[sid] == [-2]
     assert (await store.meta(sid))["owner_generation"] == "2"
+
+
+async def test_a_lost_moves_number_handed_out_again_leaves_one_owner(redis_client):
+    """A drain moved the session worker-a -> worker-b at generation 2 and the failover lost
+    it; before worker-b wrote, the janitor re-placed the session from worker-a (its beat
+    stale) to worker-c, at generation 2 again. One owner only: the store's (worker-c)."""
+    store, sid = await opened(redis_client)
+    lost = {"owner_generation": 1, "worker": "worker-a"}
+    assert await store.move_owner(sid, "worker-a", "worker-b", "drain", 1) == 2
+    await redis_client.hset(KEYS.session(sid), mapping=lost)  # the failover lost it
+    assert await store.move_owner(sid, "worker-a", "worker-c", "worker_lost", 1) == 2
+    by_b = SessionWrite(sid, [item(1)], owner_generation=2, worker_id="worker-b")
+    by_c = SessionWrite(sid, [item(2)], owner_generation=2, worker_id="worker-c")
+    assert (await store.publish_many([by_b], **JOURNAL))[sid] == [-2]
+    assert (await store.publish_many([by_c], **JOURNAL))[sid] == [1]
+    assert (await store.meta(sid))["worker"] == "worker-c"
+
+
+async def test_a_round_retried_after_a_move_gets_its_reply_not_a_refusal(redis_client):
+    """The round's call was written, its reply lost; the session moved on before the retry:
+    the retry is answered with what it wrote (a drain's final checkpoint reported written)."""
+    store, sid = await opened(redis_client)
+    write = SessionWrite(sid, [item(1)], owner_generation=1, worker_id="worker-a", round_token="t1")
+    assert (await store.publish_many([write], **JOURNAL))[sid] == [1]
+    assert await store.move_owner(sid, "worker-a", "worker-b", "drain", 1) == 2
+    assert (await store.publish_many([write], **JOURNAL))[sid] == [1]

@@ -74,20 +74,13 @@ local now, stamp = tonumber(ARGV[4]), ARGV[9] == '1'
 local publish = ARGV[10] == '1' and 'SPUBLISH' or 'PUBLISH'
 local m = redis.call('HMGET', meta, 'state', 'owner_generation', 'journal_overflow',
   'next_seq', 'journal_bytes', 'journal_first_seq', 'journal_expires_at', 'checkpoints',
-  'seq_regressions', 'last_round', 'last_round_reply')
+  'seq_regressions', 'last_round', 'last_round_reply', 'worker', 'owner_regressions')
 local state = m[1]
 if not state then
   return {-1}
 end
-local updates = {}  -- the meta fields this call changes: one HSET at the end
-if ARGV[7] ~= '' and m[2] ~= ARGV[7] then
-  local stored, mine = tonumber(m[2]) or 0, tonumber(ARGV[7])
-  if stored > mine or ARGV[15] == '' then
-    return {-2}
-  end
-  updates['owner_generation'], updates['worker'] = ARGV[7], ARGV[15]
-  redis.call('HINCRBY', meta, 'owner_regressions', 1)
-end
+-- a call sent again under the token of the last written one (its reply was lost): its
+-- reply, whatever happened since (a move after it does not undo what it wrote)
 local token = ARGV[16]
 if token ~= '' and m[10] == token then
   local reply = {}
@@ -95,6 +88,25 @@ if token ~= '' and m[10] == token then
     reply[#reply + 1] = tonumber(value)
   end
   return reply
+end
+local updates = {}  -- the meta fields this call changes: one HSET at the end
+if ARGV[7] ~= '' then
+  local stored, mine = tonumber(m[2]) or 0, tonumber(ARGV[7])
+  if stored > mine then
+    return {-2}
+  elseif stored == mine then
+    -- the same generation held by another worker: a move the store lost handed its
+    -- number out again (a second move from the old owner); the store's owner keeps it
+    if ARGV[15] ~= '' and m[12] and m[12] ~= ARGV[15] then
+      return {-2}
+    end
+  else
+    if ARGV[15] == '' then
+      return {-2}
+    end
+    updates['owner_generation'], updates['worker'] = ARGV[7], ARGV[15]
+    updates['owner_regressions'] = (tonumber(m[13]) or 0) + 1
+  end
 end
 local overflow = m[3] == '1'
 local next_seq = tonumber(m[4]) or 0
