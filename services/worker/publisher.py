@@ -357,6 +357,12 @@ class RedisEventPublisher(SessionEventSink):
             if reply == FENCED:
                 self._fenced_out(record, len(round_.items))
                 continue
+            if reply == GONE:
+                # the session's hash is gone (closed and expired, or lost with a Redis that
+                # restarted empty): nothing it sends is written, so nothing is sent again
+                # (a model round would be re-queued at once, for ever)
+                self._gone(record)
+                continue
             self.published += len(round_.items)
             self.checkpoints += round_.checkpoint is not None
             journaled = max(reply[: len(round_.items)], default=0)
@@ -402,6 +408,14 @@ class RedisEventPublisher(SessionEventSink):
         self._ready[record] = None
         self._idle.clear()
         self._wake.set()
+
+    def _gone(self, record: SessionRecord) -> None:
+        """Its model history is not sent again for what was refused (its next frames go
+        with the next second's write, refused the same way: once a second, not at once)."""
+        log.debug("session %s: its hash is gone from Redis: not written", record.session_id)
+        record.outbox.model_due = False
+        if record.history is not None:
+            record.history.mark_written(len(record.history.data))
 
     def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(

@@ -122,3 +122,45 @@ async def test_after_the_store_went_back_in_time_the_worker_goes_on_from_its_own
     finally:
         await publisher.stop()
         await handle.close()
+
+
+async def test_a_model_round_for_a_session_whose_hash_is_gone_is_not_sent_again_at_once():
+    """A failover (or an empty restart) lost a new session's hash: its model history's
+    round is answered [-1]; it was re-queued at once and sent again, a thousand times a
+    second. Now it waits for the next second's model write like any other."""
+    from shared.contracts import ModelHistory
+
+    handle = connect(None)
+    store = SessionStore(handle.client, KEYS)
+    sid = "duplex-gone"
+    publisher = publisher_on(store)
+    record = own(publisher, sid, 1)
+    record.history = ModelHistory(4, b"")
+
+    class Host:
+        def model_history(self, session_id):
+            return record.history
+
+        def snapshot(self, session_id):
+            return None
+
+    publisher.host = Host()  # type: ignore[assignment]
+    calls = 0
+    real = store.publish_many
+
+    async def counted(writes, **journal):
+        nonlocal calls
+        calls += 1
+        return await real(writes, **journal)
+
+    store.publish_many = counted  # type: ignore[method-assign]
+    publisher.start()
+    try:
+        record.history.append(b"\x01\x02\x03\x04")
+        publisher.queue_model_writes()
+        await publisher.flush()
+        await asyncio.sleep(0.2)  # a hot loop would send hundreds of calls meanwhile
+        assert calls == 1 and not record.history.behind
+    finally:
+        await publisher.stop()
+        await handle.close()
