@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from services.worker.control.publish_host import FENCED_OUT, PublishHost
 from services.worker.control.table import (
@@ -230,11 +231,17 @@ class RedisEventPublisher(SessionEventSink):
         """The batch, and the checkpoints that go with it, taken at one instant."""
         ready, self._ready = self._ready, {}
         rounds = []
+        now = time.monotonic()
         for record in ready:
             outbox = record.outbox
             if record.fenced or self.table.get(record.session_id) is not record:
                 continue  # nothing is sent for it any more (fenced, or given up: removed)
             if outbox.retry is not None:
+                if outbox.retry_at > now:
+                    # its master is away: it waits its pause without holding the others
+                    # (a wake is set for when it is due)
+                    self._ready[record] = None
+                    continue
                 # a round that failed goes again as it was, under its token, before the
                 # events emitted since (they follow in the next batch)
                 rounds.append(outbox.retry)
@@ -293,12 +300,15 @@ class RedisEventPublisher(SessionEventSink):
                 raise
             except PartialPublish as partial:
                 # a cluster master is away: the rounds the others wrote are settled, only
-                # the failed ones go back
+                # the failed ones go back, each to wait its pause while the sessions on
+                # the other masters go on at their own pace
                 self._outage.failed(partial, traceback=False)
                 done = [r for r in rounds if r.record.session_id in partial.written]
                 await self._settle(done, partial.written)
-                self._put_back([r for r in rounds if r.record.session_id not in partial.written])
-                await asyncio.sleep(self._backoff.next_delay())
+                failed = [r for r in rounds if r.record.session_id not in partial.written]
+                self._put_back(failed, self._backoff.next_delay())
+                if not done:
+                    await asyncio.sleep(self._backoff.next_delay())
                 self._wake.set()
                 continue
             except Exception as exc:
@@ -311,12 +321,14 @@ class RedisEventPublisher(SessionEventSink):
                 continue
             self._backoff.reset()
             self._outage.succeeded()
-            if self._ready:
+            now = time.monotonic()
+            if any(r.outbox.retry is None or r.outbox.retry_at <= now for r in self._ready):
                 self._wake.set()  # left for the next batch (the events after a retried round)
-            else:
+            elif not self._ready:
                 self._idle.set()
+            # else: only retries waiting their pause, whose timer wakes the loop
 
-    def _put_back(self, rounds: list[PublishRound]) -> None:
+    def _put_back(self, rounds: list[PublishRound], pause_s: float = 0.0) -> None:
         """A batch that failed goes back in front: each round is sent again as it was, its
         checkpoint with it (still the one matching those events) and under its token, so a
         call that was written before its reply was lost is not journaled twice."""
@@ -329,9 +341,12 @@ class RedisEventPublisher(SessionEventSink):
                     round_.final.done.set_result(False)
                 continue
             outbox.retry = round_
+            outbox.retry_at = time.monotonic() + pause_s
             self._ready[record] = None
         for record in ready:
             self._ready[record] = None
+        if pause_s > 0:
+            asyncio.get_running_loop().call_later(pause_s, self._wake.set)
 
     async def _send(self, rounds: list[PublishRound]) -> None:
         if not rounds:

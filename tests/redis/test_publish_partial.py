@@ -14,6 +14,7 @@ import pytest
 from redis.exceptions import RedisError
 
 from harness.redis_cluster import RedisClusterServers
+from shared.backoff import Backoff
 from shared.protocol.duplex import RateLimitsUpdated
 from shared.redis.connection import connect
 from shared.redis.store import PartialPublish, PublishItem, SessionStore, SessionWrite
@@ -142,6 +143,56 @@ async def test_the_publisher_sends_again_only_what_was_not_written():
         assert half.calls == [["duplex-alive", "duplex-lost"], ["duplex-lost"]]
         for sid in ("duplex-alive", "duplex-lost"):
             assert [r.seq for r in await store.journal_records(sid, 0)] == [1]  # once each
+    finally:
+        await publisher.stop()
+        await handle.close()
+
+
+class OneMasterAway:
+    """A store on a cluster whose master of `lost` is away: its calls fail, the other
+    sessions' are written (what `publish_many` raises as PartialPublish)."""
+
+    def __init__(self, store: SessionStore, lost: str) -> None:
+        self.store = store
+        self.client = store.client
+        self.lost = lost
+
+    async def publish_many(self, writes, **journal):
+        failing = [w for w in writes if w.session_id == self.lost]
+        kept = [w for w in writes if w not in failing]
+        written = await self.store.publish_many(kept, **journal) if kept else {}
+        if failing:
+            raise PartialPublish(written, {w.session_id: ConnectionError("away") for w in failing})
+        return written
+
+
+async def test_the_sessions_on_other_masters_do_not_wait_for_the_lost_ones_pause():
+    """A session whose master is away waits its retry pause (here 60 s, so that waiting
+    for it would show); a session on another master is written at once, event after
+    event, meanwhile. Before, every batch carried the failed round again, failed again,
+    and the whole publisher slept the pause."""
+    handle = connect(None)
+    store = SessionStore(handle.client, KEYS)
+    for sid in ("duplex-healthy", "duplex-away"):
+        await store.open(sid, "w", "echo", "", "{}")
+    publisher = publisher_on(OneMasterAway(store, "duplex-away"))  # type: ignore[arg-type]
+    publisher._backoff = Backoff(initial_s=60, max_s=60)
+    for sid in ("duplex-healthy", "duplex-away"):
+        own(publisher, sid, 1)
+    publisher.start()
+    try:
+        publisher.emit("duplex-away", RateLimitsUpdated(rate_limits=[]))
+        publisher.emit("duplex-healthy", RateLimitsUpdated(rate_limits=[]))
+        for n in range(1, 6):
+
+            async def written(n=n) -> bool:
+                return len(await store.journal_records("duplex-healthy", 0)) >= n
+
+            async with asyncio.timeout(20):  # far below the 60 s pause
+                while not await written():
+                    await asyncio.sleep(0.01)
+            publisher.emit("duplex-healthy", RateLimitsUpdated(rate_limits=[]))
+        assert await store.journal_records("duplex-away", 0) == []
     finally:
         await publisher.stop()
         await handle.close()

@@ -107,8 +107,10 @@ class Outbox:
     dirty: bool = False
     #: a drain's final checkpoint, waiting for the session's pending events
     final: FinalCheckpoint | None = None
-    #: the round of a batch that failed, sent again as it was before anything newer
+    #: the round of a batch that failed, sent again as it was before anything newer, not
+    #: before `retry_at` (monotonic: its master's pause, on a cluster)
     retry: PublishRound | None = None
+    retry_at: float = 0.0
     #: a batch of the session's events is on its way to Redis
     in_flight: bool = False
     #: handed off: its final checkpoint is still to come (`write_checkpoint`)
