@@ -20,6 +20,7 @@ import secrets
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
 from services.api.attachment_state import (
     LIVE,
@@ -308,6 +309,19 @@ class Attachment:
             await self._give_up(sid)
             raise AttachFailed(
                 error(exc.code, f"cannot resume {sid}: {exc.code}", request.event_id)
+            ) from None
+        except RedisError as exc:
+            # the session store is away (a failover): nothing was taken over; the client
+            # tries again (retryable), as it would after a dropped socket
+            with contextlib.suppress(RedisError):
+                await self._give_up(sid)
+            raise AttachFailed(
+                error(
+                    "internal_error",
+                    f"cannot resume {sid} now: the session store is unreachable ({exc}); retry",
+                    request.event_id,
+                    retryable=True,
+                )
             ) from None
         if isinstance(result, ResumeResync):
             await self._give_up(sid)

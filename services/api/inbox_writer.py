@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from services.api.inbox_round import CommandSeq, Entry, Queued, items_of, take_round
 from shared.outage_log import OutageLog
@@ -168,7 +168,16 @@ class InboxWriter:
             args = entry.args(self.max_bytes)
             pipeline.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
         self.pipelines += 1
-        return await pipeline.execute(raise_on_error=False)
+        try:
+            return await pipeline.execute(raise_on_error=False)
+        except RedisError:
+            raise
+        except Exception as exc:
+            # the client library itself failed while Redis was failing over (redis-py
+            # 5.3.1's cluster pipeline raises AttributeError when another command's failure
+            # closed its nodes meanwhile): for the callers, their commands were not written
+            # (retryable), never a bug of the socket that sent them
+            raise RedisConnectionError(f"the Redis client failed: {exc!r}") from exc
 
     async def _send(self, entries: list[Entry]) -> None:
         results = await self._run_entries(entries)
@@ -200,12 +209,17 @@ class InboxWriter:
         return done
 
     def _settle(self, done: list[tuple[Entry, Any]]) -> None:
+        failures = [result for _, result in done if isinstance(result, Exception)]
+        # one verdict a round: on a cluster a round may reach one master and not another,
+        # and per entry the log would say "failed" and "works again" every round
+        if failures:
+            self.outage.failed(failures[0], traceback=False)
+        elif done:
+            self.outage.succeeded()
         for entry, result in done:
             if isinstance(result, Exception):
-                self.outage.failed(result, traceback=False)
                 self._fail(entry.items, result)
                 continue
-            self.outage.succeeded()
             self.entries += 1
             self.commands += len(entry.items)
             for item in entry.items:

@@ -189,7 +189,13 @@ class DuplexClient:
                     "session.resync_required", reply.get("reason", "journal_gap")
                 )
             error = reply.get("error", {})
-            raise DuplexClientError(error.get("code", "unknown"), error.get("message", ""))
+            refused = DuplexClientError(error.get("code", "unknown"), error.get("message", ""))
+            if not error.get("retryable"):
+                raise refused
+            # the server could not take the session over now (its store failing over):
+            # nothing was done, the next attempt may
+            last_error = refused
+            await asyncio.sleep(policy.delay(attempt))
         raise DuplexClientError("reconnect_failed", f"could not reconnect: {last_error}")
 
     # ------------------------------------------------------------ events

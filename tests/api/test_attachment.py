@@ -334,6 +334,30 @@ async def test_a_resume_with_a_wrong_token_is_refused_and_holds_nothing(parts):
     assert not parts.hub.listening(KEYS.live("duplex-r")) and parts.liveness.attached == {}
 
 
+async def test_a_resume_while_the_store_is_away_is_refused_as_retryable(parts, monkeypatch):
+    """Redis failing over under the resume: nothing was taken over, and the client hears
+    a retryable internal_error (it tries again) instead of a failure of the socket."""
+    await active_session(parts.store, "duplex-r", token="right")
+    await parts.store.detach("duplex-r", 1, 30_000)
+
+    async def away(*args, **kwargs):
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379")
+
+    monkeypatch.setattr(parts.store, "resume", away)
+    attachment = parts.attachment(LiveFeed())
+    request = SessionResume(session_id="duplex-r", resume_token="right", event_id="ev1")
+    with pytest.raises(AttachFailed) as failed:
+        await attachment.resume(request)
+    refused = failed.value.event.to_dict()["error"]
+    assert (refused["code"], refused["retryable"], refused["event_id"]) == (
+        "internal_error",
+        True,
+        "ev1",
+    )
+    assert (attachment.state, attachment.session_id) == (S.RELEASED, None)
+    assert not parts.hub.listening(KEYS.live("duplex-r"))
+
+
 async def test_a_resume_past_an_overflowed_journal_asks_for_a_resync(parts):
     await active_session(parts.store, "duplex-r", token="tok")
     assert await publish(parts.store, "duplex-r", "response.created") == [1]

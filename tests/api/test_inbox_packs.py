@@ -7,6 +7,7 @@ import collections
 import logging
 
 import fakeredis
+import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.api.command_sender import CommandSender
@@ -210,18 +211,20 @@ async def test_appends_left_by_a_round_cut_short_do_not_linger_again(redis_clien
 
 
 class Flaky:
-    """A client whose pipelines fail while `down` (Redis failing over), the real one else."""
+    """A client whose pipelines fail while `down` (Redis failing over), the real one else;
+    `failure`: what they raise."""
 
     def __init__(self, client) -> None:
         self.client = client
         self.down = False
+        self.failure: Exception = RedisConnectionError("Connection refused")
 
     def pipeline(self, transaction: bool = False):
         pipeline = self.client.pipeline(transaction=transaction)
         if self.down:
 
             async def fail(*args, **kwargs):
-                raise RedisConnectionError("Connection refused")
+                raise self.failure
 
             pipeline.execute = fail
         return pipeline
@@ -256,3 +259,20 @@ async def test_the_pod_logs_an_outage_once_not_once_per_command(caplog):
     assert len(lines) == 2, lines
     assert lines[0].startswith("writing clients' commands to the workers' inboxes failed")
     assert "works again" in lines[1] and "(30 tries failed)" in lines[1]
+
+
+async def test_the_client_library_failing_mid_failover_is_a_store_error_not_a_bug():
+    """redis-py 5.3.1's cluster pipeline raises AttributeError when another command's
+    failure closed its nodes meanwhile: the callers hear their commands were not written
+    (RedisError: a retryable internal_error), and their sockets live on."""
+    real = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    flaky = Flaky(real)
+    flaky.down = True
+    flaky.failure = AttributeError("'NoneType' object has no attribute 'name'")
+    writer = InboxWriter(flaky, KEYS, linger_s=0)
+    workers = WorkerClient(writer)
+    try:
+        with pytest.raises(RedisConnectionError, match="the Redis client failed"):
+            await workers.command("w", "duplex-a", 1, CommandSeq(), Heartbeat(event_id="h"))
+    finally:
+        await writer.stop()

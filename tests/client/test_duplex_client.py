@@ -103,3 +103,42 @@ async def test_an_ack_the_ended_session_cannot_take_is_dropped_without_noise():
     del ack
     gc.collect()
     assert unretrieved == []
+
+
+async def test_a_resume_refused_as_retryable_is_tried_again():
+    """A pod whose session store is failing over answers a resume `internal_error`,
+    retryable (nothing was taken over): the client tries again, where it used to give the
+    session up; a refusal that is not retryable still ends it."""
+    import asyncio
+
+    import orjson
+    import pytest
+    import websockets
+
+    from shared.client.duplex_client import DuplexClient, DuplexClientError, ReconnectPolicy
+
+    answers: list[dict] = []
+
+    async def pod(ws) -> None:
+        await ws.recv()  # the session.resume
+        await ws.send(orjson.dumps(answers.pop(0)).decode())
+        await ws.wait_closed()
+
+    retryable = {"type": "error", "error": {"code": "internal_error", "retryable": True}}
+    final = {"type": "error", "error": {"code": "invalid_resume_token"}}
+    resumed = {"type": "session.resumed", "session_id": "duplex-r", "resume_token": "t2",
+               "attachment_generation": 2, "session": {}}
+    async with websockets.serve(pod, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        client = DuplexClient(f"http://127.0.0.1:{port}")
+        client.reconnect_policy = ReconnectPolicy(initial_backoff_s=0.01, max_backoff_s=0.02)
+        client.session_id, client.resume_token = "duplex-r", "t1"
+        answers[:] = [retryable, retryable, resumed]
+        await client._resume()
+        assert (client.resumes, client.resume_token, answers) == (1, "t2", [])
+        await client._ws.close()
+        answers[:] = [retryable, final]
+        with pytest.raises(DuplexClientError) as refused:
+            await client._resume()
+        assert refused.value.args[0] == "invalid_resume_token"
+        await asyncio.sleep(0)
