@@ -109,6 +109,7 @@ class Ownership:
                 reason=request.reason,
                 model_history=state.model_history,
                 model_record_bytes=state.model_record_bytes,
+                journaled_seq=state.next_seq,
             )
         except DuplexSessionError as exc:
             await self.refuse(request, f"{exc.code}: {exc.message}")

@@ -133,6 +133,9 @@ class RestoreState:
     #: the bytes of one record as the history's writer gave them (`model_record_bytes`);
     #: None when nothing was written: a model of another record size cannot replay it
     model_record_bytes: int | None
+    #: the journal's last seq: the new owner's seq floor (a store that goes back in time
+    #: under it, before its first write, never hands out a seq a client may have)
+    next_seq: int = 0
 
 
 class SessionStore:
@@ -388,9 +391,14 @@ class SessionStore:
         pipeline = self.client.pipeline(transaction=False)
         pipeline.get(self.keys.checkpoint(session_id))
         pipeline.get(self.keys.model_history(session_id))
-        pipeline.hget(self.keys.session(session_id), "model_record_bytes")
-        checkpoint, history, record_bytes = await pipeline.execute()
-        return RestoreState(checkpoint, history or b"", int(record_bytes) if record_bytes else None)
+        pipeline.hmget(self.keys.session(session_id), "model_record_bytes", "next_seq")
+        checkpoint, history, (record_bytes, next_seq) = await pipeline.execute()
+        return RestoreState(
+            checkpoint,
+            history or b"",
+            int(record_bytes) if record_bytes else None,
+            int(next_seq or 0),
+        )
 
     async def detach(
         self, session_id: str, attachment_generation: int, grace_ms: int, by: str = "client"

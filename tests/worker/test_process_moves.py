@@ -188,3 +188,22 @@ async def test_a_command_for_a_session_the_worker_does_not_hold_reaches_no_clien
     await fleet.command("w-b", SID, 1, 1, note("item_real"))
     await live.item_done("item_real")
     assert not any(e["type"] == "error" for e in live.events), live.events
+
+
+async def test_a_restored_session_takes_the_journals_seq_as_its_floor(fleet):
+    """The new owner starts from the journal's last seq, not 0: should the store go back in
+    time before its first write (a Redis failover losing the old owner's last writes), it
+    never hands out a seq a client may already have."""
+    b = await fleet.worker("w-b", max_sessions=2)
+    generation = await placed_on(fleet, SID, "w-b")
+    await copy_checkpoint(fleet, "w-b", SID)
+    await fleet.client.hset(fleet.keys.session(SID), "next_seq", 42)
+    await fleet.store.inbox_append(
+        "w-b", RestoreRequest(SID, generation, "worker_lost", "gone").to_fields()
+    )
+
+    async def restored() -> bool:
+        return b.manager.table.get(SID) is not None and SID in b.manager.table.live_ids()
+
+    await until(restored)
+    assert b.manager.table.get(SID).journaled_seq == 42

@@ -203,6 +203,7 @@ class SessionMoves(PublishHost):
         reason: str,
         model_history: bytes = b"",
         model_record_bytes: int | None = None,
+        journaled_seq: int = 0,
     ) -> Mark:
         """Serve a session moved here from its checkpoint (and a model-native session's
         model history, which its slot is rebuilt from); returns the checkpoint's
@@ -253,6 +254,7 @@ class SessionMoves(PublishHost):
             unstamped=not session.config.stamps_seq,
             restored=True,
         )
+        record.journaled_seq = journaled_seq  # its seq floor, as the journal had it
         record.order.restored(applied)
         try:
             if native is not None and native.responding:
