@@ -20,8 +20,9 @@ the pods only one runs a given tick. Every second:
 A Redis outage (a failover: seconds without a primary) stops every heartbeat with it, and
 the promoted primary holds the scores from before: the first tick after it would find every
 worker and pod older than the TTL. So the two dead sweeps judge heartbeats only once Redis
-has answered them for a heartbeat TTL without a gap (`SteadyRedis`): a worker or pod is
-declared dead only after it had that long to beat and did not, however long the outage was.
+has answered the pod for a heartbeat TTL without a gap (`SteadyRedis`, ticked by the pod's
+own heartbeat every second, which also reads the workers' set): a worker or pod is declared
+dead only after it had that long to beat and did not, however long the outage was.
 
 On a Redis Cluster, arq (which knows nothing of clusters) talks to the one master that serves
 its keys' hash tag. Each restart of arq's run after a failure asks the cluster anew which
@@ -42,17 +43,21 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import arq.worker
 from arq import cron
 from arq.connections import ArqRedis
+from redis.exceptions import RedisError
 
 from services.api.failover import Failover, Outcome
 from services.api.live import LiveHub
+from services.api.liveness import SteadyRedis
 from services.api.worker_client import WorkerClient
 from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
+from shared.outage_log import OutageLog
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.protocol.duplex.errors import WORKER_LOST
 from shared.redis.connection import RedisHandle
@@ -67,35 +72,25 @@ from shared.supervised import SupervisedLoop
 log = logging.getLogger(__name__)
 
 EVERY_SECOND = set(range(60))
-#: ticks further apart than this are an outage (the jobs run every second; arq's own queue
-#: is in Redis too, so no tick runs while Redis is away)
-TICK_GAP_S = 3.0
 
 
-class SteadyRedis:
-    """Since when one sweep's reads have been answered without a gap: its judgement of
-    heartbeats waits until that is a heartbeat TTL (`steady`)."""
+def _said_once_an_outage(job: Callable[..., Awaitable[list[str]]]) -> Callable[..., Any]:
+    """A sweep whose Redis is away (a failover) is logged once a run (`OutageLog`) and ends
+    quietly: arq would log an ERROR line for each job every second of the outage. Its next
+    tick does the work."""
+    outage = OutageLog(log, f"the janitor's {job.__name__}")
 
-    def __init__(self, ttl_s: float, gap_s: float = TICK_GAP_S) -> None:
-        self.ttl_s = ttl_s
-        self.gap_s = gap_s
-        self._since: float | None = None
-        self._last: float | None = None
-        self.waited = 0  # ticks that did not judge, for tests and diagnostics
+    async def run(ctx: dict[str, Any] | None = None) -> list[str]:
+        try:
+            done = await job(ctx)
+        except RedisError as exc:
+            outage.failed(exc)
+            return []
+        outage.succeeded()
+        return done
 
-    def steady(self, now: float | None = None) -> bool:
-        """Record a tick whose reads Redis answered; True once the ticks have come without
-        a gap for the TTL (the first tick of a pod, or the first after an outage, starts
-        the count)."""
-        now = time.monotonic() if now is None else now
-        if self._last is None or now - self._last > self.gap_s:
-            self._since = now
-        self._last = now
-        assert self._since is not None
-        if now - self._since >= self.ttl_s:
-            return True
-        self.waited += 1
-        return False
+    run.__name__ = job.__name__
+    return run
 
 
 class ArqAtDebug(logging.Filter):
@@ -164,6 +159,7 @@ class Janitor:
         disconnect_grace_s: float,
         directory: WorkerDirectory,
         live: LiveHub,
+        steady: SteadyRedis | None = None,
     ) -> None:
         self.redis = redis
         self.client = redis.client
@@ -173,9 +169,11 @@ class Janitor:
         self.runtime = runtime
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.disconnect_grace_s = disconnect_grace_s
-        #: each dead sweep's own: the two zsets may live on different shards
-        self.apis_steady = SteadyRedis(heartbeat_ttl_s)
-        self.workers_steady = SteadyRedis(heartbeat_ttl_s)
+        #: since when Redis has answered without a gap: the pod's heartbeat ticks it every
+        #: second (`PodLiveness`), every pod's, whichever pod runs a given sweep; a janitor
+        #: without one (alone, in a test) ticks its own in its sweeps
+        self.steady = steady if steady is not None else SteadyRedis(heartbeat_ttl_s)
+        self._ticks_own = steady is None
         # the moved notices go out through the pod's live hub (it can PUBLISH on a cluster)
         self.failover = Failover(self.client, keys, store, directory, live.publish)
         self._worker: arq.worker.Worker | None = None
@@ -218,7 +216,7 @@ class Janitor:
         cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
         grace_ms = int(self.disconnect_grace_s * 1000)
         stale = await self.client.zrangebyscore(self.keys.apis(), "-inf", f"({cutoff}")
-        if not self.apis_steady.steady():
+        if not self._judging():
             return []  # Redis was away: the pods have not had a TTL to beat since
         for raw in stale:
             dead = raw.decode()
@@ -242,7 +240,7 @@ class Janitor:
         lost = []
         cutoff = int((time.time() - self.heartbeat_ttl_s) * 1000)
         stale = await self.client.zrangebyscore(self.keys.workers(), "-inf", f"({cutoff}")
-        if not self.workers_steady.steady():
+        if not self._judging():
             return []  # Redis was away: the workers have not had a TTL to beat since
         for raw in stale:
             dead = raw.decode()
@@ -276,6 +274,11 @@ class Janitor:
             )
             lost += closed
         return lost
+
+    def _judging(self) -> bool:
+        if self._ticks_own:
+            self.steady.tick()  # these reads were just answered
+        return self.steady.judging()
 
     async def _came_back(self, dead: str, cutoff: int) -> bool:
         """A worker restarted under the dead one's id while it was swept (a StatefulSet pod
@@ -355,7 +358,7 @@ class Janitor:
         # sweeps whose id it enqueued first
         jobs = [
             cron(
-                job,
+                _said_once_an_outage(job),
                 name=f"{self.keys.prefix}:{job.__name__}",
                 second=EVERY_SECOND,
                 run_at_startup=False,

@@ -15,6 +15,11 @@ sweep may be under way), it touches each of those sessions with its generation:
 still holds it (a resume elsewhere meanwhile has moved it on, or its own socket left,
 and then nothing happens), and the pod indexes the session under itself again for the
 next sweep. A reclaim that fails is tried again at the next beat.
+
+Each beat also reads the workers' set and ticks `steady` (a `SteadyRedis`): the janitor,
+whichever pod runs its sweep, judges heartbeats only once its pod's beats have gone through
+without a gap for a TTL, so that Redis failing over never has a worker or pod declared dead
+for the beats it could not take.
 """
 
 from __future__ import annotations
@@ -26,6 +31,42 @@ from typing import Any
 from shared.redis.keys import KeySchema
 from shared.redis.store import TOUCH_REACTIVATED, SessionStore
 from shared.supervised import SupervisedLoop
+
+#: beats further apart than this are an outage (they come every heartbeat interval, 1 s)
+BEAT_GAP_S = 3.0
+
+
+class SteadyRedis:
+    """Since when Redis has answered without a gap (`tick` at each answered round of
+    reads, every second): heartbeats are judged (`judging`) only once that is a TTL, so
+    every worker and pod has had a TTL of a working Redis to beat in. The first tick, or
+    the first after a gap (an outage: nothing ticks while Redis is away), starts the
+    count again."""
+
+    def __init__(self, ttl_s: float, gap_s: float = BEAT_GAP_S) -> None:
+        self.ttl_s = ttl_s
+        self.gap_s = gap_s
+        self._since: float | None = None
+        self._last: float | None = None
+        self.waited = 0  # judgements not made, for tests and diagnostics
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self._last is None or now - self._last > self.gap_s:
+            self._since = now
+        self._last = now
+
+    def judging(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        steady = (
+            self._since is not None
+            and self._last is not None
+            and now - self._last <= self.gap_s
+            and now - self._since >= self.ttl_s
+        )
+        self.waited += not steady
+        return steady
+
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +87,8 @@ class PodLiveness:
         self.pod_id = pod_id
         self.interval_s = interval_s
         self.ttl_s = ttl_s
+        #: ticked by every beat: the pod's janitor judges heartbeats by it
+        self.steady = SteadyRedis(ttl_s, gap_s=max(BEAT_GAP_S, 3 * interval_s))
         self._last_beat: float | None = None  # monotonic time of the last beat Redis took
         self._reclaim_pending = False
         self._attached: dict[str, int] = {}  # session id -> attachment generation held here
@@ -81,6 +124,8 @@ class PodLiveness:
         # silent for longer than the TTL: another pod may be sweeping us right now
         stalled = self._last_beat is not None and now - self._last_beat > self.ttl_s
         added = await self.client.zadd(self.keys.apis(), {self.pod_id: int(time.time() * 1000)})
+        await self.client.zcard(self.keys.workers())  # the set the worker sweep reads
+        self.steady.tick()
         self._last_beat = now
         if self._registered and (added or stalled):
             self._reclaim_pending = True  # until one reclaim has gone all the way through

@@ -95,6 +95,7 @@ class ApiPod:
             disconnect_grace_s=self.runtime.disconnect_grace_s,
             directory=self.directory,
             live=self.hub,
+            steady=self.liveness.steady,
         )
         self.loop_lag = LoopLagMonitor(
             f"API pod {settings.pod_id}", self.metrics.loop_lag, settings.loop_lag_warn_s

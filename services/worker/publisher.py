@@ -320,7 +320,8 @@ class RedisEventPublisher(SessionEventSink):
                 self._wake.set()
                 continue
             self._backoff.reset()
-            self._outage.succeeded()
+            if not any(r.outbox.retry is not None for r in self._ready):
+                self._outage.succeeded()  # not while a round still waits for its master
             now = time.monotonic()
             if any(r.outbox.retry is None or r.outbox.retry_at <= now for r in self._ready):
                 self._wake.set()  # left for the next batch (the events after a retried round)

@@ -232,7 +232,7 @@ async def inbox(client: Any, worker_id: str) -> list[InboxMessage]:
 
 
 def janitor_on(
-    handle: Any, keys: KeySchema = KEYS, live_client: Any = None
+    handle: Any, keys: KeySchema = KEYS, live_client: Any = None, steady: Any = None
 ) -> tuple[Any, WorkerClient]:
     """The API pod's janitor as its pod builds it, on `handle` (a `RedisHandle`), with the
     WorkerClient it closes sessions through (stop it after); `live_client`: the client its
@@ -254,14 +254,18 @@ def janitor_on(
         disconnect_grace_s=30.0,
         directory=WorkerDirectory(client, keys, heartbeat_ttl_s=5.0),
         live=LiveHub(live, keys.api("api-t")),
+        steady=steady,
     )
     return janitor, workers
 
 
 def steady_since_long_ago(janitor: Any) -> None:
-    """The janitor's dead sweeps judge heartbeats at once, as if Redis had answered them for
-    longer than the TTL (a fresh janitor waits a TTL first: `SteadyRedis`)."""
-    from services.api.janitor import SteadyRedis
+    """The janitor's dead sweeps judge heartbeats at once, as if Redis had answered its pod
+    for longer than the TTL (a fresh janitor waits a TTL first: `SteadyRedis`)."""
+    import math
 
-    janitor.apis_steady = SteadyRedis(0.0)
-    janitor.workers_steady = SteadyRedis(0.0)
+    from services.api.liveness import SteadyRedis
+
+    janitor.steady = SteadyRedis(0.0, gap_s=math.inf)
+    janitor.steady.tick()
+    janitor._ticks_own = False

@@ -81,13 +81,13 @@ async def test_a_dead_workers_sessions_end_with_worker_lost(janitor):
 
 async def test_after_an_outage_no_heartbeat_is_judged_until_redis_answered_for_a_ttl(janitor):
     """A failover: the promoted primary holds every worker's and pod's score from before
-    the outage, all older than the TTL by the first tick after it. A janitor whose Redis
-    was away (here: a fresh one, whose first tick it is) judges none of them dead until
-    its ticks have come a TTL without a gap, so they have had a TTL to beat."""
-    from services.api.janitor import SteadyRedis
+    the outage, all older than the TTL by the first tick after it. A janitor whose pod's
+    beats have just started going through again (here: its first) judges none of them dead
+    until they have gone through for a TTL, so the others have had a TTL to beat too."""
+    from services.api.liveness import SteadyRedis
 
-    janitor.apis_steady = SteadyRedis(5.0)
-    janitor.workers_steady = SteadyRedis(5.0)
+    janitor.steady = SteadyRedis(5.0)
+    janitor.steady.tick()  # the pod's first beat after the outage
     await active_session(janitor.store, "duplex-w", worker="w9")
     await janitor.client.sadd(KEYS.worker_sessions("w9"), "duplex-w")
     await janitor.client.hset(KEYS.worker("w9"), mapping={"model": "echo"})
@@ -96,26 +96,54 @@ async def test_after_an_outage_no_heartbeat_is_judged_until_redis_answered_for_a
     await janitor.client.zadd(KEYS.apis(), {"api-t": stale})
     assert await janitor.sweep_dead_workers() == []
     assert await janitor.sweep_dead_apis() == []
-    assert janitor.workers_steady.waited == 1 and janitor.apis_steady.waited == 1
+    assert janitor.steady.waited == 2
     assert await janitor.client.zscore(KEYS.workers(), "w9") is not None
     assert (await janitor.store.meta("duplex-w"))["state"] == "active"
 
 
 def test_steady_redis_counts_from_the_first_tick_after_a_gap():
-    from services.api.janitor import SteadyRedis
+    from services.api.liveness import SteadyRedis
 
     steady = SteadyRedis(5.0, gap_s=3.0)
-    # a tick a second: not steady until 5 s of them
-    assert [steady.steady(now=t) for t in (100, 101, 102, 103, 104, 105)] == [
-        False, False, False, False, False, True,
-    ]
-    # an outage: no tick for 8 s (arq's queue is in Redis too); the count starts again
-    assert steady.steady(now=113) is False
-    assert [steady.steady(now=t) for t in (114, 115, 116, 117, 118)] == [
-        False, False, False, False, True,
-    ]
-    # ticks 2.5 s apart (a slow pod) are no outage
-    assert steady.steady(now=120.5) is True
+    # a beat a second: not steady until 5 s of them
+    judged = []
+    for t in (100, 101, 102, 103, 104, 105):
+        steady.tick(now=t)
+        judged.append(steady.judging(now=t))
+    assert judged == [False, False, False, False, False, True]
+    # an outage: no beat for 8 s; judging stops at once (no beat within the gap), and the
+    # count starts again from the first beat after it
+    assert steady.judging(now=109) is False
+    steady.tick(now=113)
+    assert steady.judging(now=113) is False
+    for t in (114, 115, 116, 117):
+        steady.tick(now=t)
+    assert steady.judging(now=117) is False and steady.judging(now=118.5) is True
+    # beats 2.5 s apart (a slow pod) are no outage
+    steady.tick(now=119.5)
+    assert steady.judging(now=119.5) is True
+
+
+async def test_the_pods_heartbeat_is_the_clock_its_janitor_judges_by(janitor):
+    """Each sweep tick runs on one pod of many: the clock it judges by is its pod's
+    heartbeat (every second on every pod), not its own ticks, which a pod running one
+    sweep in four would see as gaps and never judge (a review measured 19% of ticks judged
+    with 4 pods)."""
+    from services.api.liveness import PodLiveness
+
+    liveness = PodLiveness(janitor.client, KEYS, janitor.store, "api-t", 1.0, 0.0)
+    swept, workers = janitor_on(janitor.redis, live_client=janitor.client, steady=liveness.steady)
+    try:
+        await active_session(swept.store, "duplex-w", worker="w9")
+        await swept.client.sadd(KEYS.worker_sessions("w9"), "duplex-w")
+        await swept.client.hset(KEYS.worker("w9"), mapping={"model": "echo"})
+        await swept.client.zadd(KEYS.workers(), {"w9": int((time.time() - 60) * 1000)})
+        for _ in range(3):  # its own sweeps do not tick the pod's clock
+            assert await swept.sweep_dead_workers() == []
+        await liveness.beat()  # the pod's heartbeat went through (a TTL of 0 here)
+        assert await swept.sweep_dead_workers() == ["duplex-w"]
+    finally:
+        await workers.stop()
 
 
 def test_the_surface_is_read_from_the_config_in_the_hash():
