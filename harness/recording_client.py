@@ -205,13 +205,14 @@ def cancelled_audio(client: RecordingClient, seq: int, cancelled: set[str]) -> b
     an API pod drops the still-queued audio deltas of a cancelled response (the seed's
     output policy: a barge-in must not keep playing), so their seqs never reach the client.
     Known by its neighbours: the events just before and after it belong to that response."""
+    sequenced = [f for f in client.delivered if f.get("server_event_seq")]  # not errors
     before = max(
-        (f for f in client.delivered if (f.get("server_event_seq") or 0) < seq),
+        (f for f in sequenced if f["server_event_seq"] < seq),
         key=lambda f: f["server_event_seq"],
         default=None,
     )
     after = min(
-        (f for f in client.delivered if (f.get("server_event_seq") or 0) > seq),
+        (f for f in sequenced if f["server_event_seq"] > seq),
         key=lambda f: f["server_event_seq"],
         default=None,
     )

@@ -149,6 +149,11 @@ class RedisSettings:
             values["redis_replica_acks"] = int(acks)
         if (timeout := _env("REDIS_REPLICA_ACK_TIMEOUT_MS", env=env)) is not None:
             values["redis_replica_ack_timeout_ms"] = int(timeout)
+        if values.get("redis_replica_acks", 0) < 0:
+            raise ValueError("DUPLEX_REDIS_REPLICA_ACKS must be 0 or more")
+        if values.get("redis_replica_ack_timeout_ms", 1) < 1:
+            # WAIT with 0 waits for ever: a replica that is gone would hang every resume
+            raise ValueError("DUPLEX_REDIS_REPLICA_ACK_TIMEOUT_MS must be 1 or more")
         return values
 
 

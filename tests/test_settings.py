@@ -123,3 +123,17 @@ def test_the_native_surfaces_waits_are_the_api_pods():
     defaults = ApiSettings.from_env({})
     assert (defaults.admission_wait_s, defaults.model_ready_timeout_s) == (10.0, 120.0)
     WorkerSettings.from_env(env)  # not the worker's: ignored there, never an error
+
+
+def test_replica_acks_from_env_and_their_bounds():
+    import pytest
+
+    settings = WorkerSettings.from_env(
+        {"DUPLEX_REDIS_REPLICA_ACKS": "1", "DUPLEX_REDIS_REPLICA_ACK_TIMEOUT_MS": "250"}
+    )
+    assert (settings.redis_replica_acks, settings.redis_replica_ack_timeout_ms) == (1, 250)
+    assert WorkerSettings.from_env({}).redis_replica_acks == 0
+    with pytest.raises(ValueError, match="1 or more"):  # WAIT 0 would wait for ever
+        WorkerSettings.from_env({"DUPLEX_REDIS_REPLICA_ACK_TIMEOUT_MS": "0"})
+    with pytest.raises(ValueError, match="0 or more"):
+        WorkerSettings.from_env({"DUPLEX_REDIS_REPLICA_ACKS": "-1"})

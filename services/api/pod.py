@@ -60,7 +60,8 @@ class ApiPod:
         self.store = SessionStore(
             self.client,
             self.keys,
-            replica_acks=settings.redis_replica_acks,
+            # an embedded fakeredis has no replica (nor WAIT)
+            replica_acks=settings.redis_replica_acks if redis.server is None else 0,
             replica_ack_timeout_ms=settings.redis_replica_ack_timeout_ms,
         )
         self.runtime = runtime or settings.session  # the policy the workers apply too

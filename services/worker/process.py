@@ -78,7 +78,8 @@ class WorkerProcess:
         self.store = SessionStore(
             redis.client,
             self.keys,
-            replica_acks=settings.redis_replica_acks,
+            # an embedded fakeredis has no replica (nor WAIT)
+            replica_acks=settings.redis_replica_acks if redis.server is None else 0,
             replica_ack_timeout_ms=settings.redis_replica_ack_timeout_ms,
         )
         self.plugin = load_plugin(
