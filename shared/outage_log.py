@@ -31,6 +31,7 @@ class OutageLog:
         self.what = what
         self._since: float | None = None  # monotonic: when the run of failures began
         self._failures = 0
+        self._kinds: set[type[BaseException]] = set()  # the errors said in this run
         self.outages = 0  # runs of failures so far, for tests and diagnostics
 
     @property
@@ -43,22 +44,35 @@ class OutageLog:
         if traceback is None:
             traceback = not isinstance(exc, UNREACHABLE)
         self._failures += 1
+        kind = type(exc)
         if self._since is not None:
+            if kind not in self._kinds:
+                # the run goes on, failing another way (Redis back, a script now refusing):
+                # said once too
+                self._kinds.add(kind)
+                self.log.warning(
+                    "%s now fails with: %s",
+                    self.what,
+                    str(exc) or kind.__name__,
+                    exc_info=exc if traceback else None,
+                )
             return
         self._since = time.monotonic()
+        self._kinds = {kind}
         self.outages += 1
         self.log.warning(
             "%s failed: %s (retrying; logged once until it works again)",
             self.what,
-            str(exc) or type(exc).__name__,
+            str(exc) or kind.__name__,
             exc_info=exc if traceback else None,
         )
 
-    def succeeded(self) -> None:
-        """One try worked: the end of a run of failures, if there was one, is logged."""
+    def succeeded(self, at: float | None = None) -> None:
+        """One try worked (at `at`, monotonic, when that was earlier than now): the end of
+        a run of failures, if there was one, is logged."""
         if self._since is None:
             return
-        lasted = time.monotonic() - self._since
+        lasted = (time.monotonic() if at is None else at) - self._since
         tries = f"{self._failures} {'try' if self._failures == 1 else 'tries'} failed"
         self.log.warning("%s works again after %.1f s (%s)", self.what, lasted, tries)
         self._since, self._failures = None, 0

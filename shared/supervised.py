@@ -85,7 +85,7 @@ class SupervisedLoop:
                 self.failures += 1
                 if time.monotonic() - started > self._backoff.max_s:
                     self._backoff.reset()  # it had been working: a new failure, not a streak
-                    self.outage.succeeded()
+                    self.outage.succeeded(at=started)  # it worked from its restart on
                 self.outage.failed(exc)
                 await asyncio.sleep(self._backoff.next_delay())
 

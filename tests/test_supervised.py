@@ -151,3 +151,21 @@ def test_outage_log_counts_each_run_apart(caplog):
     assert lines[2].startswith("publishing failed: TimeoutError")
     assert "(1 try failed)" in lines[3]
     assert len(lines) == 4
+
+
+def test_outage_log_says_once_when_the_run_fails_another_way(caplog):
+    """A run that began as Redis away and goes on as something else (a script refusing)
+    says the new error once; the same errors again stay counted."""
+    from shared.outage_log import OutageLog
+
+    outage = OutageLog(logging.getLogger("test.outage"), "publishing")
+    with caplog.at_level(logging.WARNING, logger="test.outage"):
+        outage.failed(ConnectionError("gone"))
+        outage.failed(ConnectionError("gone"))
+        outage.failed(RuntimeError("the script refused"))
+        outage.failed(RuntimeError("the script refused"))
+        outage.succeeded(at=None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[1] == "publishing now fails with: the script refused"
+    assert caplog.records[1].exc_info is not None  # not a Redis-away error: its traceback
+    assert "(4 tries failed)" in lines[2] and len(lines) == 3

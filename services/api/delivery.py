@@ -38,8 +38,8 @@ answer is delivered (`SessionView.expect` / `answer`): a refused one leaves them
 
 from __future__ import annotations
 
+import array
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -219,8 +219,10 @@ class Delivery:
         self.metrics = metrics
         self.view = view
         self.last_seq = 0  # the last server_event_seq queued for the client
-        #: seq -> CRC-32 of the event delivered under it, the last `RECENT_SEQS`
-        self._recent: collections.OrderedDict[int, int] = collections.OrderedDict()
+        #: the last `RECENT_SEQS` delivered events: seq and CRC-32, at seq % RECENT_SEQS
+        #: (two flat arrays, 6 KiB a session)
+        self._recent_seqs = array.array("Q", bytes(8 * RECENT_SEQS))
+        self._recent_crcs = array.array("I", bytes(4 * RECENT_SEQS))
         #: the close asked of the worker once the client overflowed its queue (awaitable)
         self.overflow_close: asyncio.Task[None] | None = None
 
@@ -294,7 +296,8 @@ class Delivery:
         """A resumed session: the client has every event up to `seq`; queue the journal's
         after it. False when some are gone."""
         self.last_seq = seq
-        self._recent.clear()  # what the client got before is not known here
+        # what the client got before is not known here
+        self._recent_seqs = array.array("Q", bytes(8 * RECENT_SEQS))
         return await self.replay()
 
     async def replay(self, until_seq: int | None = None) -> bool:
@@ -387,14 +390,17 @@ class Delivery:
 
     def _delivered_seq(self, record: LiveRecord) -> None:
         self.last_seq = record.seq
-        self._recent[record.seq] = zlib.crc32(record.data)
-        if len(self._recent) > RECENT_SEQS:
-            self._recent.popitem(last=False)
+        slot = record.seq % RECENT_SEQS
+        self._recent_seqs[slot] = record.seq
+        self._recent_crcs[slot] = zlib.crc32(record.data)
 
     def _is_another_event(self, record: LiveRecord) -> bool:
         """A seq the client has, with other bytes than the event it got under it."""
-        known = self._recent.get(record.seq)
-        return known is not None and known != zlib.crc32(record.data)
+        slot = record.seq % RECENT_SEQS
+        return (
+            self._recent_seqs[slot] == record.seq
+            and self._recent_crcs[slot] != zlib.crc32(record.data)
+        )
 
 
 def _parsed(data: bytes) -> dict[str, Any]:
