@@ -31,7 +31,7 @@ class OutageLog:
         self.what = what
         self._since: float | None = None  # monotonic: when the run of failures began
         self._failures = 0
-        self._kinds: set[type[BaseException]] = set()  # the errors said in this run
+        self._kinds: set[object] = set()  # the kinds of error said in this run
         self.outages = 0  # runs of failures so far, for tests and diagnostics
 
     @property
@@ -44,7 +44,8 @@ class OutageLog:
         if traceback is None:
             traceback = not isinstance(exc, UNREACHABLE)
         self._failures += 1
-        kind = type(exc)
+        # Redis being away is one kind whatever its words (refused, reset, no master yet)
+        kind: object = UNREACHABLE if isinstance(exc, UNREACHABLE) else type(exc)
         if self._since is not None:
             if kind not in self._kinds:
                 # the run goes on, failing another way (Redis back, a script now refusing):
@@ -53,7 +54,7 @@ class OutageLog:
                 self.log.warning(
                     "%s now fails with: %s",
                     self.what,
-                    str(exc) or kind.__name__,
+                    str(exc) or type(exc).__name__,
                     exc_info=exc if traceback else None,
                 )
             return
@@ -63,7 +64,7 @@ class OutageLog:
         self.log.warning(
             "%s failed: %s (retrying; logged once until it works again)",
             self.what,
-            str(exc) or kind.__name__,
+            str(exc) or type(exc).__name__,
             exc_info=exc if traceback else None,
         )
 

@@ -169,3 +169,18 @@ def test_outage_log_says_once_when_the_run_fails_another_way(caplog):
     assert lines[1] == "publishing now fails with: the script refused"
     assert caplog.records[1].exc_info is not None  # not a Redis-away error: its traceback
     assert "(4 tries failed)" in lines[2] and len(lines) == 3
+
+
+def test_redis_away_in_other_words_is_the_same_run(caplog):
+    """Refused, then 'no master found' while the sentinels promote: the same outage."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from shared.outage_log import OutageLog
+
+    outage = OutageLog(logging.getLogger("test.outage"), "the heartbeat")
+    with caplog.at_level(logging.WARNING, logger="test.outage"):
+        outage.failed(RedisConnectionError("Connection refused"))
+        outage.failed(RedisConnectionError("No master found for 'duplex'"))
+        outage.failed(TimeoutError())
+        outage.succeeded()
+    assert len(caplog.records) == 2
