@@ -26,6 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--plugin", default=None, help="model plugin (default echo)")
     serve.add_argument("--max-sessions", type=int, default=None)
     serve.add_argument("--llm-model", default=None, help="assistant: a local model dir for vLLM")
+    serve.add_argument(
+        "--redis-sentinel",
+        action="store_true",
+        help="run on a Redis Sentinel set started here (a primary, a replica, three sentinels, "
+        "from the system's redis-server), to try a failover; stopped on exit",
+    )
     _model_arguments(serve)
     api = commands.add_parser("api", help="a stateless API pod (needs DUPLEX_REDIS_URL)")
     api.add_argument("--host", default=None)
@@ -176,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             api = ApiSettings.from_env(host=args.host, port=args.port)
-            run_event_loop(serve.run_serve(api, _worker_settings(args)))
+            run_event_loop(
+                serve.run_serve(api, _worker_settings(args), sentinel=args.redis_sentinel)
+            )
         elif args.command == "api":
             run_event_loop(
                 serve.run_api(ApiSettings.from_env(host=args.host or "0.0.0.0", port=args.port))

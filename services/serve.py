@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import resource
@@ -158,7 +159,41 @@ def serve_hints(settings: ApiSettings, handle: RedisHandle) -> str:
     return "\n".join(lines)
 
 
-async def run_serve(api_settings: ApiSettings, worker_settings: WorkerSettings) -> None:
+async def run_serve(
+    api_settings: ApiSettings, worker_settings: WorkerSettings, *, sentinel: bool = False
+) -> None:
+    if not sentinel:
+        await _serve(api_settings, worker_settings)
+        return
+    # a Sentinel set of this machine's redis-server (services/local_redis.py), for trying
+    # a failover with sessions talking; started before, stopped after, the servers
+    if api_settings.redis_url:
+        raise SystemExit(
+            "duplex serve --redis-sentinel starts its own Redis: unset DUPLEX_REDIS_URL"
+        )
+    from services.local_redis import RedisSentinelSet
+
+    sentinels = await asyncio.to_thread(RedisSentinelSet)
+    try:
+        primary, replica = sentinels.primary_port(), sentinels.replica_port()
+        print(
+            f"duplex serve: a Redis Sentinel set on this machine: primary 127.0.0.1:{primary}, "
+            f"replica 127.0.0.1:{replica}, sentinels {', '.join(map(str, sentinels.sentinels))}"
+            f" (service {sentinels.service!r}); fail it over with `redis-cli -p "
+            f"{next(iter(sentinels.sentinels))} SENTINEL FAILOVER {sentinels.service}` or by "
+            "killing the primary",
+            flush=True,
+        )
+        url = sentinels.url
+        await _serve(
+            dataclasses.replace(api_settings, redis_url=url),
+            dataclasses.replace(worker_settings, redis_url=url),
+        )
+    finally:
+        await asyncio.to_thread(sentinels.stop)
+
+
+async def _serve(api_settings: ApiSettings, worker_settings: WorkerSettings) -> None:
     handle = connect(api_settings.redis_url)
     worker = WorkerProcess(worker_settings, handle)
     # One loop for both: the API pod's monitor logs its stalls; the worker's only feeds the
