@@ -385,15 +385,15 @@ class Janitor:
 
     async def _run_arq(self) -> None:
         """One run of arq's loop; the supervising loop starts another, after a backoff
-        pause, when it fails (Redis gone, for one). On a cluster each run gets a new client,
-        to the node that serves arq's tag now: the last run's was pinned to the address of a
-        master that may have failed over (its replica promoted elsewhere), and reusing it
-        left the janitor dead for the whole deployment. One Redis and Sentinel keep theirs:
-        it reconnects to the same address, or the primary the sentinels name."""
-        if self._worker is None or self.redis.cluster:
-            await self._close_arq()
-            pool, queue_name = await self._arq_pool()
-            self._worker = self._arq_worker(pool, queue_name)
+        pause, when it fails (Redis gone, for one). Each run gets a new arq worker and
+        client: on a cluster, to the node that serves arq's tag now (the last run's was
+        pinned to the address of a master that may have failed over, which left the janitor
+        dead for the whole deployment); everywhere, because arq 0.28 keeps a job slot and
+        its count when a Redis error hits its job pipeline, so a worker run again after
+        `max_jobs` such failures would take no job ever again."""
+        await self._close_arq()
+        pool, queue_name = await self._arq_pool()
+        self._worker = self._arq_worker(pool, queue_name)
         await self._worker.async_run()
 
     async def _close_arq(self) -> None:

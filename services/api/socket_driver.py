@@ -255,7 +255,15 @@ class SocketDriver(abc.ABC):
                     return None  # an idle socket is a disconnect
             if message["type"] == "websocket.disconnect":
                 return None
-            close = await self.on_message(message)
+            try:
+                close = await self.on_message(message)
+            except RedisError as exc:
+                # a message whose handling needs Redis while it is failing over (an ack,
+                # a command awaited): the client is told (retryable) and the socket lives,
+                # as for a command the inbox writer could not write
+                log.debug("a message of %s not handled: %s", self.attachment.session_id, exc)
+                self.refuse(failure_event(exc, None))
+                continue
             if close is not None:
                 return close
 

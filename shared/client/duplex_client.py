@@ -52,7 +52,9 @@ class DuplexClientError(CodedError):
 
 @dataclasses.dataclass(frozen=True)
 class ReconnectPolicy:
-    attempts: int = 5
+    #: 10 tries, 0.25 s doubling to 4 s, jittered: 14-28 s in all, longer than a Redis
+    #: failover's pause (a resume refused meanwhile is tried again) and an API pod's restart
+    attempts: int = 10
     initial_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
 

@@ -80,7 +80,7 @@ class RedisHandle:
         library that closes the pool it is given when it stops (the pod's subscriptions run
         on the pod's). Not for a cluster, whose nodes a library must be told itself."""
         if self.sentinel is not None:
-            return self.sentinel.manager().master_for(
+            return self._sentinel_manager().master_for(
                 self.sentinel.service, redis_class=redis_class, **self.sentinel.connection
             )
         pool = self.new_client().connection_pool
@@ -111,8 +111,17 @@ class RedisHandle:
         """A message on a live channel (see `publish_live`)."""
         return await publish_live(self.client, channel, data)
 
+    def _sentinel_manager(self) -> Sentinel:
+        """The handle's one Sentinel manager: its connections to the sentinels are the
+        handle's, closed with it (redis-py's Sentinel has no close of its own)."""
+        assert self.sentinel is not None
+        return self.client.connection_pool.sentinel_manager
+
     async def close(self) -> None:
         await self.client.aclose()
+        if self.sentinel is not None:
+            for sentinel in self._sentinel_manager().sentinels:
+                await sentinel.aclose()
 
 
 def is_cluster(client: Any) -> bool:

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 import pytest
 import sphn
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.api.command_sender import failure_event
 from services.api.delivery import SessionParts
@@ -406,3 +407,37 @@ async def test_an_appends_failure_reaches_a_gpt_live_client_in_gpt_lives_words()
     error = orjson.loads(item.data)["error"]
     assert (error["code"], error["client_event_id"]) == ("input_backpressure", "append-7")
     assert "event_id" not in error and "retryable" not in error  # GPT-Live's shape
+
+
+async def test_a_message_that_needs_redis_while_it_fails_over_costs_the_client_nothing_more(
+    caplog,
+):
+    """A message whose handling meets Redis away (an ack, a command awaited; here the
+    first audio message): its refusal is said and the socket lives on, where the socket
+    driver took it for a bug and dropped the socket. The next message goes through."""
+    pages = client_pages(2)
+    session, socket = Appended(), Socket()
+    connection = moshi(session, socket)
+    handle = connection.on_message
+    failed = False
+
+    async def once_away(message):
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise RedisConnectionError("No master found for 'duplex'")
+        return await handle(message)
+
+    connection.on_message = once_away  # type: ignore[method-assign]
+    run = asyncio.create_task(connection.run())
+    session.emit("session.started", session={"id": session.session_id})
+    await socket.until(lambda: socket.sent == [b"\x00"])
+    with caplog.at_level(logging.WARNING):
+        for page in pages:
+            await socket.incoming.put({"type": "websocket.receive", "bytes": page})
+        await session.until_appends(1)
+    assert socket.closed is None and failed
+    assert any("input dropped: internal_error" in r.getMessage() for r in caplog.records)
+    await socket.incoming.put({"type": "websocket.disconnect", "code": 1000})
+    async with asyncio.timeout(WAIT_S):
+        await run
