@@ -21,17 +21,12 @@ import redis.asyncio as redis_async
 from redis import exceptions as redis_errors
 
 from harness.redis_sentinel import RedisSentinelSet
-from services.api.inbox_writer import InboxWriter
 from services.api.janitor import Janitor
-from services.api.live import LiveHub
-from services.api.worker_client import WorkerClient
-from shared.contracts import SessionRuntimeConfig
 from shared.ids import EXPIRED_CLOSE_REASON
 from shared.redis.boundary import CloseRequest
 from shared.redis.connection import RedisHandle, connect
-from shared.redis.placement import WorkerDirectory
-from shared.redis.store import SessionStore, SessionWrite
-from tests.api.parts import active_session, inbox
+from shared.redis.store import SessionWrite
+from tests.api.parts import active_session, inbox, janitor_on
 from tests.redis.cluster_ops import eventually
 from tests.redis.live_listen import LiveListener
 from tests.redis.test_scripts import KEYS, event, opened
@@ -62,11 +57,8 @@ async def until_it_works(
 
 
 async def close(handle: RedisHandle) -> None:
-    """The handle's client, and the links to the sentinels its pool asks (redis-py's
-    `Sentinel` has no close of its own)."""
+    """Close the handle (its client, and its connections to the sentinels)."""
     await handle.close()
-    for sentinel in handle.client.connection_pool.sentinel_manager.sentinels:
-        await sentinel.aclose()
 
 
 def direct(port: int) -> redis_async.Redis:
@@ -149,26 +141,6 @@ async def test_the_client_follows_the_primary_across_a_failover(sentinel_set):
         )
     finally:
         await close(handle)
-
-
-def janitor_on(handle: RedisHandle) -> tuple[Janitor, WorkerClient]:
-    """The API pod's janitor as its pod builds it, on `handle` (the default key prefix:
-    the set is the test's own)."""
-    client = handle.client
-    store = SessionStore(client, KEYS)
-    workers = WorkerClient(InboxWriter(client, KEYS, store.scripts))
-    janitor = Janitor(
-        handle,
-        KEYS,
-        store,
-        workers,
-        SessionRuntimeConfig(),
-        heartbeat_ttl_s=5.0,
-        disconnect_grace_s=30.0,
-        directory=WorkerDirectory(client, KEYS, heartbeat_ttl_s=5.0),
-        live=LiveHub(handle.pubsub_client(), KEYS.api("api-t")),
-    )
-    return janitor, workers
 
 
 async def lease_expires(janitor: Janitor, sid: str, worker: str) -> float:
