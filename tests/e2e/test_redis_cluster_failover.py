@@ -26,13 +26,19 @@ import re
 import time
 import uuid
 
-from bench.chaos_sessions import SESSION
 from harness.processes import start_api, start_worker
-from harness.recording_client import Conversation, RecordingClient, drain
+from harness.recording_client import RecordingClient
 from harness.redis_cluster import RedisClusterServers
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
-from tests.e2e.test_redis_failover import Talker, count_lines, strictly_increasing, talk, until
+from tests.e2e.test_redis_failover import (
+    Talker,
+    count_lines,
+    sessions_talking,
+    stop_talking,
+    strictly_increasing,
+    until,
+)
 
 SESSIONS = 6
 WORKERS = 2
@@ -144,18 +150,9 @@ async def test_cluster_master_killed_while_sessions_talk():
             logs = "\n".join(w.logs() for w in workers)
             assert time.monotonic() < deadline, f"the workers never registered:\n{logs}"
             await asyncio.sleep(0.05)
-        bases = [api.base for api in apis]
-        for index in range(SESSIONS):
-            urls = bases[index % 2 :] + bases[: index % 2]  # half start on each pod
-            recording = RecordingClient(urls, heartbeat_s=1.0, ack_every=16)
-            await recording.connect(SESSION)
-            talkers.append(Talker(Conversation(recording, index)))
-        tasks += [asyncio.create_task(drain(t.client)) for t in talkers]
-        talking = [asyncio.create_task(talk(t, stop)) for t in talkers]
-        tasks += talking
-        assert await until(lambda: all(len(t.answered) >= 2 for t in talkers), 60), [
-            (t.conversation.turns, t.conversation.ended_by) for t in talkers
-        ]
+        talkers, talking = await sessions_talking(
+            [api.base for api in apis], SESSIONS, stop, tasks
+        )
 
         # where each session's keys and each worker's keys live, as the cluster says now
         session_ids = [t.client.session_id or "" for t in talkers]
@@ -221,12 +218,7 @@ async def test_cluster_master_killed_while_sessions_talk():
             seqs = t.client.wire_seqs
             assert strictly_increasing(seqs), (t.conversation.index, seqs)
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for t in talkers:
-            await t.client.close(end_session=False)
+        await stop_talking(stop, tasks, talkers)
         for process in [*apis, *workers]:
             process.stop()
         await handle.close()

@@ -136,6 +136,38 @@ def strictly_increasing(seqs: list[int]) -> bool:
     return all(a < b for a, b in itertools.pairwise(seqs))
 
 
+async def sessions_talking(
+    bases: list[str], count: int, stop: asyncio.Event, tasks: list[asyncio.Task[None]]
+) -> tuple[list[Talker], list[asyncio.Task[None]]]:
+    """`count` duplex-surface sessions, half starting on each pod, taking turns until `stop`;
+    returned once each had two turns answered, with their talking tasks (all their tasks
+    are added to `tasks`, for `stop_talking`)."""
+    talkers: list[Talker] = []
+    for index in range(count):
+        urls = bases[index % 2 :] + bases[: index % 2]
+        client = RecordingClient(urls, heartbeat_s=1.0, ack_every=16)
+        await client.connect(SESSION)
+        talkers.append(Talker(Conversation(client, index)))
+    tasks += [asyncio.create_task(receive(t)) for t in talkers]
+    talking = [asyncio.create_task(talk(t, stop)) for t in talkers]
+    tasks += talking
+    assert await until(lambda: all(len(t.answered) >= 2 for t in talkers), 60), [
+        (t.conversation.turns, t.conversation.ended_by) for t in talkers
+    ]
+    return talkers, talking
+
+
+async def stop_talking(
+    stop: asyncio.Event, tasks: list[asyncio.Task[None]], talkers: list[Talker]
+) -> None:
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for t in talkers:
+        await t.client.close(end_session=False)
+
+
 def count_lines(log: str, *needles: str) -> int:
     return sum(1 for line in log.splitlines() if any(needle in line for needle in needles))
 
@@ -161,18 +193,9 @@ async def test_sentinel_primary_killed_while_sessions_talk():
         while not await registered():
             assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
             await asyncio.sleep(0.05)
-        bases = [api.base for api in apis]
-        for index in range(SESSIONS):
-            urls = bases[index % 2 :] + bases[: index % 2]  # half start on each pod
-            client = RecordingClient(urls, heartbeat_s=1.0, ack_every=16)
-            await client.connect(SESSION)
-            talkers.append(Talker(Conversation(client, index)))
-        tasks += [asyncio.create_task(receive(t)) for t in talkers]
-        talking = [asyncio.create_task(talk(t, stop)) for t in talkers]
-        tasks += talking
-        assert await until(lambda: all(len(t.answered) >= 2 for t in talkers), 60), [
-            (t.conversation.turns, t.conversation.ended_by) for t in talkers
-        ]
+        talkers, talking = await sessions_talking(
+            [api.base for api in apis], SESSIONS, stop, tasks
+        )
 
         old = await asyncio.to_thread(sentinels.kill_primary)
         killed = time.monotonic()
@@ -226,12 +249,7 @@ async def test_sentinel_primary_killed_while_sessions_talk():
             seqs = t.client.wire_seqs
             assert strictly_increasing(seqs), (t.conversation.index, seqs)
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for t in talkers:
-            await t.client.close(end_session=False)
+        await stop_talking(stop, tasks, talkers)
         for process in [*apis, worker]:
             process.stop()
         await close(handle)

@@ -26,14 +26,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from bench.chaos_sessions import SESSION
 from harness.processes import start_api, start_worker
-from harness.recording_client import Conversation, RecordingClient, check, drain
+from harness.recording_client import RecordingClient, check
 from harness.redis_sentinel import RedisSentinelSet
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from tests.e2e.test_redis_cluster_failover import print_warnings
-from tests.e2e.test_redis_failover import Talker, strictly_increasing, talk, until
+from tests.e2e.test_redis_failover import (
+    Talker,
+    sessions_talking,
+    stop_talking,
+    strictly_increasing,
+    until,
+)
 from tests.redis.test_sentinel import close, direct, promotion
 
 SESSIONS = 4
@@ -81,18 +86,9 @@ async def test_writes_the_killed_primary_acknowledged_are_lost():
         while await handle.client.zcard(keys.workers()) < 1:
             assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
             await asyncio.sleep(0.05)
-        bases = [api.base for api in apis]
-        for index in range(SESSIONS):
-            urls = bases[index % 2 :] + bases[: index % 2]  # half start on each pod
-            client = RecordingClient(urls, heartbeat_s=1.0, ack_every=16)
-            await client.connect(SESSION)
-            talkers.append(Talker(Conversation(client, index)))
-        tasks += [asyncio.create_task(drain(t.client)) for t in talkers]
-        talking = [asyncio.create_task(talk(t, stop)) for t in talkers]
-        tasks += talking
-        assert await until(lambda: all(len(t.answered) >= 2 for t in talkers), 60), [
-            (t.conversation.turns, t.conversation.ended_by) for t in talkers
-        ]
+        talkers, talking = await sessions_talking(
+            [api.base for api in apis], SESSIONS, stop, tasks
+        )
         session_ids = [t.client.session_id or "" for t in talkers]
 
         # cut the replica off: its next sync is refused, for good
@@ -196,12 +192,7 @@ async def test_writes_the_killed_primary_acknowledged_are_lost():
             outcome = check(t.conversation)
             assert outcome["lost"] == 0 and outcome["duplicated"] == 0, (index, outcome)
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for t in talkers:
-            await t.client.close(end_session=False)
+        await stop_talking(stop, tasks, talkers)
         for process in [*apis, worker]:
             process.stop()
         await primary.aclose()
