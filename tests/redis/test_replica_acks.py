@@ -27,16 +27,18 @@ async def primary_and_replica():
     primary, replica = RedisServer(), RedisServer()
     a = redis_async.Redis(port=primary.port)
     b = redis_async.Redis(port=replica.port)
-    await a.config_set("repl-diskless-sync-delay", 0)  # sync at once, not after 5 s
-    await b.execute_command("REPLICAOF", "127.0.0.1", primary.port)
-    async with asyncio.timeout(20):
-        while (await b.info("replication")).get("master_link_status") != "up":
-            await asyncio.sleep(0.05)
-    yield a, b
-    await a.aclose()
-    await b.aclose()
-    replica.stop()
-    primary.stop()
+    try:  # the servers stop even when the replica never syncs
+        await a.config_set("repl-diskless-sync-delay", 0)  # sync at once, not after 5 s
+        await b.execute_command("REPLICAOF", "127.0.0.1", primary.port)
+        async with asyncio.timeout(20):
+            while (await b.info("replication")).get("master_link_status") != "up":
+                await asyncio.sleep(0.05)
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
+        replica.stop()
+        primary.stop()
 
 
 async def opened(client, sid: str, store: SessionStore) -> None:
