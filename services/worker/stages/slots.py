@@ -216,8 +216,10 @@ class SlotState:
     #: the session's input is its clock (`StagePlan.client_clock`): past its prompt, the
     #: slot steps only on a whole frame of input, and every frame it steps is sent
     client_clocked: bool = False
-    #: ticks in a row this client-clocked slot ended more than `CLIENT_LAG_MS` behind
+    #: ticks in a row this client-clocked slot ended more than `CLIENT_LAG_MS` behind with
+    #: no new low of its backlog (`lag_low`, in samples, None while it is not behind)
     lagging_ticks: int = 0
+    lag_low: int | None = None
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
     #: the input sample (counted from the slot's first) the buffer starts at: the end of

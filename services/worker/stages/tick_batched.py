@@ -136,11 +136,14 @@ MAX_BUFFERED_MS = 2000
 #: handshake, as NVIDIA's server feeds it to its model) or sent in a burst; it is stepped
 #: between ticks (`_catch_up`), and beyond this the oldest is cut
 CLIENT_BACKLOG_MS = 10_000
-#: a client-clocked slot more than this behind its client after the catch-up steps, for
-#: `CLIENT_LAG_TICKS` ticks in a row (a worker with no time to catch it up), is cut back to
-#: this much: the jitter buffer's depth of the server-clocked sessions (`MAX_JITTER_MS`)
+#: a client-clocked slot more than this behind its client after the catch-up steps, whose
+#: backlog has not shrunk for `CLIENT_LAG_TICKS` ticks (a worker with no time to catch it
+#: up), is cut back to this much: the jitter buffer's depth of the server-clocked sessions
+#: (`MAX_JITTER_MS`)
 CLIENT_LAG_MS = 240
-#: 2 s of 80 ms ticks: a backlog the catch-up steps are draining is left to them
+#: 2 s of 80 ms ticks without a new low of the backlog: a backlog the catch-up steps are
+#: draining, however slowly (a loaded worker finds time for a catch-up step every few
+#: ticks only), is left to them; one that stays where it is or grows is cut
 CLIENT_LAG_TICKS = 25
 #: ... and never under 3 frames: after a late tick the slot holds the frame that was late
 #: and the next one before the tick takes one, and the next chunk arrives meanwhile (at 1 s
@@ -833,14 +836,22 @@ class TickBatchedStagePort(InputFedStagePort):
 
     def _bound_client_lag(self) -> None:
         """A client-clocked slot still more than `CLIENT_LAG_MS` behind its client after the
-        catch-up steps, tick after tick for `CLIENT_LAG_TICKS`, is one the worker has no
-        time to catch up (its steps take most of the frame): its input is cut to its newest
-        `CLIENT_LAG_MS` (counted as dropped input) so that the model answers its user
-        that late at most, not seconds late for the rest of the session."""
+        catch-up steps, whose backlog reached no new low for `CLIENT_LAG_TICKS` ticks, is one
+        the worker has no time to catch up (its steps take most of the frame): its input is
+        cut to its newest `CLIENT_LAG_MS` (counted as dropped input) so that the model
+        answers its user that late at most, not seconds late for the rest of the session.
+        A backlog that keeps shrinking is draining, at whatever pace the worker's load
+        allows, and is left to the catch-up steps: cutting it would lose what the client
+        sent (audio held while the prompt was stepped) only because the machine is slow."""
         for slot in self._slots.values():
             if not slot.client_clocked or slot.announce_ready or slot.replaying:
                 continue
             if slot.buffered <= self.client_lag_samples:
+                slot.lagging_ticks = 0
+                slot.lag_low = None
+                continue
+            if slot.lag_low is None or slot.buffered < slot.lag_low:
+                slot.lag_low = slot.buffered  # behind, but less than ever: draining
                 slot.lagging_ticks = 0
                 continue
             slot.lagging_ticks += 1
@@ -848,6 +859,7 @@ class TickBatchedStagePort(InputFedStagePort):
                 dropped = slot.keep_latest(self.client_lag_samples // self.model.frame_samples)
                 self.counters.dropped_input_frames += dropped / self.model.frame_samples
                 slot.lagging_ticks = 0
+                slot.lag_low = None
 
     async def _tick(self, only: Sequence[SlotState] | None = None) -> float:
         """One batched step of every open slot (`only`: of these alone, a catch-up);

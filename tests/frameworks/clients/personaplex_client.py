@@ -28,8 +28,9 @@ while its model listens gives one generation per model turn.
 
 The plugin holds the audio pushed before the handshake and sends it all at once after it.
 Against PersonaPlex on the tiny checkpoint the handshake waits for the prompt (the voice,
-the persona, their silences: about 6.5 s, 81 frames), and duplex serve steps the newest 2 s
-of such a backlog (docs/wire-api.md): 25 of those 81 frames come back, then one per frame.
+the persona, their silences: about 6.5 s, 81 frames), and duplex serve steps such a backlog
+(up to 10 s of it) between its ticks, as fast as the worker has time (docs/models.md): all
+81 frames come back, then one per frame.
 
     .venv-frameworks/bin/python tests/frameworks/clients/personaplex_client.py \
         --url http://127.0.0.1:8000 --api-key KEY

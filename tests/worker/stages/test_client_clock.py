@@ -147,3 +147,29 @@ async def test_a_worker_with_no_time_to_catch_up_cuts_a_lagging_client_back():
         assert rig.port.stats()["dropped_input_frames"] == 20 - lag_frames
     finally:
         await rig.port.shutdown()
+
+
+async def test_a_backlog_draining_slowly_is_left_to_drain():
+    """A loaded worker finds time for one catch-up step a tick: a backlog longer than
+    `CLIENT_LAG_TICKS` frames (audio held while the prompt was stepped, say) stays over
+    `CLIENT_LAG_MS` for more than `CLIENT_LAG_TICKS` ticks, but shrinks every tick, and is
+    stepped to its end: nothing the client sent is cut because the machine is slow."""
+    rig = Rig()
+    try:
+        rig.model.on_step = lambda: rig.clock.skew(0.03)  # a step takes 30 of the 80 ms
+        await rig.open("moshi", client_clock=True)
+        held = 2 * CLIENT_LAG_TICKS + 10
+        rig.port.feed("moshi", np.concatenate([QUIET] * held))
+        backlog = []
+        for _ in range(held + 5):
+            rig.port.feed("moshi", QUIET)  # the client goes on in real time
+            await rig.tick()
+            await rig.clock.next_sleeper()
+            backlog.append(rig.port._slots["moshi"].buffered // FRAME_SAMPLES)
+        lag_frames = CLIENT_LAG_MS * 24 // FRAME_SAMPLES
+        assert backlog[CLIENT_LAG_TICKS + 1] > lag_frames  # still behind past the old bound
+        assert backlog[-1] <= 1  # drained
+        assert rig.port.stats()["dropped_input_frames"] == 0
+        assert rig.port.stats()["catch_up_steps"] >= held
+    finally:
+        await rig.port.shutdown()
