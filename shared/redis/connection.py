@@ -24,13 +24,14 @@ bus), and the API pod listens with SSUBSCRIBE on that master
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as redis_async
 from redis._parsers.commands import AsyncCommandsParser
-from redis.asyncio.cluster import PRIMARY, RedisCluster
+from redis.asyncio.cluster import PRIMARY, ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -73,6 +74,8 @@ class RedisHandle:
         self.seed_url = seed_url  # the cluster node it was given (for operators)
         self.sentinel = sentinel  # the Sentinel set and service, when the primary is theirs
         self.cluster = isinstance(client, RedisCluster)
+        #: the cluster clients of its own handed out (`reader_client`), closed with it
+        self._own_clusters: list[RedisCluster] = []
 
     def client_of_its_own(self, redis_class: type) -> Any:
         """A client of `redis_class` (a `redis.asyncio.Redis` subclass: arq's) on a pool of
@@ -100,6 +103,20 @@ class RedisHandle:
             return fakeredis.FakeAsyncRedis(server=self.server)
         return self.client
 
+    def reader_client(self) -> Any:
+        """A client for one loop of blocking reads (a worker's inbox stripe). On a cluster a
+        cluster client of its own: redis-py's cluster client answers a lost node by closing
+        every node's connections and reading the topology again, which fails every command
+        in flight on the live masters too; a stripe's reader on a lost master must not
+        break the reads of the other stripes, nor the process's other commands. Elsewhere
+        the shared client (its pool gives each blocking read a connection of its own)."""
+        if not self.cluster or self.seed_url is None:
+            return self.new_client()
+        known = [(node.host, node.port) for node in self.client.get_nodes()]
+        client = cluster_client(self.seed_url, known)
+        self._own_clusters.append(client)
+        return client
+
     def pubsub_client(self) -> Any:
         """The client a `LiveHub` listens through: another connection to one Redis, or on
         a cluster the cluster client itself (the hub subscribes per shard from its nodes)."""
@@ -118,6 +135,8 @@ class RedisHandle:
         return self.client.connection_pool.sentinel_manager
 
     async def close(self) -> None:
+        for own in self._own_clusters:
+            await own.aclose()
         await self.client.aclose()
         if self.sentinel is not None:
             for sentinel in self._sentinel_manager().sentinels:
@@ -272,13 +291,43 @@ class AnyNodeCommandsParser(AsyncCommandsParser):
                 self.node = others[0]
 
 
+class StartupNodes(dict[str, Any]):
+    """A cluster client's startup nodes, which it reads the topology from. redis-py 5.3.1
+    forgets one on any connection error to it (`pop(name, None)`), including the errors its
+    own re-initialisation causes: it closes every node's connections, failing the commands
+    in flight on the live masters, whose nodes it then forgets too. With blocking reads in
+    flight on every master, one master's loss made it forget them all, and it never
+    connected again ("Redis Cluster cannot be connected. Please provide at least one
+    reachable node: None"). Here a node a failure would forget is kept and tried last; a
+    topology read (`pop(name)`, no default) still removes the nodes the cluster dropped."""
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if default:
+            if key in self:
+                self[key] = super().pop(key)  # to the end: tried after the others
+            return default[0]
+        return super().pop(key)
+
+
+def cluster_client(seed: str, known: Sequence[tuple[str, int]] = ()) -> RedisCluster:
+    """A cluster client from a node's URL (`known`: other nodes to start from too)."""
+    client = RedisCluster.from_url(seed, **SOCKET_OPTIONS)
+    client.commands_parser = AnyNodeCommandsParser(client)
+    nodes = client.nodes_manager
+    startup = StartupNodes(nodes.startup_nodes)
+    for host, port in known:
+        node = ClusterNode(host, port, **nodes.connection_kwargs)
+        startup.setdefault(node.name, node)
+    nodes.startup_nodes = startup
+    return client
+
+
 def connect(url: str | None) -> RedisHandle:
     """Real Redis (a Sentinel-managed primary, a Redis Cluster) when `url` is set, else an
     embedded fakeredis server."""
     if url and url.startswith(CLUSTER_SCHEME):
         seed = "redis://" + url[len(CLUSTER_SCHEME) :]
-        client = RedisCluster.from_url(seed, **SOCKET_OPTIONS)
-        client.commands_parser = AnyNodeCommandsParser(client)
+        client = cluster_client(seed)
         return RedisHandle(client, f"Redis Cluster via {redact(seed)}", seed_url=seed)
     if url and url.startswith(SENTINEL_SCHEMES):
         target = parse_sentinel_url(url)
