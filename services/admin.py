@@ -227,7 +227,7 @@ class Admin:
             self._note(f"no open session {session_id}")
             return 1
         close = CloseRequest(session_id, reason)
-        await self.store.inbox_append(meta["worker"], close.to_fields())
+        await self.store.inbox_append(meta["worker"], close.to_fields(), session_id=session_id)
         self._print(f"asked {meta['worker']} to close {session_id} ({reason})")
         return 0
 

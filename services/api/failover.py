@@ -71,16 +71,21 @@ class WorkerLoss:
     entries: dict[str, list[InboxMessage]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(list)
     )
-    last_id: str | None = None  # the last inbox entry read
+    #: the last entry read of each of its inbox's stripes
+    last_ids: dict[int, str] = dataclasses.field(default_factory=dict)
     moved: dict[str, str] = dataclasses.field(default_factory=dict)  # session -> new worker
     placed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
-    def take(self, entries: list[tuple[Any, Fields]]) -> None:
+    def take(self, stripe: int, entries: list[tuple[Any, Fields]]) -> None:
         for entry_id, fields in entries:
-            self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            self.last_ids[stripe] = _text(entry_id)
             for message in _messages(entry_id, fields):
                 if isinstance(message, FORWARDED_KINDS):
                     self.entries[message.session_id].append(message)
+
+
+def _text(entry_id: Any) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 def _messages(entry_id: Any, fields: Fields) -> list[InboxMessage]:
@@ -109,9 +114,11 @@ class Failover:
         self.publish = publish
 
     async def begin(self, dead: str) -> WorkerLoss:
-        """Read the dead worker's whole inbox (what it never handled), once."""
+        """Read the dead worker's whole inbox (what it never handled), once: every stripe
+        (a session's messages are all in one of them: shared/redis/inbox_stripes.py)."""
         loss = WorkerLoss(dead)
-        loss.take(await self.client.xrange(self.keys.inbox(dead)))
+        for stripe in (await self.store.stripes.of(dead)).stripes:
+            loss.take(stripe, await self.client.xrange(self.keys.inbox(dead, stripe)))
         return loss
 
     async def move(self, loss: WorkerLoss, session_id: str, meta: dict[str, str]) -> Outcome:
@@ -137,9 +144,9 @@ class Failover:
         loss.moved[session_id] = target
         await self.client.sadd(self.keys.worker_sessions(target), session_id)
         restore = RestoreRequest(session_id, generation, WORKER_LOST, loss.dead)
-        await self.store.inbox_append(target, restore.to_fields())
+        await self.store.inbox_append(target, restore.to_fields(), session_id=session_id)
         entries = loss.entries.pop(session_id, [])
-        await self.store.inbox_forward(target, entries)
+        await self.store.inbox_forward(target, session_id, entries)
         notice = ControlNotice.moved(generation, target).to_bytes()
         await self.publish(self.keys.live(session_id), notice)
         log.info(
@@ -158,12 +165,16 @@ class Failover:
         it was read (their API pod had not heard the move yet). The caller deletes it next."""
         if not loss.moved:
             return
-        start = "-" if loss.last_id is None else f"({loss.last_id}"
         late = WorkerLoss(loss.dead)
-        late.take(await self.client.xrange(self.keys.inbox(loss.dead), start, "+"))
+        for stripe in (await self.store.stripes.of(loss.dead)).stripes:
+            last = loss.last_ids.get(stripe)
+            start = "-" if last is None else f"({last}"
+            late.take(
+                stripe, await self.client.xrange(self.keys.inbox(loss.dead, stripe), start, "+")
+            )
         for session_id, entries in late.entries.items():
             if (target := loss.moved.get(session_id)) is not None:
-                await self.store.inbox_forward(target, entries)
+                await self.store.inbox_forward(target, session_id, entries)
                 log.info(
                     "%d late inbox entries of session %s forwarded to %s",
                     len(entries),

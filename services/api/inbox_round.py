@@ -47,6 +47,8 @@ class Queued:
     message: InboxMessage  # in one entry with the worker's other messages
     seqs: CommandSeq | None = None  # hands out the command's seq when its entry is built
     lingers: bool = False  # an append: may wait for others to share its entry
+    #: the worker's inbox stripe its session's messages go to (None: not known yet)
+    stripe: int | None = None
     #: when it was queued (monotonic): what a round cut short leaves behind has lingered
     #: since then, not since the round left
     queued_at: float = dataclasses.field(default_factory=time.monotonic)
@@ -58,9 +60,10 @@ class Queued:
 
 @dataclasses.dataclass(eq=False)
 class Entry:
-    """One entry for one worker: the items it carries and its fields."""
+    """One entry for one worker's inbox stripe: the items it carries and its fields."""
 
     worker_id: str
+    stripe: int
     items: list[Queued]
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -96,28 +99,32 @@ class Entry:
     def unbudgeted(self) -> Entry | None:
         """What of a refused entry passes a full inbox, as an entry of its own."""
         items = [item for item in self.items if not item.budgeted]
-        return Entry(self.worker_id, items).seal() if items else None
+        return Entry(self.worker_id, self.stripe, items).seal() if items else None
 
 
 def take_round(queue: list[Queued]) -> tuple[list[Entry], list[Queued]]:
-    """The entries of one round from the head of `queue`, and what is left for the next."""
-    entries: dict[str, Entry] = {}
+    """The entries of one round from the head of `queue`, and what is left for the next
+    (from the first item whose stripe is not known yet, too: order is kept)."""
+    entries: dict[tuple[str, int], Entry] = {}
     seq_worker: dict[int, str] = {}  # id(CommandSeq) -> the worker of its commands
     order: list[Entry] = []
-    sizes: dict[str, int] = {}
+    sizes: dict[tuple[str, int], int] = {}
     taken = 0
     for item in queue[:MAX_ITEMS]:
         worker = item.worker_id
+        if item.stripe is None:
+            break  # its worker's stripes are being read: it and what follows wait
         if item.seqs is not None and seq_worker.setdefault(id(item.seqs), worker) != worker:
             break  # an attachment moved between two commands: the rest go next round
-        entry = entries.get(worker)
+        inbox = (worker, item.stripe)
+        entry = entries.get(inbox)
         if entry is None:
-            entry = entries[worker] = Entry(worker, [])
+            entry = entries[inbox] = Entry(worker, item.stripe, [])
             order.append(entry)
-        elif sizes.get(worker, 0) + item.size > MAX_ENTRY_BYTES:
+        elif sizes.get(inbox, 0) + item.size > MAX_ENTRY_BYTES:
             break
         entry.items.append(item)
-        sizes[worker] = sizes.get(worker, 0) + item.size
+        sizes[inbox] = sizes.get(inbox, 0) + item.size
         taken += 1
     return [entry.seal() for entry in order], queue[taken:]
 

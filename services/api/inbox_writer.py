@@ -35,12 +35,14 @@ import logging
 import time
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from services.api.inbox_round import CommandSeq, Entry, Queued, items_of, take_round
 from shared.outage_log import OutageLog
 from shared.redis.boundary import InboxMessage
+from shared.redis.inbox_stripes import StripeDirectory
 from shared.redis.keys import KeySchema
 from shared.redis.scripts import Scripts
 from shared.supervised import SupervisedLoop
@@ -53,6 +55,8 @@ __all__ = ["INBOX_MAX_BYTES", "CommandSeq", "InboxFull", "InboxWriter"]
 #: real-time clients write: a backlog this large means it is stalled or flooded)
 INBOX_MAX_BYTES = 64 * 1024 * 1024
 REFUSED = -1  # inbox_append.lua: over the budget, nothing written
+#: an inbox that failed and was not tried again for this long leaves the outage's run
+FAILING_FOR_S = 30.0
 #: how long an append may wait for others to share its entry (ApiSettings.append_linger_ms)
 DEFAULT_LINGER_S = 0.010
 
@@ -74,10 +78,16 @@ class InboxWriter:
         *,
         max_bytes: int = INBOX_MAX_BYTES,
         linger_s: float = DEFAULT_LINGER_S,
+        stripes: StripeDirectory | None = None,
     ) -> None:
         self.client = client
         self.keys = keys or KeySchema()
         self.script = (scripts or Scripts()).inbox_append
+        #: which stripe of a worker's inbox each session's messages go to
+        self.stripes = stripes or StripeDirectory(client, self.keys)
+        #: on a cluster each entry is its own call, so a master failing over fails only the
+        #: entries of its stripes (one pipeline fails whole when one of its nodes is away)
+        self.cluster = isinstance(client, RedisCluster)
         self.max_bytes = max_bytes
         self.linger_s = linger_s
         self._queue: list[Queued] = []
@@ -90,6 +100,8 @@ class InboxWriter:
         #: the pod's one log of clients' commands not written (Redis away): once a run,
         #: with how long and how many; each client hears its own refusal as an event
         self.outage = OutageLog(log, "writing clients' commands to the workers' inboxes")
+        #: inboxes (worker, stripe) whose last entry failed -> when: the outage's run
+        self._failing: dict[tuple[str, int], float] = {}
         self.entries = 0  # how many entries they wrote
         self.commands = 0  # how many queued items those entries carried
 
@@ -113,6 +125,7 @@ class InboxWriter:
         return future
 
     def _enqueue(self, item: Queued) -> None:
+        self._route(item)
         self._loop.start()
         if not self._queue:
             self._oldest = time.monotonic()
@@ -125,6 +138,30 @@ class InboxWriter:
         await self._loop.stop()
         self._fail(self._queue, RedisConnectionError("the inbox writer stopped"))
         self._queue = []
+
+    # ------------------------------------------------------------ stripes
+
+    def _route(self, item: Queued) -> None:
+        """The item's stripe, when its worker's stripes are known here."""
+        stripes = self.stripes.known(item.worker_id)
+        if stripes is not None:
+            item.stripe = stripes.for_session(self.keys, item.message.session_id)
+
+    async def _learn_stripes(self) -> None:
+        """Read the stripes of the workers queued items go to that this pod has not met
+        yet (one HGET each, once), and route those items. A worker whose hash cannot be
+        read fails its items as a write would (Redis away)."""
+        for worker in dict.fromkeys(i.worker_id for i in self._queue if i.stripe is None):
+            try:
+                await self.stripes.of(worker)
+            except Exception as exc:
+                self.outage.failed(exc, traceback=False)
+                failed = [i for i in self._queue if i.worker_id == worker and i.stripe is None]
+                self._queue = [i for i in self._queue if i not in failed]
+                self._fail(failed, exc)
+        for item in self._queue:
+            if item.stripe is None:
+                self._route(item)
 
     # ------------------------------------------------------------ rounds
 
@@ -141,6 +178,10 @@ class InboxWriter:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(wait):
                             await self._urgent.wait()
+            if any(item.stripe is None for item in self._queue):
+                await self._learn_stripes()
+                if not self._queue:
+                    continue
             entries, self._queue = take_round(self._queue)
             # what a cut round left (its item cap, one attachment's commands kept together)
             # has lingered since it was queued: it goes in the next round without a new wait
@@ -159,12 +200,22 @@ class InboxWriter:
                 self.outage.failed(exc, traceback=False)
                 self._fail(items_of(entries), exc)
 
+    def _keys(self, entry: Entry) -> list[str]:
+        return [
+            self.keys.inbox(entry.worker_id, entry.stripe),
+            self.keys.inbox_bytes(entry.worker_id, entry.stripe),
+        ]
+
     async def _execute(self, entries: list[Entry]) -> list[Any]:
+        if self.cluster:
+            # one call per entry, each settling on its own: a master away fails its own
+            # stripes' entries, and the sessions on the other masters are written
+            return await asyncio.gather(
+                *(self._call(entry) for entry in entries), return_exceptions=True
+            )
         pipeline = self.client.pipeline(transaction=False)
         for entry in entries:
-            keys = [self.keys.inbox(entry.worker_id), self.keys.inbox_bytes(entry.worker_id)]
-            # execute_command, not evalsha(): redis-py's cluster pipeline blocks the
-            # evalsha method, yet routes EVALSHA by its keys (both in the worker's slot)
+            keys = self._keys(entry)
             args = entry.args(self.max_bytes)
             pipeline.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
         self.pipelines += 1
@@ -177,6 +228,19 @@ class InboxWriter:
             # 5.3.1's cluster pipeline raises AttributeError when another command's failure
             # closed its nodes meanwhile): for the callers, their commands were not written
             # (retryable), never a bug of the socket that sent them
+            raise RedisConnectionError(f"the Redis client failed: {exc!r}") from exc
+
+    async def _call(self, entry: Entry) -> Any:
+        """One entry's EVALSHA on a cluster (NOSCRIPT comes back as the reply, as in a
+        pipeline: `_run_entries` loads the script and sends the call again)."""
+        keys = self._keys(entry)
+        try:
+            return await self.client.execute_command(
+                "EVALSHA", self.script.sha, len(keys), *keys, *entry.args(self.max_bytes)
+            )
+        except RedisError:
+            raise
+        except Exception as exc:  # the client library failing mid-failover (see _execute)
             raise RedisConnectionError(f"the Redis client failed: {exc!r}") from exc
 
     async def _send(self, entries: list[Entry]) -> None:
@@ -210,11 +274,24 @@ class InboxWriter:
 
     def _settle(self, done: list[tuple[Entry, Any]]) -> None:
         failures = [result for _, result in done if isinstance(result, Exception)]
-        # one verdict a round: on a cluster a round may reach one master and not another,
-        # and per entry the log would say "failed" and "works again" every round
+        # one run of the log for the pod: it goes on while any inbox (a worker's stripe)
+        # fails, and ends once every one that failed was written again. On a cluster a
+        # round may reach one master and not another (and a round's verdict alone would say
+        # "failed" and "works again" every round); an inbox no entry tried again for
+        # FAILING_FOR_S is let go (its sessions went elsewhere, or stopped)
+        now = time.monotonic()
+        for entry, result in done:
+            inbox = (entry.worker_id, entry.stripe)
+            if isinstance(result, Exception):
+                self._failing[inbox] = now
+            else:
+                self._failing.pop(inbox, None)
+        for inbox, since in list(self._failing.items()):
+            if now - since > FAILING_FOR_S:
+                del self._failing[inbox]
         if failures:
             self.outage.failed(failures[0], traceback=False)
-        elif done:
+        elif done and not self._failing:
             self.outage.succeeded()
         for entry, result in done:
             if isinstance(result, Exception):

@@ -61,6 +61,7 @@ from shared.outage_log import OutageLog
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed, SessionExpired
 from shared.protocol.duplex.errors import WORKER_LOST
 from shared.redis.connection import RedisHandle
+from shared.redis.inbox_stripes import delete_worker_keys
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import stamps_seq
 from shared.redis.placement import WorkerDirectory
@@ -257,11 +258,8 @@ class Janitor:
             await self.failover.finish(loss)
             if await self._came_back(dead, cutoff):
                 continue
-            await self.client.delete(
-                self.keys.worker_sessions(dead),
-                self.keys.worker(dead),
-                self.keys.inbox(dead),
-                self.keys.inbox_bytes(dead),
+            await delete_worker_keys(
+                self.client, self.keys, dead, await self.store.stripes.of(dead)
             )
             await self.client.zrem(self.keys.workers(), dead)
             log.warning(

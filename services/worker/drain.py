@@ -47,8 +47,10 @@ from services.worker.control.manager import SessionManager
 from services.worker.control.table import Phase, SessionTable
 from services.worker.handover import hand_over
 from services.worker.publisher import RedisEventPublisher
+from shared.backoff import Backoff
 from shared.contracts import DuplexSessionError
 from shared.ids import now_ms
+from shared.outage_log import OutageLog
 from shared.redis.boundary import FORWARDED_KINDS, ControlNotice, InboxMessage
 from shared.redis.placement import WorkerDirectory
 from shared.redis.store import SessionStore
@@ -95,6 +97,7 @@ class Drain:
         notify: Notify,
         clock: Callable[[], float] = time.monotonic,
         linger_s: float = LINGER_S,
+        stripes: tuple[int, ...] = (0,),
     ) -> None:
         self.worker_id = worker_id
         self.store = store
@@ -121,14 +124,19 @@ class Drain:
         #: model -> (when it was asked, whether another worker has room for it)
         self._room: dict[str, tuple[float, bool]] = {}
         self._last_activity = self._last_move_at = clock()
-        self._rounds = 0
+        #: the worker's inbox stripes, each read by its own loop: the linger ends once
+        #: every one of them was read twice since the last move
+        self.stripes = stripes
+        self._rounds: collections.Counter[int] = collections.Counter()
         self._activity = asyncio.Event()
+        self._lookup_outage = OutageLog(log, "drain: looking for workers to move sessions to")
+        self._lookup_backoff = Backoff()
 
     # ------------------------------------------------------------ the inbox's side
 
-    def read_round(self) -> None:
-        """The consume loop finished one XREADGROUP (with entries or none)."""
-        self._rounds += 1
+    def read_round(self, stripe: int = 0) -> None:
+        """A stripe's consume loop finished one XREADGROUP (with entries or none)."""
+        self._rounds[stripe] += 1
         self._activity.set()
 
     async def take(self, message: InboxMessage) -> bool:
@@ -151,7 +159,7 @@ class Drain:
             if not isinstance(message, FORWARDED_KINDS):
                 kind = type(message).__name__
                 log.info("session %s moved: a %s for it is not forwarded", sid, kind)
-        await self.store.inbox_forward(target, forwarded)
+        await self.store.inbox_forward(target, sid, forwarded)
         if forwarded:
             self.forwarded += len(forwarded)
             self._last_activity = self.clock()
@@ -194,8 +202,14 @@ class Drain:
                 return
             try:
                 await self._start_moves(overdue=now >= deadline)
-            except Exception:
-                log.warning("drain: looking for workers to move to failed; retrying", exc_info=True)
+            except Exception as exc:
+                # Redis away (a failover): said once for the run, tried again after a
+                # growing pause rather than every poll
+                self._lookup_outage.failed(exc)
+                await asyncio.sleep(self._lookup_backoff.next_delay())
+                continue
+            self._lookup_outage.succeeded()
+            self._lookup_backoff.reset()
             if self.table.live_ids() or self._running:
                 await self._wait(POLL_S)
                 continue
@@ -204,12 +218,14 @@ class Drain:
             await self._wait(self.linger_s)
 
     def _quiet(self) -> bool:
-        """The inbox was read at least twice since the last move (so one whole read began
-        after it) and nothing came for a moved session for the linger."""
+        """Every stripe of the inbox was read at least twice since the last move (so one
+        whole read of each began after it) and nothing came for a moved session for the
+        linger."""
         now = self.clock()
         if now - self._last_move_at >= LINGER_MAX_S:
             return True
-        return self._rounds >= 2 and now - self._last_activity >= self.linger_s
+        read = min(self._rounds[stripe] for stripe in self.stripes)
+        return read >= 2 and now - self._last_activity >= self.linger_s
 
     async def _wait(self, timeout: float) -> None:
         self._activity.clear()
@@ -371,7 +387,7 @@ class Drain:
         self.moved[sid] = target
         self._let_go(sid)
         self._last_activity = self._last_move_at = self.clock()
-        self._rounds = 0
+        self._rounds.clear()
         self.moves_done.append(MoveRecord(sid, target, new_generation, pause_ms))
         log.info(
             "session %s moved to %s (owner generation %d, %d checkpoint bytes): paused %.0f ms",

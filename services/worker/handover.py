@@ -129,7 +129,8 @@ async def _place(
     await retried(f"{label}: session sets", lambda: _swap_sets(store, sid, source, target))
     restore = RestoreRequest(sid, generation, WHY, worker_id)
     await retried(
-        f"{label}: restore entry", lambda: store.inbox_append(target, restore.to_fields())
+        f"{label}: restore entry",
+        lambda: store.inbox_append(target, restore.to_fields(), session_id=sid),
     )
     notice = ControlNotice.moved(generation, target)
     await retried(f"{label}: moved notice", lambda: notify(sid, notice))

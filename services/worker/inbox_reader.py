@@ -1,6 +1,8 @@
 """`InboxReader`: the worker's inbox consumer and its batched acknowledgements.
 
-One consumer task reads the worker's inbox stream with XREADGROUP BLOCK. An entry holds one
+One consumer task reads one of the worker's inbox streams with XREADGROUP BLOCK (a
+worker has one per Redis Cluster master, its stripes: shared/redis/inbox_stripes.py, and a
+reader each; one session's messages are all in one stripe). An entry holds one
 or more typed messages (`shared.redis.inbox_codec`: an API pod's round, many sessions'
 commands in the order they were queued), decoded once; each message is dispatched in that
 order (or, while the worker drains, taken by the drain when its session is moving or moved),
@@ -57,17 +59,21 @@ class InboxReader:
         dispatch: Dispatch,
         drain: Callable[[], Any],
         *,
+        stripe: int = 0,
         ack_interval_s: float = ACK_INTERVAL_S,
     ) -> None:
         self.redis = redis  # a RedisHandle
         self.store = store
         self.worker_id = worker_id
         self.inbox = inbox
+        #: which of the worker's inbox stripes this reader reads (shared/redis/inbox_stripes.py)
+        self.stripe = stripe
         self.dispatch = dispatch
         self.ack_interval_s = ack_interval_s
         self.block_ms = READ_BLOCK_MS
-        self._read_outage = OutageLog(log, "reading the inbox")
-        self._ack_outage = OutageLog(log, "acknowledging inbox entries")
+        of = f" (stripe {stripe})" if stripe else ""
+        self._read_outage = OutageLog(log, f"reading the inbox{of}")
+        self._ack_outage = OutageLog(log, f"acknowledging inbox entries{of}")
         #: the worker's `Drain` while it drains (it forwards moved sessions' messages)
         self.drain = drain
         # where the next XREADGROUP starts: first our own pending entries (a restart), then
@@ -76,6 +82,10 @@ class InboxReader:
         # inbox entries handled, not yet acked and deleted: (entry id, size in bytes)
         self.unacked: list[tuple[bytes, int]] = []
         self._ack_wake = asyncio.Event()
+        #: its reads' and acks' client (`RedisHandle.reader_client`: on a cluster one of its
+        #: own, so a stripe whose master is lost disturbs no other), made at the first read
+        self._client: Any = None
+        self._store: SessionStore | None = None
         self._quiet = True  # no entry acked since the inbox was last found empty
 
     # ------------------------------------------------------------ reading
@@ -84,7 +94,7 @@ class InboxReader:
         """Read and dispatch for ever. Redis errors are retried here (NOGROUP: the group is
         made again; others after a backoff); what escapes restarts it under its supervisor,
         from `read_from`, so entries already dispatched are not dispatched again."""
-        reader = self.redis.new_client()
+        reader = self._own_client()
         backoff = Backoff()
         while True:
             try:
@@ -101,7 +111,7 @@ class InboxReader:
                 if "NOGROUP" in str(exc):
                     # the group is gone (Redis restarted empty): make it again and go on
                     with contextlib.suppress(Exception):
-                        await self.redis.client.xgroup_create(
+                        await reader.xgroup_create(
                             self.inbox, INBOX_GROUP, id="0", mkstream=True
                         )
                 else:
@@ -117,7 +127,7 @@ class InboxReader:
             backoff.reset()
             self._read_outage.succeeded()
             if (drain := self.drain()) is not None:
-                drain.read_round()
+                drain.read_round(self.stripe)
             entries = reply[0][1] if reply else []
             if not entries:
                 if self.read_from != ">":  # past our pending entries: new ones
@@ -138,6 +148,12 @@ class InboxReader:
                 self.unacked.append((entry_id, entry_bytes(fields)))
             self._quiet = False
             self._ack_wake.set()
+
+    def _own_client(self) -> Any:
+        if self._client is None:
+            self._client = self.redis.reader_client()
+            self._store = SessionStore(self._client, self.store.keys, self.store.scripts)
+        return self._client
 
     async def _handle(self, entry_id: Any, fields: Any) -> None:
         try:
@@ -188,7 +204,10 @@ class InboxReader:
         if not handled and not check_empty:
             return
         try:
-            await self.store.inbox_ack(self.worker_id, handled, check_empty=check_empty)
+            store = self._store or self.store  # before the first read: the process's
+            await store.inbox_ack(
+                self.worker_id, handled, check_empty=check_empty, stripe=self.stripe
+            )
         except BaseException:
             # all of them again: a batch that did go through deletes nothing twice
             self.unacked = handled + self.unacked

@@ -24,11 +24,8 @@ its composition root.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-
-from redis import exceptions as redis_errors
 
 from services.worker.control.moves import SessionMoves
 from services.worker.publisher import RedisEventPublisher
@@ -36,12 +33,11 @@ from shared.contracts import DuplexSessionError
 from shared.protocol.duplex import DuplexErrorEvent, SessionClosed
 from shared.protocol.duplex.errors import WORKER_LOST
 from shared.redis.boundary import ControlNotice, RestoreRequest
-from shared.redis.keys import INBOX_GROUP
+from shared.redis.inbox_stripes import InboxStripes, create_groups, delete_worker_keys
 from shared.redis.live_message import stamps_seq
 from shared.redis.store import PublishItem, SessionStore
 
 log = logging.getLogger(__name__)
-
 
 
 def _text(value: bytes | str | None) -> str:
@@ -62,7 +58,6 @@ class Ownership:
         moves: SessionMoves,
         publisher: RedisEventPublisher,
         *,
-        inbox: str,
         notify: Notify,
         report_load: Callable[[], Awaitable[None]],
     ) -> None:
@@ -71,7 +66,8 @@ class Ownership:
         self.keys = store.keys
         self.moves = moves
         self.publisher = publisher
-        self.inbox = inbox
+        #: the worker's inbox stripes (its process sets them once it has chosen them)
+        self.stripes = InboxStripes()
         self.notify = notify
         self.report_load = report_load
 
@@ -216,8 +212,7 @@ class Ownership:
         """Added to the registry anew while holding sessions: the dead-worker sweep removed the
         worker (a stall past the TTL) and deleted its inbox. The inbox's group is made again,
         and the sessions that are not its own any more are dropped (`check_owners`)."""
-        with contextlib.suppress(redis_errors.ResponseError):  # BUSYGROUP: it exists
-            await self.store.client.xgroup_create(self.inbox, INBOX_GROUP, id="0", mkstream=True)
+        await create_groups(self.store.client, self.keys, self.worker_id, self.stripes)
         return await self.check_owners()
 
     async def check_owners(self) -> list[str]:
@@ -283,9 +278,4 @@ class Ownership:
             await client.zadd(self.keys.workers(), {self.worker_id: 1})
             return
         # the inbox too: its sessions are closed or moved, and nothing reads it again
-        await client.delete(
-            self.keys.worker(self.worker_id),
-            self.keys.worker_sessions(self.worker_id),
-            self.inbox,
-            self.keys.inbox_bytes(self.worker_id),
-        )
+        await delete_worker_keys(client, self.keys, self.worker_id, self.stripes)

@@ -53,7 +53,9 @@ from shared.redis.boundary import (
     UnknownCommand,
     WorkerRegistration,
 )
-from shared.redis.keys import INBOX_GROUP, KeySchema
+from shared.redis.inbox_stripes import FIELD as STRIPES_FIELD
+from shared.redis.inbox_stripes import InboxStripes, choose_stripes, create_groups
+from shared.redis.keys import KeySchema
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
 from shared.supervised import SupervisedLoop, stop_all
@@ -99,7 +101,8 @@ class WorkerProcess:
             sessions_key=self.keys.worker_sessions(settings.worker_id),
             worker_id=settings.worker_id,
         )
-        self.inbox = self.keys.inbox(settings.worker_id)
+        #: its inbox's stripes (one per Redis Cluster master), chosen in `start`
+        self.stripes = InboxStripes()
         # a frame-clocked model is loaded in `start` (off the loop), its manager with it
         self._manager: SessionManager | None = None
         self._ownership: Ownership | None = None
@@ -116,17 +119,11 @@ class WorkerProcess:
         self._order_lock = asyncio.Lock()  # released commands reach the manager in order
         self._order_wake = asyncio.Event()
         self.drain: Drain | None = None  # set by `stop`: SIGTERM
-        # dispatch and the drain looked up at each entry (a test may stand in for either)
-        self.reader = InboxReader(
-            redis,
-            self.store,
-            settings.worker_id,
-            self.inbox,
-            lambda message: self.dispatch(message),
-            lambda: self.drain,
-        )
+        #: a reader per inbox stripe; stripe 0's from the start, the others' once chosen
+        self.readers = [self._reader(0)]
         self._loops: list[SupervisedLoop] = []
         self._beat_outage = OutageLog(log, "worker heartbeat")
+        self._registration_outage = OutageLog(log, "worker registration (its hash)")
         #: a frame-clocked model's stage: its restores' progress goes to their hashes
         self._frame_port: TickBatchedStagePort | None = None
         self._stopping = asyncio.Event()
@@ -138,6 +135,33 @@ class WorkerProcess:
     @property
     def worker_id(self) -> str:
         return self.settings.worker_id
+
+    @property
+    def reader(self) -> InboxReader:
+        """The reader of inbox stripe 0 (the only one on a single Redis)."""
+        return self.readers[0]
+
+    def _reader(self, stripe: int) -> InboxReader:
+        # dispatch and the drain looked up at each entry (a test may stand in for either)
+        return InboxReader(
+            self.redis,
+            self.store,
+            self.worker_id,
+            self.keys.inbox(self.worker_id, stripe),
+            lambda message: self.dispatch(message),
+            lambda: self.drain,
+            stripe=stripe,
+        )
+
+    async def _choose_stripes(self) -> InboxStripes:
+        """The stripes this worker's hash announces (a process before this one under the
+        same id chose them: pods may have them cached), else new ones for the cluster as
+        it is (shared/redis/inbox_stripes.py)."""
+        client = self.redis.client
+        announced = await client.hget(self.keys.worker(self.worker_id), STRIPES_FIELD)
+        if announced:
+            return InboxStripes.from_json(announced)
+        return await choose_stripes(client, self.keys, self.worker_id)
 
     @property
     def manager(self) -> SessionManager:
@@ -159,7 +183,6 @@ class WorkerProcess:
             self.store,
             manager.moves,
             self.publisher,
-            inbox=self.inbox,
             notify=self.notify,
             report_load=self.report_load,
         )
@@ -196,8 +219,12 @@ class WorkerProcess:
             await self._load_frame_model(self.plugin)
         client = self.redis.client
         await self.store.scripts.ensure_loaded(client)
-        with contextlib.suppress(redis_errors.ResponseError):  # BUSYGROUP: it exists
-            await client.xgroup_create(self.inbox, INBOX_GROUP, id="0", mkstream=True)
+        self.stripes = await self._choose_stripes()
+        self.ownership.stripes = self.stripes
+        self.store.stripes.learn(self.worker_id, self.stripes)
+        self.registration = dataclasses.replace(self.registration, inbox_stripes=self.stripes)
+        self.readers += [self._reader(stripe) for stripe in self.stripes.stripes if stripe]
+        await create_groups(client, self.keys, self.worker_id, self.stripes)
         await self._register()
         self.publisher.start()
         self.manager.start()
@@ -217,11 +244,13 @@ class WorkerProcess:
         # a previous process under this id left sessions (killed, restarted within the
         # heartbeat TTL): restored before its unhandled inbox entries are read
         await self.ownership.adopt()
-        self._loops += [
-            SupervisedLoop("worker-inbox", self.reader.consume).start(),
-            SupervisedLoop("worker-inbox-ack", self.reader.ack_loop).start(),
-            SupervisedLoop("worker-command-order", self._order_loop).start(),
-        ]
+        for reader in self.readers:
+            name = f"worker-inbox-{reader.stripe}" if reader.stripe else "worker-inbox"
+            self._loops += [
+                SupervisedLoop(name, reader.consume).start(),
+                SupervisedLoop(f"{name}-ack", reader.ack_loop).start(),
+            ]
+        self._loops.append(SupervisedLoop("worker-command-order", self._order_loop).start())
         log.info(
             "worker %s serving %s (max %d sessions)",
             self.worker_id,
@@ -251,8 +280,9 @@ class WorkerProcess:
             await self.redis.client.zrem(self.keys.workers(), self.worker_id)
         if self.health is not None:
             await self.health.stop()
-        with contextlib.suppress(Exception):
-            await self.reader.ack_pending(check_empty=True)
+        for reader in self.readers:
+            with contextlib.suppress(Exception):
+                await reader.ack_pending(check_empty=True)
         if self._manager is not None:  # None: a frame-clocked model that never loaded
             await self._manager.shutdown("shutdown")
         await self.publisher.stop()
@@ -270,11 +300,31 @@ class WorkerProcess:
         True when the ZADD added the worker anew (the first beat, or the sweep removed it)."""
         client = self.redis.client
         registration = dataclasses.replace(self.registration, active=self.table.slots_in_use)
-        pipeline = client.pipeline(transaction=False)
-        pipeline.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash())
-        pipeline.zadd(self.keys.workers(), {self.worker_id: int(time.time() * 1000)})
-        _, added = await pipeline.execute()
+        registry = {self.worker_id: int(time.time() * 1000)}
+        if not self.redis.cluster:
+            pipeline = client.pipeline(transaction=False)
+            pipeline.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash())
+            pipeline.zadd(self.keys.workers(), registry)
+            _, added = await pipeline.execute()
+            self._last_beat_ok = True
+            return bool(added)
+        # on a cluster the hash (the worker's own tag) and the registry are on two masters,
+        # each call on its own: a master of the worker's tag failing over must not stop the
+        # beat the dead-worker sweep reads (the registry's score), or every session of a
+        # healthy worker would be moved for it
+        stored, added = await asyncio.gather(
+            client.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash()),
+            client.zadd(self.keys.workers(), registry),
+            return_exceptions=True,
+        )
+        if isinstance(added, BaseException):
+            raise added
         self._last_beat_ok = True
+        if isinstance(stored, BaseException):
+            # the registration waits for the next beat; the beat itself went through
+            self._registration_outage.failed(stored, traceback=False)
+        else:
+            self._registration_outage.succeeded()
         return bool(added)
 
     def readiness(self) -> tuple[bool, str]:
@@ -323,7 +373,8 @@ class WorkerProcess:
             self._beat_outage.succeeded()
 
     def _new_drain(self) -> Drain:
-        self.reader.block_ms = DRAIN_READ_BLOCK_MS  # so the linger ends soon after it may
+        for reader in self.readers:
+            reader.block_ms = DRAIN_READ_BLOCK_MS  # so the linger ends soon after it may
         return Drain(
             self.worker_id,
             self.store,
@@ -334,6 +385,7 @@ class WorkerProcess:
             dispatch=self.dispatch,
             release_held=self.release_held,
             notify=self.notify,
+            stripes=self.stripes.stripes,
         )
 
     async def notify(self, session_id: str, notice: ControlNotice) -> None:

@@ -42,16 +42,21 @@ class KeySchema:
         return f"{self.prefix}:session:{{{session_id}}}:live"
 
     # -- workers
-    def inbox(self, worker_id: str) -> str:
-        """stream: commands for every session pinned to the worker (group `runners`)."""
-        return f"{self.prefix}:worker:{{{worker_id}}}:inbox"
+    def inbox(self, worker_id: str, stripe: int = 0) -> str:
+        """stream: commands for the sessions pinned to the worker (group `runners`); on a
+        Redis Cluster one stripe per master, each session's on its own keys' master
+        (shared/redis/inbox_stripes.py); stripe 0 is the worker's own tag, the only one
+        on a single Redis."""
+        return f"{self.prefix}:worker:{{{_stripe_tag(worker_id, stripe)}}}:inbox"
 
-    def inbox_bytes(self, worker_id: str) -> str:
-        """string: bytes of the inbox entries the worker has not handled yet (its budget)."""
-        return f"{self.prefix}:worker:{{{worker_id}}}:inbox_bytes"
+    def inbox_bytes(self, worker_id: str, stripe: int = 0) -> str:
+        """string: bytes of the inbox (stripe's) entries the worker has not handled yet
+        (its budget)."""
+        return f"{self.prefix}:worker:{{{_stripe_tag(worker_id, stripe)}}}:inbox_bytes"
 
     def worker(self, worker_id: str) -> str:
-        """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at."""
+        """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at,
+        inbox_stripes JSON."""
         return f"{self.prefix}:worker:{{{worker_id}}}"
 
     def worker_sessions(self, worker_id: str) -> str:
@@ -87,3 +92,9 @@ class KeySchema:
     def reply(self, request_id: str) -> str:
         """list: the one reply to a request an API pod made of a worker (chat)."""
         return f"{self.prefix}:reply:{{{request_id}}}"
+
+
+def _stripe_tag(worker_id: str, stripe: int) -> str:
+    """The hash tag of a worker's inbox stripe: the worker's id for stripe 0, else
+    `<id>:s<k>` (a tag chosen because it hashes to a slot of another master)."""
+    return worker_id if stripe == 0 else f"{worker_id}:s{stripe}"

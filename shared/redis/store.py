@@ -15,6 +15,7 @@ from shared.errors import CodedError
 from shared.ids import now_ms, token_digest
 from shared.outage_log import OutageLog
 from shared.redis.boundary import InboxMessage, encode_entry, entry_bytes
+from shared.redis.inbox_stripes import StripeDirectory
 from shared.redis.keys import INBOX_GROUP, KeySchema
 from shared.redis.live_message import (
     LiveRecord,
@@ -159,6 +160,8 @@ class SessionStore:
         self.replica_ack_timeout_ms = replica_ack_timeout_ms
         self.unacked = 0  # such writes a replica had not acknowledged in time
         self._unacked_log = OutageLog(log, "replicas acknowledging the writes a failover must keep")
+        #: the workers' inbox stripes, for the entries this process writes to a session's
+        self.stripes = StripeDirectory(client, self.keys)
 
     async def _acknowledged(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
         """The script's reply; with `replica_acks`, once that many replicas have the write
@@ -478,50 +481,63 @@ class SessionStore:
         )  # claimed, resumed or gone: unindexed
         return _text(worker) if worker else None
 
-    async def inbox_append(self, worker_id: str, fields: Mapping[str, Any]) -> None:
+    async def inbox_append(
+        self, worker_id: str, fields: Mapping[str, Any], *, session_id: str | None = None
+    ) -> None:
         """One entry (`record.to_fields()`, `encode_entry`) to a worker's inbox: a close, a
         restore, forwarded messages. Outside its budget but counted in it, like the API's
-        pipelined commands (services/api/inbox_writer.py)."""
+        pipelined commands (services/api/inbox_writer.py). `session_id`: the session whose
+        messages it holds, which decides the inbox stripe (shared/redis/inbox_stripes.py);
+        None: stripe 0."""
         args: list[Any] = [0, entry_bytes(fields)]
         for name, value in fields.items():
             args += [name, value]
-        keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
+        stripe = 0
+        if session_id is not None:
+            stripe = (await self.stripes.of(worker_id)).for_session(self.keys, session_id)
+        keys = [self.keys.inbox(worker_id, stripe), self.keys.inbox_bytes(worker_id, stripe)]
         await self.scripts.inbox_append(self.client, keys, args)
 
     async def inbox_forward(
         self,
         worker_id: str,
+        session_id: str,
         messages: Sequence[InboxMessage],
         *,
         max_messages: int = 512,
         max_audio: int = 4 * 1024 * 1024,
     ) -> None:
-        """Messages read from another worker's inbox, written to this one's as they were
-        read (their (attachment, seq) marks with them), in order: the commands of a moved
-        session. In as few entries as the limits allow (at most what an API pod's writer
-        round puts in one: services/api/inbox_round.py)."""
+        """Messages of one session read from another worker's inbox, written to this one's
+        as they were read (their (attachment, seq) marks with them), in order: the commands
+        of a moved session. In as few entries as the limits allow (at most what an API
+        pod's writer round puts in one: services/api/inbox_round.py)."""
         batch: list[InboxMessage] = []
         size = 0
         for message in messages:
             audio = len(message.audio)
             if batch and (len(batch) >= max_messages or size + audio > max_audio):
-                await self.inbox_append(worker_id, encode_entry(batch))
+                await self.inbox_append(worker_id, encode_entry(batch), session_id=session_id)
                 batch, size = [], 0
             batch.append(message)
             size += audio
         if batch:
-            await self.inbox_append(worker_id, encode_entry(batch))
+            await self.inbox_append(worker_id, encode_entry(batch), session_id=session_id)
 
     async def inbox_ack(
-        self, worker_id: str, handled: Sequence[tuple[Any, int]], *, check_empty: bool = True
+        self,
+        worker_id: str,
+        handled: Sequence[tuple[Any, int]],
+        *,
+        check_empty: bool = True,
+        stripe: int = 0,
     ) -> int:
         """Acknowledge and delete handled inbox entries, (entry id, size) each, giving their
         bytes back; in calls of INBOX_ACK_BATCH (Lua unpacks no more than ~8000 values,
         and a backlog of acks after a Redis hiccup can be longer). `check_empty`: the
         last call also sets the byte counter to 0 if the inbox is empty (one XLEN more:
         the worker's batched acks skip it, and ask once when its inbox goes quiet).
-        Returns how many went."""
-        keys = [self.keys.inbox(worker_id), self.keys.inbox_bytes(worker_id)]
+        Returns how many went. `stripe`: which of the worker's inbox streams."""
+        keys = [self.keys.inbox(worker_id, stripe), self.keys.inbox_bytes(worker_id, stripe)]
         deleted = 0
         starts = range(0, max(len(handled), 1), INBOX_ACK_BATCH)
         for start in starts:

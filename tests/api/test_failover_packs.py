@@ -22,8 +22,8 @@ def test_a_dead_workers_packs_are_split_by_session_in_order():
     pack = as_read(encode_entry(messages))
     garbage = {b"m": b"not json"}
     loss = WorkerLoss("dead")
-    loss.take([(b"1-0", pack), (b"2-0", garbage)])
-    assert loss.last_id == "2-0"
+    loss.take(0, [(b"1-0", pack), (b"2-0", garbage)])
+    assert loss.last_ids == {0: "2-0"}
     assert sorted(loss.entries) == ["duplex-a", "duplex-b"]
     for sid in ("duplex-a", "duplex-b"):
         forwarded = loss.entries[sid]

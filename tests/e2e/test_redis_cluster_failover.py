@@ -223,3 +223,95 @@ async def test_cluster_master_killed_while_sessions_talk():
             process.stop()
         await handle.close()
         await asyncio.to_thread(cluster.stop)
+
+
+def keys_apart(client, master: int) -> KeySchema:
+    """A key prefix whose shared keys (the worker and pod registries, the lease index, the
+    janitor's queue) are on other masters than `master`."""
+    while True:
+        keys = KeySchema(f"stripes-{uuid.uuid4().hex[:6]}")
+        shared = [keys.workers(), keys.apis(), keys.leases(), keys.arq_queue()]
+        if all(client.get_node_from_key(key).port != master for key in shared):
+            return keys
+
+
+def worker_on(client, keys: KeySchema, master: int) -> str:
+    """A worker id whose own keys (stripe 0 of its inbox, its registration) are on `master`."""
+    return next(
+        wid
+        for wid in (f"w-{n}" for n in range(1000))
+        if client.get_node_from_key(keys.worker(wid)).port == master
+    )
+
+
+async def test_a_master_holding_a_workers_own_keys_pauses_only_the_sessions_it_holds():
+    """The master of a worker's own tag (its registration, stripe 0 of its inbox) is killed,
+    and has no replica: it stays away. The worker's sessions whose keys are on the other
+    masters go on talking (their commands are on their own masters' stripes, the worker's
+    heartbeat reaches the registry on its own); those on the lost master wait for it."""
+    cluster = await asyncio.to_thread(RedisClusterServers, 3, 0, NODE_TIMEOUT_MS, False)
+    handle = connect(cluster.url)
+    client = handle.client
+    talkers: list[Talker] = []
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    processes = []
+    try:
+        await client.initialize()
+        target = client.get_primaries()[0].port
+        keys = keys_apart(client, target)
+        worker_id = worker_on(client, keys, target)
+        worker = start_worker(cluster.url, keys.prefix, worker_id, DUPLEX_MAX_SESSIONS="12")
+        api = start_api(cluster.url, keys.prefix, "api-stripes")
+        processes = [worker, api]
+        await asyncio.to_thread(api.wait_ready)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while await client.zcard(keys.workers()) < 1:
+            assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
+            await asyncio.sleep(0.05)
+        talkers, talking = await sessions_talking([api.base], SESSIONS, stop, tasks)
+        master_of = [
+            client.get_node_from_key(keys.session(t.client.session_id or "")).port
+            for t in talkers
+        ]
+        elsewhere = [t for t, master in zip(talkers, master_of, strict=True) if master != target]
+        assert elsewhere, "every session's keys landed on the killed master: run again"
+
+        await asyncio.to_thread(cluster.kill, target)
+        killed = time.monotonic()
+        talked = await until(
+            lambda: all(t.talked_since(killed) is not None for t in elsewhere),
+            RECOVERY_TIMEOUT_S,
+        )
+        stop.set()
+        await asyncio.gather(*talking)
+
+        print(
+            f"\na master holding worker {worker_id}'s own keys killed (no replica; "
+            f"{len(elsewhere)} of {SESSIONS} sessions' keys elsewhere):"
+        )
+        for t, master in zip(talkers, master_of, strict=True):
+            again = t.talked_since(killed)
+            print(
+                f"  session {t.conversation.index}: keys on {master}"
+                f"{' (killed)' if master == target else ''},"
+                f" kill -> talks again {'never' if again is None else f'{again - killed:.2f} s'},"
+                f" refused {t.refused}, unanswered {t.unanswered}"
+            )
+        print_warnings("API pod", api.logs())
+        print_warnings("worker", worker.logs())
+
+        assert talked, [
+            (master, t.talked_since(killed)) for t, master in zip(talkers, master_of, strict=True)
+        ]
+        for t in elsewhere:
+            assert t.conversation.ended_by is None, t.conversation.ended_by
+            assert strictly_increasing(t.client.wire_seqs), t.client.wire_seqs
+        # the worker's beat reached the registry all along: it was never declared dead
+        assert "is dead" not in api.logs()
+    finally:
+        await stop_talking(stop, tasks, talkers)
+        for process in processes:
+            process.stop()
+        await handle.close()
+        await asyncio.to_thread(cluster.stop)

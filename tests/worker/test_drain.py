@@ -210,3 +210,43 @@ async def test_past_the_drain_deadline_a_response_is_cancelled_and_its_session_m
     seqs = live.seqs()
     assert seqs == list(range(1, len(seqs) + 1))
     assert not any(e["type"] in ("error", "session.closed") for e in live.events)
+
+
+async def test_a_drain_that_cannot_reach_redis_says_so_once_and_backs_off(
+    fleet, monkeypatch, caplog
+):
+    """Looking for the workers to move to fails while Redis fails over: the drain says so
+    once for the run and once when it works again, with the count, and pauses on its
+    backoff after each failure rather than asking every poll; then it moves the session."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from shared.backoff import Backoff
+
+    a = await fleet.worker("w-a")
+    await fleet.worker("w-b")
+    await fleet.open("w-a", SID)
+    start_moves = Drain._start_moves
+    failures = 5
+    calls: list[bool] = []
+    pauses: list[float] = []
+    next_delay = Backoff.next_delay
+
+    async def away(self: Drain, overdue: bool) -> None:
+        calls.append(overdue)
+        if len(calls) <= failures:
+            raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379.")
+        await start_moves(self, overdue)
+
+    def paused(self: Backoff) -> float:
+        pauses.append(next_delay(self))
+        return pauses[-1]
+
+    monkeypatch.setattr(Drain, "_start_moves", away)
+    monkeypatch.setattr(Backoff, "next_delay", paused)
+    caplog.set_level("INFO", logger="services.worker.drain")
+    await asyncio.wait_for(fleet.stop("w-a"), 30)
+    assert [m.session_id for m in a.drain.moves_done] == [SID]
+    said = [r.getMessage() for r in caplog.records if "looking for workers" in r.getMessage()]
+    assert len(said) == 2, said  # the run's start, and its end
+    assert "works again" in said[1] and f"{failures} tries failed" in said[1], said
+    assert len(pauses) >= failures  # a pause on the backoff after each failure

@@ -37,7 +37,6 @@ def leaving(worker: types.SimpleNamespace) -> Ownership:
         worker.store,
         None,  # type: ignore[arg-type]  # no sessions are held here
         None,  # type: ignore[arg-type]
-        inbox=worker.inbox,
         notify=None,  # type: ignore[arg-type]
         report_load=None,  # type: ignore[arg-type]
     )

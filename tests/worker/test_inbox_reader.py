@@ -36,7 +36,15 @@ class Reader:
     """An InboxReader whose dispatch records what the worker's would receive."""
 
     def __init__(self, client, worker: str = "w") -> None:
-        handle = type("Handle", (), {"client": client, "new_client": lambda self: client})()
+        handle = type(
+            "Handle",
+            (),
+            {
+                "client": client,
+                "new_client": lambda self: client,
+                "reader_client": lambda self: client,
+            },
+        )()
         self.seen: list[InboxMessage] = []
         self.reader = InboxReader(
             handle,
@@ -204,7 +212,7 @@ class RecordingDrain:
         self.taken: list[InboxMessage] = []
         self.rounds = 0
 
-    def read_round(self) -> None:
+    def read_round(self, stripe: int = 0) -> None:
         self.rounds += 1
 
     async def take(self, message: InboxMessage) -> bool:
@@ -242,14 +250,14 @@ async def test_forwarded_messages_reach_the_new_worker_as_read(redis_client):
     store = SessionStore(redis_client, KEYS)
     messages = [CommandRecord("duplex-m", 1, seq, append(seq)) for seq in range(1, 6)]
     messages.append(CloseRequest("duplex-m", "client_close", 1))
-    await store.inbox_forward("w2", messages, max_messages=4)
+    await store.inbox_forward("w2", "duplex-m", messages, max_messages=4)
     entries = await redis_client.xrange(KEYS.inbox("w2"))
     assert [len(decode_entry(fields)) for _, fields in entries] == [4, 2]
     assert [m for _, fields in entries for m in decode_entry(fields)] == messages
-    await store.inbox_forward("w3", messages, max_audio=2 * 640)
+    await store.inbox_forward("w3", "duplex-m", messages, max_audio=2 * 640)
     entries = await redis_client.xrange(KEYS.inbox("w3"))
     assert [len(decode_entry(fields)) for _, fields in entries] == [2, 2, 2]
-    await store.inbox_forward("w4", [])
+    await store.inbox_forward("w4", "duplex-m", [])
     assert await redis_client.xlen(KEYS.inbox("w4")) == 0
 
 
