@@ -16,7 +16,10 @@ Redis being away is told once per turn, not once per append: while appends keep 
 with `internal_error` (a failover takes seconds, and audio appends come every 20-100 ms),
 the first is reported, the rest counted; a write that succeeds, or the next command that is
 not an append (a commit, a response: the next turn), ends the run (the count is logged at
-DEBUG: the pod's inbox writer logs the outage itself, once a run, with its length). A full
+DEBUG: the pod's inbox writer logs the outage itself, once a run, with its length). A client
+that sends nothing but appends (a native session's microphone: its turns are the model's to
+find) has no next command to end a run: it is told again every `RETELL_S` while its appends
+keep failing, so an utterance spoken later in a long outage is not lost untold. A full
 inbox (`input_backpressure`) is still told for every append it drops: that is the client's
 cue to slow down, and each is its own.
 
@@ -31,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
@@ -42,6 +46,8 @@ from shared.protocol.duplex import AppendAudio, DuplexCommand, DuplexErrorEvent
 
 log = logging.getLogger(__name__)
 
+#: a run of failing appends is told again after this long (a stream of appends alone)
+RETELL_S = 2.0
 MAX_UNSENT_APPENDS = 64
 MAX_UNSENT_BYTES = 2 * 1024 * 1024
 BACKPRESSURE = "the session's worker has too many unhandled commands; slow down and retry"
@@ -60,8 +66,14 @@ def failure_event(exc: BaseException, event_id: str | None) -> DuplexErrorEvent:
 
 
 class CommandSender:
-    def __init__(self, workers: WorkerClient, feed: LiveFeed | None = None) -> None:
+    def __init__(
+        self,
+        workers: WorkerClient,
+        feed: LiveFeed | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._workers = workers
+        self._clock = clock
         self.seqs = CommandSeq()  # handed out as each command's entry is built
         #: where an append's failure goes; None: logged only
         self.report: Report | None = None
@@ -72,6 +84,7 @@ class CommandSender:
         #: the code of the failing run of appends already told, and how many more failed
         self._failing: str | None = None
         self._failed_since_told = 0
+        self._told_at = 0.0  # when the run was last told (the clock's time)
 
     @property
     def unsent(self) -> int:
@@ -121,12 +134,14 @@ class CommandSender:
             self._end_run(session_id)  # written again
             return
         event = failure_event(exc, event_id)
-        if self._failing is not None and self._failing == event.code:
+        now = self._clock()
+        if self._failing == event.code and now - self._told_at < RETELL_S:
             self._failed_since_told += 1  # told already, this turn
             return
         self._end_run(session_id)
         if event.code == "internal_error":
             self._failing = event.code
+            self._told_at = now
         if not isinstance(exc, InboxFull | RedisError):
             log.error("an append of event %s was not written", event_id, exc_info=exc)
         elif isinstance(exc, RedisError):

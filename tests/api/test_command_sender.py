@@ -44,7 +44,7 @@ async def sent(sender: CommandSender, command) -> None:
 
 async def test_redis_away_is_told_once_per_turn_not_once_per_append(caplog):
     workers = Workers()
-    sender = CommandSender(workers)  # type: ignore[arg-type]
+    sender = CommandSender(workers, clock=lambda: 0.0)  # type: ignore[arg-type]
     heard: list[DuplexErrorEvent] = []
     sender.report = heard.append
     workers.outcome = RedisConnectionError("the primary is gone")
@@ -85,3 +85,24 @@ async def test_a_full_inbox_is_told_for_every_append_it_drops():
         ("input_backpressure", "a1"),
         ("input_backpressure", "a2"),
     ]
+
+
+async def test_a_stream_of_appends_alone_is_told_again_while_the_outage_lasts():
+    """A native client sends nothing but appends (the model finds its turns): no commit
+    ends its run, so a long outage is told again every `RETELL_S`, not once for all of it,
+    and an utterance spoken late in it is not lost untold."""
+    from services.api.command_sender import RETELL_S
+
+    now = [100.0]
+    workers = Workers()
+    sender = CommandSender(workers, clock=lambda: now[0])  # type: ignore[arg-type]
+    heard: list[DuplexErrorEvent] = []
+    sender.report = heard.append
+    workers.outcome = RedisConnectionError("the primary is gone")
+    for n in range(200):  # 20 ms appends: 4 s of a failover
+        await sent(sender, append(n))
+        now[0] += 0.02
+    told = [e.related_event_id for e in heard]
+    # told at the start and once each RETELL_S after it: a handful, not 200
+    assert told[0] == "a0" and 1 < len(told) <= int(4.0 / RETELL_S) + 1, told
+    assert all(e.code == "internal_error" for e in heard)
