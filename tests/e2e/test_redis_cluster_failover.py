@@ -12,10 +12,12 @@ the Sentinel failover test's). The figures (kill to promotion, kill to each sess
 again, refused turns) and the processes' WARNING lines are printed (`pytest -s` shows them),
 never asserted.
 
-A worker's own keys (its inbox, registration and session set, under its `{worker id}` tag)
-live on one master: when that master is the one killed, every session of that worker waits
-for the promotion, whatever master its own keys are on. The printout says which worker's
-tag was on the killed master."""
+A worker's own keys (its registration, session set and stripe 0 of its inbox, under its
+`{worker id}` tag) live on one master; its sessions' commands are on the inbox stripes of
+their own keys' masters (shared/redis/inbox_stripes.py), so only the sessions whose keys
+were on the killed master wait for the promotion. The printout says which worker's tag was
+on the killed master. The second test kills that master, with no replica to take over:
+the sessions whose keys are elsewhere must talk again while it stays away."""
 
 from __future__ import annotations
 
@@ -117,6 +119,17 @@ def log_messages(log: str, level: str) -> collections.Counter[str]:
     return counts
 
 
+def session_line(t: Talker, master: int, target: int, killed: float) -> str:
+    """Where a session's keys are, and when it talked again after the kill."""
+    again = t.talked_since(killed)
+    return (
+        f"  session {t.conversation.index}: keys on {master}"
+        f"{' (killed)' if master == target else ''},"
+        f" kill -> talks again {'never' if again is None else f'{again - killed:.2f} s'},"
+        f" refused {t.refused}, unanswered {t.unanswered}"
+    )
+
+
 def print_warnings(kind: str, log: str) -> None:
     """The WARNING and ERROR lines of one kind of process, counted, and each message."""
     for level in ("WARNING", "ERROR"):
@@ -150,9 +163,7 @@ async def test_cluster_master_killed_while_sessions_talk():
             logs = "\n".join(w.logs() for w in workers)
             assert time.monotonic() < deadline, f"the workers never registered:\n{logs}"
             await asyncio.sleep(0.05)
-        talkers, talking = await sessions_talking(
-            [api.base for api in apis], SESSIONS, stop, tasks
-        )
+        talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
 
         # where each session's keys and each worker's keys live, as the cluster says now
         session_ids = [t.client.session_id or "" for t in talkers]
@@ -196,15 +207,10 @@ async def test_cluster_master_killed_while_sessions_talk():
             )
         )
         for t, sid in zip(talkers, session_ids, strict=True):
-            again = t.talked_since(killed)
             print(
-                f"  session {t.conversation.index}:"
-                f" keys on {master_of[sid]}{' (killed)' if master_of[sid] == target else ''},"
-                f" worker {worker_of[sid]},"
-                f" kill -> talks again {'never' if again is None else f'{again - killed:.2f} s'},"
-                f" turns {t.conversation.turns}, refused {t.refused},"
-                f" unanswered {t.unanswered}, resumes {t.client.resumes},"
-                f" ended {t.conversation.ended_by}, {answers(t)}"
+                session_line(t, master_of[sid], target, killed)
+                + f", worker {worker_of[sid]}, turns {t.conversation.turns},"
+                f" resumes {t.client.resumes}, ended {t.conversation.ended_by}, {answers(t)}"
             )
         print_warnings("API pods", api_logs)
         print_warnings("workers", worker_logs)
@@ -271,8 +277,7 @@ async def test_a_master_holding_a_workers_own_keys_pauses_only_the_sessions_it_h
             await asyncio.sleep(0.05)
         talkers, talking = await sessions_talking([api.base], SESSIONS, stop, tasks)
         master_of = [
-            client.get_node_from_key(keys.session(t.client.session_id or "")).port
-            for t in talkers
+            client.get_node_from_key(keys.session(t.client.session_id or "")).port for t in talkers
         ]
         elsewhere = [t for t, master in zip(talkers, master_of, strict=True) if master != target]
         assert elsewhere, "every session's keys landed on the killed master: run again"
@@ -291,13 +296,7 @@ async def test_a_master_holding_a_workers_own_keys_pauses_only_the_sessions_it_h
             f"{len(elsewhere)} of {SESSIONS} sessions' keys elsewhere):"
         )
         for t, master in zip(talkers, master_of, strict=True):
-            again = t.talked_since(killed)
-            print(
-                f"  session {t.conversation.index}: keys on {master}"
-                f"{' (killed)' if master == target else ''},"
-                f" kill -> talks again {'never' if again is None else f'{again - killed:.2f} s'},"
-                f" refused {t.refused}, unanswered {t.unanswered}"
-            )
+            print(session_line(t, master, target, killed))
         print_warnings("API pod", api.logs())
         print_warnings("worker", worker.logs())
 

@@ -58,42 +58,45 @@ async def test_one_redis_has_one_stripe(redis_server):
         await client.aclose()
 
 
-async def test_a_cluster_worker_has_a_stripe_on_every_master(redis_cluster):
+@pytest.fixture
+async def cluster(redis_cluster):
+    """A client of the tests' cluster, and a key prefix of the test's own."""
     handle = connect(redis_cluster.url)
-    client, schema = handle.client, keys()
-    try:
-        stripes = await choose_stripes(client, schema, "w-1")
-        masters = {node.name for node in client.get_primaries()}
-        assert len(stripes.stripes) == len(masters) == 3
-        # stripe 0 is where the worker's own keys are; each stripe's stream is on a master
-        # of its own, and serves exactly that master's slots
-        own = client.get_node_from_key(schema.worker("w-1")).name
-        assert client.get_node_from_key(schema.inbox("w-1", 0)).name == own
-        homes = {client.get_node_from_key(schema.inbox("w-1", k)).name for k in stripes.stripes}
-        assert homes == masters
-        for first, last, stripe in stripes.ranges:
-            home = client.get_node_from_key(schema.inbox("w-1", stripe)).name
-            for slot in (first, last):
-                assert client.nodes_manager.get_node_from_slot(slot).name == home
-        # a session's stripe shares its master with the session's own keys
-        for n in range(30):
-            sid = f"duplex-{n}"
-            stripe = stripes.for_session(schema, sid)
-            assert (
-                client.get_node_from_key(schema.inbox("w-1", stripe)).name
-                == client.get_node_from_key(schema.session(sid)).name
-            )
-        # the same choice for the same cluster, in any process
-        assert await choose_stripes(client, schema, "w-1") == stripes
-    finally:
-        await handle.close()
+    yield handle.client, keys()
+    await handle.close()
 
 
-async def test_messages_reach_the_stripe_of_their_session_in_order(redis_cluster):
+async def test_a_cluster_worker_has_a_stripe_on_every_master(cluster):
+    client, schema = cluster
+    stripes = await choose_stripes(client, schema, "w-1")
+    masters = {node.name for node in client.get_primaries()}
+    assert len(stripes.stripes) == len(masters) == 3
+    # stripe 0 is where the worker's own keys are; each stripe's stream is on a master
+    # of its own, and serves exactly that master's slots
+    own = client.get_node_from_key(schema.worker("w-1")).name
+    assert client.get_node_from_key(schema.inbox("w-1", 0)).name == own
+    homes = {client.get_node_from_key(schema.inbox("w-1", k)).name for k in stripes.stripes}
+    assert homes == masters
+    for first, last, stripe in stripes.ranges:
+        home = client.get_node_from_key(schema.inbox("w-1", stripe)).name
+        for slot in (first, last):
+            assert client.nodes_manager.get_node_from_slot(slot).name == home
+    # a session's stripe shares its master with the session's own keys
+    for n in range(30):
+        sid = f"duplex-{n}"
+        stripe = stripes.for_session(schema, sid)
+        assert (
+            client.get_node_from_key(schema.inbox("w-1", stripe)).name
+            == client.get_node_from_key(schema.session(sid)).name
+        )
+    # the same choice for the same cluster, in any process
+    assert await choose_stripes(client, schema, "w-1") == stripes
+
+
+async def test_messages_reach_the_stripe_of_their_session_in_order(cluster):
     """The pod's writer, the store's entries (a restore, forwarded messages) and the
     directory agree: each session's messages are in its stripe, in the order written."""
-    handle = connect(redis_cluster.url)
-    client, schema = handle.client, keys()
+    client, schema = cluster
     writer = InboxWriter(client, schema)
     try:
         stripes = await choose_stripes(client, schema, "w-1")
@@ -130,34 +133,29 @@ async def test_messages_reach_the_stripe_of_their_session_in_order(redis_cluster
         assert not await client.exists(schema.worker("w-1"))
     finally:
         await writer.stop()
-        await handle.close()
 
 
-async def test_the_directory_reads_an_announcement_once_and_keeps_it(redis_cluster):
-    handle = connect(redis_cluster.url)
-    client, schema = handle.client, keys()
-    try:
-        stripes = await choose_stripes(client, schema, "w-2")
-        await client.hset(schema.worker("w-2"), FIELD, stripes.to_json())
-        directory = StripeDirectory(client, schema)
-        assert directory.known("w-2") is None
-        assert await directory.of("w-2") == stripes
-        # the hash going away later changes nothing here: a session's messages never
-        # change streams half-way
-        await client.delete(schema.worker("w-2"))
-        assert await directory.of("w-2") == stripes
-        sid = "duplex-dir"
-        stripe = stripes.for_session(schema, sid)
-        assert await directory.inbox_of("w-2", sid) == (
-            schema.inbox("w-2", stripe),
-            schema.inbox_bytes("w-2", stripe),
-            stripe,
-        )
-        # a worker with no announcement (a single Redis' worker): stripe 0, kept too
-        assert await directory.of("w-none") == InboxStripes()
-        assert directory.known("w-none") == InboxStripes()
-    finally:
-        await handle.close()
+async def test_the_directory_reads_an_announcement_once_and_keeps_it(cluster):
+    client, schema = cluster
+    stripes = await choose_stripes(client, schema, "w-2")
+    await client.hset(schema.worker("w-2"), FIELD, stripes.to_json())
+    directory = StripeDirectory(client, schema)
+    assert directory.known("w-2") is None
+    assert await directory.of("w-2") == stripes
+    # the hash going away later changes nothing here: a session's messages never
+    # change streams half-way
+    await client.delete(schema.worker("w-2"))
+    assert await directory.of("w-2") == stripes
+    sid = "duplex-dir"
+    stripe = stripes.for_session(schema, sid)
+    assert await directory.inbox_of("w-2", sid) == (
+        schema.inbox("w-2", stripe),
+        schema.inbox_bytes("w-2", stripe),
+        stripe,
+    )
+    # a worker with no announcement (a single Redis' worker): stripe 0, kept too
+    assert await directory.of("w-none") == InboxStripes()
+    assert directory.known("w-none") == InboxStripes()
 
 
 def test_stripe_tags_hash_apart():
