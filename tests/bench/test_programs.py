@@ -32,6 +32,8 @@ RUNS = {
         [],
     ),
     "inbox_codec": (["--iterations", "5", "--repeats", "1"], "benchmarks.md", []),
+    # one run of its quickest scenario: a real cluster master killed under talking sessions
+    "redis_failover": (["--runs", "1", "--scenarios", "cluster-left"], "benchmarks.md", []),
 }
 
 
@@ -78,6 +80,7 @@ def test_program_runs_and_writes_its_section(program, tmp_path):
         "gpu_native",
         "nemotron_step",
         "minicpmo_step",
+        "redis_failover",
     ],
 )
 def test_every_program_is_documented_and_has_help(program):

@@ -33,6 +33,7 @@ from harness.recording_client import RecordingClient
 from harness.redis_cluster import RedisClusterServers
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from tests.e2e.failover_figures import log_figures, record, seconds_after, session_figures
 from tests.e2e.test_redis_failover import (
     Talker,
     count_lines,
@@ -216,6 +217,24 @@ async def test_cluster_master_killed_while_sessions_talk():
         print_warnings("workers", worker_logs)
         print(f"  Traceback lines {count_lines(api_logs + worker_logs, 'Traceback')}")
 
+        record(
+            "cluster",
+            {
+                "promoted_s": seconds_after(promoted_at, killed),
+                "sessions": [
+                    session_figures(
+                        f"session {t.conversation.index}",
+                        t,
+                        killed,
+                        keys_on_lost_master=master_of[sid] == target,
+                        worker_keys_on_lost_master=tag_master.get(worker_of[sid]) == target,
+                    )
+                    for t, sid in zip(talkers, session_ids, strict=True)
+                ],
+                "logs": log_figures([*apis, *workers]),
+            },
+        )
+
         closed = {t.conversation.index: t.conversation.ended_by for t in talkers}
         assert all(reason is None for reason in closed.values()), str(closed)
         assert promoted_at is not None, f"the replica {replica} of {target} was never promoted"
@@ -299,6 +318,22 @@ async def test_a_master_holding_a_workers_own_keys_pauses_only_the_sessions_it_h
             print(session_line(t, master, target, killed))
         print_warnings("API pod", api.logs())
         print_warnings("worker", worker.logs())
+        record(
+            "cluster-left",
+            {
+                "sessions": [
+                    session_figures(
+                        f"session {t.conversation.index}",
+                        t,
+                        killed,
+                        keys_on_lost_master=master == target,
+                        worker_keys_on_lost_master=True,
+                    )
+                    for t, master in zip(talkers, master_of, strict=True)
+                ],
+                "logs": log_figures([api, worker]),
+            },
+        )
 
         assert talked, [
             (master, t.talked_since(killed)) for t, master in zip(talkers, master_of, strict=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +24,14 @@ from harness.redis_sentinel import RedisSentinelSet
 from shared.client.duplex_client import DuplexClientError
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from tests.e2e.failover_figures import (
+    count_lines,
+    log_figures,
+    record,
+    seconds_after,
+    session_figures,
+    strictly_increasing,
+)
 from tests.redis.test_sentinel import close, promotion
 
 SESSIONS = 4
@@ -132,10 +139,6 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
-def strictly_increasing(seqs: list[int]) -> bool:
-    return all(a < b for a, b in itertools.pairwise(seqs))
-
-
 async def sessions_talking(
     bases: list[str], count: int, stop: asyncio.Event, tasks: list[asyncio.Task[None]]
 ) -> tuple[list[Talker], list[asyncio.Task[None]]]:
@@ -168,10 +171,6 @@ async def stop_talking(
         await t.client.close(end_session=False)
 
 
-def count_lines(log: str, *needles: str) -> int:
-    return sum(1 for line in log.splitlines() if any(needle in line for needle in needles))
-
-
 async def test_sentinel_primary_killed_while_sessions_talk():
     sentinels = await asyncio.to_thread(RedisSentinelSet)
     prefix = f"failover-{uuid.uuid4().hex[:6]}"
@@ -193,9 +192,7 @@ async def test_sentinel_primary_killed_while_sessions_talk():
         while not await registered():
             assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
             await asyncio.sleep(0.05)
-        talkers, talking = await sessions_talking(
-            [api.base for api in apis], SESSIONS, stop, tasks
-        )
+        talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
 
         old = await asyncio.to_thread(sentinels.kill_primary)
         killed = time.monotonic()
@@ -240,6 +237,17 @@ async def test_sentinel_primary_killed_while_sessions_talk():
             f" worker {count_lines(worker.logs(), ' WARNING ')};"
             f" 'is dead' lines {count_lines(api_logs, ' is dead')};"
             f" Traceback lines {count_lines(api_logs + worker.logs(), 'Traceback')}"
+        )
+
+        record(
+            "sentinel",
+            {
+                "promoted_s": seconds_after(named_at, killed),
+                "sessions": [
+                    session_figures(f"session {t.conversation.index}", t, killed) for t in talkers
+                ],
+                "logs": log_figures([*apis, worker]),
+            },
         )
 
         closed = {t.conversation.index: t.conversation.ended_by or t.client.ended for t in talkers}

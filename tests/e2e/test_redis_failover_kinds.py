@@ -42,6 +42,7 @@ from shared.protocol.duplex import pcm16_to_float
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from tests.e2e import waits
+from tests.e2e.failover_figures import log_figures, record, seconds_after, session_figures
 from tests.e2e.native_moves import CHECKOUT
 from tests.e2e.test_frame_clocked import PLUGIN, send_pcm
 from tests.e2e.test_redis_failover import (
@@ -342,6 +343,37 @@ async def test_sentinel_primary_killed_under_every_kind_of_session():
             f" {drained_owner} exited {drained_exit}"
         )
         print(f"  WARNING/ERROR/Traceback lines: {fleet.log_counts()}")
+        record(
+            "kinds",
+            {
+                "promoted_s": seconds_after(named_at, killed),
+                "sessions": [
+                    session_figures(
+                        kind.split(" from ")[0],
+                        t,
+                        killed,
+                        first_answer_s=seconds_after(
+                            next((at for at in t.client.completed_at if at > killed), None),
+                            killed,
+                        ),
+                    )
+                    for kind, t in zip(kinds, talkers, strict=True)
+                ],
+                "resume": {
+                    "outcome": "resync" if resync else resumed.failure or "resumed",
+                    "after_s": seconds_after(resume_seen[0] if resume_seen else None, killed),
+                    "tries": resumed_client.resume_dials,
+                },
+                "drain": {
+                    "moved": owner_at_kill == drained_owner and moved_to == other,
+                    "long_turn_answered_s": seconds_after(
+                        long_answered[0] if long_answered else None, killed
+                    ),
+                    "exit_code": drained_exit,
+                },
+                "logs": log_figures(fleet.processes),
+            },
+        )
 
         closed = {t.conversation.index: t.conversation.ended_by or t.client.ended for t in talkers}
         if resync:  # told, not silent: the session must start over, which is allowed

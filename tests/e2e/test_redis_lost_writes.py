@@ -31,6 +31,7 @@ from harness.recording_client import RecordingClient, check
 from harness.redis_sentinel import RedisSentinelSet
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
+from tests.e2e.failover_figures import log_figures, record, seconds_after, session_figures
 from tests.e2e.test_redis_cluster_failover import print_warnings
 from tests.e2e.test_redis_failover import (
     Talker,
@@ -156,6 +157,7 @@ async def test_writes_the_killed_primary_acknowledged_are_lost():
             f" {SESSIONS} talking sessions (2 API pods, 1 worker)"
         )
         print(f"  kill -> every sentinel names the promoted replica: {named_at - killed:.2f} s")
+        sessions = []
         for t, sid, meta, at_kill in zip(talkers, session_ids, metas, held, strict=True):
             regressions = int(meta.get("seq_regressions", 0))
             # the floor the worker moved next_seq to: the last seq it was handed before the
@@ -173,8 +175,26 @@ async def test_writes_the_killed_primary_acknowledged_are_lost():
                 f" unanswered {t.unanswered}, resumes {t.client.resumes},"
                 f" ended {t.conversation.ended_by}, check {check(t.conversation)}"
             )
+            sessions.append(
+                session_figures(
+                    f"session {t.conversation.index}",
+                    t,
+                    killed,
+                    journal_lost=lost,
+                    seq_regressions=regressions,
+                    resyncs=len(resyncs_of(t.client)),
+                )
+            )
         print_warnings("API pods", "\n".join(api.logs() for api in apis))
         print_warnings("worker", worker.logs())
+        record(
+            "lost-writes",
+            {
+                "promoted_s": seconds_after(named_at, killed),
+                "sessions": sessions,
+                "logs": log_figures([*apis, worker]),
+            },
+        )
 
         assert new == replica_port
         # the loss happened: every session had events past what the replica holds
