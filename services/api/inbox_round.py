@@ -1,14 +1,17 @@
-"""One round of the inbox writer: what is queued, grouped into one entry per worker.
+"""One round of the inbox writer: what is queued, grouped into one entry per inbox.
 
-Each queued item is a message for a worker. A round takes items in queue order and gives
-each worker one entry: its messages in that order
+Each queued item is a message for a worker, routed to one of its inbox stripes (one on a
+single Redis; one per master on a cluster, the session's: shared/redis/inbox_stripes.py).
+A round takes items in queue order and gives each worker's stripe one entry: its messages
+in that order
 (`shared.redis.inbox_codec.encode_entry`). A command's seq is handed out here,
 when its entry is built (`CommandSeq`), not when it was queued: should the inbox's budget
 refuse the entry, its seqs are given back and the attachment's seqs stay contiguous (a gap
 means commands lost in a move to the worker: `input_lost`).
 
 A round stops early rather than give one attachment's commands two entries (a `moved`
-notice between two of its commands), or a worker a second entry: every command of an
+notice between two of its commands), or a stripe a second entry, or an item whose stripe
+is not known yet a place before the items after it: every command of an
 attachment in a round is in one entry, so one refusal gives back a contiguous run of seqs.
 """
 

@@ -1,11 +1,14 @@
-"""Every connection's commands to the workers' inboxes, in rounds: one entry per worker.
+"""Every connection's commands to the workers' inboxes, in rounds: one entry per inbox.
 
 A pod carries many sessions each sending 50 appends a second. One inbox entry (one
 `inbox_append.lua` call, a GET, an XADD and an INCRBY in Redis) and one worker read per
 append were most of the Redis commands of a session. Here each round of the writer takes
-what every connection queued and gives each worker **one** entry: the round's messages
-for it, in queue order (`services/api/inbox_round.py`), one EVALSHA (one INCRBY, one
-XADD) each, all in one non-transactional pipeline.
+what every connection queued and gives each worker's inbox **one** entry: the round's
+messages for it, in queue order (`services/api/inbox_round.py`), one EVALSHA (one INCRBY,
+one XADD) each, all in one non-transactional pipeline. On a Redis Cluster a worker's inbox
+is a stream per master (its stripes: shared/redis/inbox_stripes.py), each session's
+messages in the stripe of its own master; there each entry is a call of its own, so a
+master that is away fails only its stripes' entries.
 
 When a round leaves:
 - a message that is not an append (a commit, a heartbeat, an update, a close, an open, a
@@ -149,16 +152,25 @@ class InboxWriter:
 
     async def _learn_stripes(self) -> None:
         """Read the stripes of the workers queued items go to that this pod has not met
-        yet (one HGET each, once), and route those items. A worker whose hash cannot be
-        read fails its items as a write would (Redis away)."""
+        yet (one GET each, once: shared/redis/inbox_stripes.py), and route those items. A
+        worker whose stripes cannot be read fails its items as a write would (Redis away)."""
         for worker in dict.fromkeys(i.worker_id for i in self._queue if i.stripe is None):
             try:
-                await self.stripes.of(worker)
+                stripes = await self.stripes.of(worker)
             except Exception as exc:
+                # one run of the log with the inboxes' failures (stripe -1: its lookup)
+                self._failing[(worker, -1)] = time.monotonic()
                 self.outage.failed(exc, traceback=False)
                 failed = [i for i in self._queue if i.worker_id == worker and i.stripe is None]
                 self._queue = [i for i in self._queue if i not in failed]
                 self._fail(failed, exc)
+                continue
+            self._failing.pop((worker, -1), None)
+            # items queued meanwhile too (the directory may not keep a worker that has not
+            # announced: routed with what it said now)
+            for item in self._queue:
+                if item.stripe is None and item.worker_id == worker:
+                    item.stripe = stripes.for_session(self.keys, item.message.session_id)
         for item in self._queue:
             if item.stripe is None:
                 self._route(item)

@@ -126,10 +126,9 @@ class InboxReader:
                 continue
             backoff.reset()
             self._read_outage.succeeded()
-            if (drain := self.drain()) is not None:
-                drain.read_round(self.stripe)
             entries = reply[0][1] if reply else []
             if not entries:
+                self._read_round()
                 if self.read_from != ">":  # past our pending entries: new ones
                     self.read_from = ">"
                 elif not self._quiet and not self.unacked:
@@ -148,6 +147,14 @@ class InboxReader:
                 self.unacked.append((entry_id, entry_bytes(fields)))
             self._quiet = False
             self._ack_wake.set()
+            # counted once what it read is dispatched (forwarded, for a moved session): a
+            # drain that ends on its count never leaves a forward half-way
+            self._read_round()
+
+    def _read_round(self) -> None:
+        """Tell a drain this stripe finished a read."""
+        if (drain := self.drain()) is not None:
+            drain.read_round(self.stripe)
 
     def _own_client(self) -> Any:
         if self._client is None:

@@ -53,8 +53,7 @@ from shared.redis.boundary import (
     UnknownCommand,
     WorkerRegistration,
 )
-from shared.redis.inbox_stripes import FIELD as STRIPES_FIELD
-from shared.redis.inbox_stripes import InboxStripes, choose_stripes, create_groups
+from shared.redis.inbox_stripes import ANNOUNCED_TTL_S, InboxStripes, announce, create_groups
 from shared.redis.keys import KeySchema
 from shared.redis.store import SessionStore
 from shared.settings import WorkerSettings
@@ -153,16 +152,6 @@ class WorkerProcess:
             stripe=stripe,
         )
 
-    async def _choose_stripes(self) -> InboxStripes:
-        """The stripes this worker's hash announces (a process before this one under the
-        same id chose them: pods may have them cached), else new ones for the cluster as
-        it is (shared/redis/inbox_stripes.py)."""
-        client = self.redis.client
-        announced = await client.hget(self.keys.worker(self.worker_id), STRIPES_FIELD)
-        if announced:
-            return InboxStripes.from_json(announced)
-        return await choose_stripes(client, self.keys, self.worker_id)
-
     @property
     def manager(self) -> SessionManager:
         if self._manager is None:
@@ -219,10 +208,11 @@ class WorkerProcess:
             await self._load_frame_model(self.plugin)
         client = self.redis.client
         await self.store.scripts.ensure_loaded(client)
-        self.stripes = await self._choose_stripes()
+        # the stripes its id announced before (a process under this id chose them: other
+        # processes may have them cached), else new ones (shared/redis/inbox_stripes.py)
+        self.stripes = await announce(client, self.keys, self.worker_id)
         self.ownership.stripes = self.stripes
         self.store.stripes.learn(self.worker_id, self.stripes)
-        self.registration = dataclasses.replace(self.registration, inbox_stripes=self.stripes)
         self.readers += [self._reader(stripe) for stripe in self.stripes.stripes if stripe]
         await create_groups(client, self.keys, self.worker_id, self.stripes)
         await self._register()
@@ -312,9 +302,11 @@ class WorkerProcess:
         # each call on its own: a master of the worker's tag failing over must not stop the
         # beat the dead-worker sweep reads (the registry's score), or every session of a
         # healthy worker would be moved for it
-        stored, added = await asyncio.gather(
+        stored, added, _ = await asyncio.gather(
             client.hset(self.keys.worker(self.worker_id), mapping=registration.to_hash()),
             client.zadd(self.keys.workers(), registry),
+            # the stripes' announcement lives a week past the id's last beat
+            client.expire(self.keys.inbox_stripes(self.worker_id), ANNOUNCED_TTL_S),
             return_exceptions=True,
         )
         if isinstance(added, BaseException):

@@ -54,8 +54,6 @@ from shared.redis.inbox_codec import (
     encode_entry,
     entry_bytes,
 )
-from shared.redis.inbox_stripes import FIELD as STRIPES_FIELD
-from shared.redis.inbox_stripes import InboxStripes
 from shared.redis.live_message import (
     CONTROL_PREFIX,
     MOVED_KIND,
@@ -147,8 +145,6 @@ class WorkerRegistration:
     #: the worker is draining (SIGTERM): placement sends it no new session, and its
     #: sessions are moving to other workers; it still beats until the last one has moved
     draining: bool = False
-    #: its inbox's stripes (shared/redis/inbox_stripes.py): one per cluster master
-    inbox_stripes: InboxStripes = dataclasses.field(default_factory=InboxStripes)
 
     def to_hash(self) -> dict[str, str | int | bytes]:
         return {
@@ -159,7 +155,6 @@ class WorkerRegistration:
             "version": self.version,
             "started_at": self.started_at,
             "draining": int(self.draining),
-            STRIPES_FIELD: self.inbox_stripes.to_json(),
         }
 
     @staticmethod
@@ -181,5 +176,4 @@ class WorkerRegistration:
             version=fields.get(b"version", b"").decode(),
             started_at=int(fields.get(b"started_at", b"0")),
             draining=fields.get(b"draining", b"0") == b"1",
-            inbox_stripes=InboxStripes.from_json(fields.get(STRIPES_FIELD.encode())),
         )

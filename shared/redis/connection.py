@@ -298,13 +298,12 @@ class StartupNodes(dict[str, Any]):
     in flight on the live masters, whose nodes it then forgets too. With blocking reads in
     flight on every master, one master's loss made it forget them all, and it never
     connected again ("Redis Cluster cannot be connected. Please provide at least one
-    reachable node: None"). Here a node a failure would forget is kept and tried last; a
-    topology read (`pop(name)`, no default) still removes the nodes the cluster dropped."""
+    reachable node: None"). Here a node a failure would forget is kept, where it is (the
+    dict is not changed: another task may be iterating it to read the topology); a topology
+    read (`pop(name)`, no default) still removes the nodes the cluster dropped."""
 
     def pop(self, key: str, *default: Any) -> Any:
         if default:
-            if key in self:
-                self[key] = super().pop(key)  # to the end: tried after the others
             return default[0]
         return super().pop(key)
 

@@ -6,18 +6,21 @@ master. With one inbox stream there, every session of the worker waited whenever
 master did, wherever the session's own keys (lease, journal, checkpoint) were. On a
 cluster a worker has a stripe per master instead: stripe 0 is its own tag, and for each
 other master the first tag `{WID:s<k>}` that hashes to a slot of that master. The worker
-announces them in its hash (`inbox_stripes`, JSON: stripe -> the slot ranges it serves)
+announces them (`duplex:worker:{WID}:stripes`, JSON: stripe -> the slot ranges it serves)
 and reads every one (a blocking reader each). A session's inbox messages (its commands,
 opens and closes from API pods, its restore and forwarded messages from a drain or the
 dead-worker sweep) go to the stripe whose ranges hold the session's own slot
 (`for_session`), in every process alike: one session's messages share one stream, so their
 order holds, and share their master with the session's keys, so they fail over together.
 
-An announcement holds for the worker's life and after: a worker restarted under the same
-id takes the stripes its hash announces rather than choosing again, so a pod that cached
-them writes where they are read. A slot no stripe lists (the cluster was resharded since)
-goes to stripe 0: its sessions share that master's fate again, in order still. On a single
-Redis (or Sentinel) there is one stripe, 0, and no announcement.
+The announcement is an id's for good: it is written once (`SET NX`) and outlives the
+worker's registration (a drain's leave and the dead-worker sweep delete the streams, not
+it; it expires a week after the id's last heartbeat). A worker restarted under the same id
+takes it rather than choosing again, so every process may keep what it read once: a
+session's messages never change streams half-way, and none goes to a stream nobody reads.
+A slot no stripe lists (the cluster was resharded since) goes to stripe 0: its sessions
+share that master's fate again, in order still. On a single Redis (or Sentinel) there is
+one stripe, 0, and no announcement.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -35,8 +39,10 @@ from redis.exceptions import ResponseError
 
 from shared.redis.keys import INBOX_GROUP, KeySchema
 
-#: the worker's hash field that announces its stripes
-FIELD = "inbox_stripes"
+log = logging.getLogger(__name__)
+
+#: how long an id's announcement outlives its worker's last heartbeat
+ANNOUNCED_TTL_S = 7 * 24 * 3600
 #: tags tried per master before giving up on a stripe of its own (a tag lands on a master
 #: with its share of the slots: a third of them on 3 masters, so a few tries suffice)
 MAX_TAG_TRIES = 100_000
@@ -84,7 +90,7 @@ class InboxStripes:
             return cls()
         decoded = orjson.loads(raw)
         if not isinstance(decoded, dict):
-            raise ValueError(f"{FIELD} is not a JSON object: {raw!r}")
+            raise ValueError(f"inbox stripes are not a JSON object: {raw!r}")
         ranges = [
             (int(first), int(last), int(stripe))
             for stripe, spans in decoded.items()
@@ -142,18 +148,37 @@ async def choose_stripes(client: Any, keys: KeySchema, worker_id: str) -> InboxS
     return InboxStripes(tuple(sorted(ranges)))
 
 
+async def announce(client: Any, keys: KeySchema, worker_id: str) -> InboxStripes:
+    """The worker's stripes: those its id announced before, else new ones for the cluster as
+    it is, announced (`SET NX`: of two processes under one id, the first one's stand). On a
+    single Redis: one stripe, nothing written."""
+    if not isinstance(client, RedisCluster):
+        return InboxStripes()
+    key = keys.inbox_stripes(worker_id)
+    announced = await client.get(key)
+    if announced is None:
+        chosen = await choose_stripes(client, keys, worker_id)
+        if await client.set(key, chosen.to_json(), nx=True, ex=ANNOUNCED_TTL_S):
+            return chosen
+        announced = await client.get(key)
+    await client.expire(key, ANNOUNCED_TTL_S)
+    return InboxStripes.from_json(announced)
+
+
 class StripeDirectory:
-    """Every worker's announced stripes, read once per worker and kept (an announcement
-    never changes while the worker's hash holds it, nor when a worker restarts under its
-    id). A worker whose hash has none (a single Redis) has one stripe."""
+    """Every worker's announced stripes, read once per worker and kept: an id's
+    announcement never changes (`announce`). A worker with none has one stripe: on a single
+    Redis that is kept too; on a cluster it is asked again next time (a worker that has not
+    announced yet, or an announcement Redis lost)."""
 
     def __init__(self, client: Any, keys: KeySchema) -> None:
         self.client = client
         self.keys = keys
+        self.cluster = isinstance(client, RedisCluster)
         self._known: OrderedDict[str, InboxStripes] = OrderedDict()
 
     def learn(self, worker_id: str, stripes: InboxStripes) -> None:
-        """A worker's stripes read elsewhere (placement reads the workers' hashes)."""
+        """A worker's stripes (its own process knows them without asking)."""
         self._known[worker_id] = stripes
         self._known.move_to_end(worker_id)
         while len(self._known) > CACHED_WORKERS:
@@ -163,15 +188,23 @@ class StripeDirectory:
         return self._known.get(worker_id)
 
     async def of(self, worker_id: str) -> InboxStripes:
-        """The worker's stripes (one HGET the first time; Redis' errors raise)."""
+        """The worker's stripes (one GET the first time on a cluster; Redis' errors raise)."""
         stripes = self._known.get(worker_id)
-        if stripes is None:
-            # kept even when the hash has none (a worker of a single Redis, or one whose
-            # hash is gone): stripe 0 is always read, and a session's messages must not
-            # change streams half-way (their order is kept within one stream only)
-            raw = await self.client.hget(self.keys.worker(worker_id), FIELD)
-            stripes = InboxStripes.from_json(raw)
-            self.learn(worker_id, stripes)
+        if stripes is not None:
+            return stripes
+        if not self.cluster:
+            stripes = InboxStripes()
+        else:
+            raw = await self.client.get(self.keys.inbox_stripes(worker_id))
+            if raw is None:
+                return InboxStripes()
+            try:
+                stripes = InboxStripes.from_json(raw)
+            except (ValueError, TypeError):
+                # not ours to fix here: its stripe 0, which the worker always reads
+                log.warning("worker %s's inbox stripes do not decode: %r", worker_id, raw)
+                stripes = InboxStripes()
+        self.learn(worker_id, stripes)
         return stripes
 
     async def inbox_of(self, worker_id: str, session_id: str) -> tuple[str, str, int]:
@@ -183,17 +216,19 @@ class StripeDirectory:
 async def delete_worker_keys(
     client: Any, keys: KeySchema, worker_id: str, stripes: InboxStripes
 ) -> None:
-    """A worker's registration, session set and every inbox stripe: one DEL for the keys
-    of its own tag, one per other stripe (each in its own slot)."""
+    """A worker's registration, session set and every inbox stripe: one DEL per other
+    stripe (each in its own slot), then one for the keys of its own tag, so a delete that
+    fails half-way leaves the registration for the next try. The announcement stays (an
+    id's stripes never change: `announce`)."""
+    for stripe in stripes.stripes:
+        if stripe:
+            await client.delete(keys.inbox(worker_id, stripe), keys.inbox_bytes(worker_id, stripe))
     await client.delete(
         keys.worker(worker_id),
         keys.worker_sessions(worker_id),
         keys.inbox(worker_id),
         keys.inbox_bytes(worker_id),
     )
-    for stripe in stripes.stripes:
-        if stripe:
-            await client.delete(keys.inbox(worker_id, stripe), keys.inbox_bytes(worker_id, stripe))
 
 
 async def create_groups(

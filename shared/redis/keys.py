@@ -55,9 +55,13 @@ class KeySchema:
         return f"{self.prefix}:worker:{{{_stripe_tag(worker_id, stripe)}}}:inbox_bytes"
 
     def worker(self, worker_id: str) -> str:
-        """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at,
-        inbox_stripes JSON."""
+        """hash: model, max_sessions, active sessions, capabilities JSON, version, started_at."""
         return f"{self.prefix}:worker:{{{worker_id}}}"
+
+    def inbox_stripes(self, worker_id: str) -> str:
+        """string: the worker's inbox stripes on a Redis Cluster (JSON, stripe -> slot
+        ranges), chosen once for its id and kept when it leaves (a week past its last beat)."""
+        return f"{self.prefix}:worker:{{{worker_id}}}:stripes"
 
     def worker_sessions(self, worker_id: str) -> str:
         """set: sessions the worker holds (for the dead-worker sweep)."""

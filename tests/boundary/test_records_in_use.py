@@ -109,7 +109,6 @@ async def test_placement_and_the_admin_read_the_registration_the_worker_writes(s
         "version": "0.1.0",
         "started_at": str(registration.started_at),
         "draining": "0",
-        "inbox_stripes": "{}",  # one Redis: one inbox stream
     }
     await setup.worker.stop()
     assert running_loops() == set()

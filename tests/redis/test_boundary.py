@@ -59,7 +59,6 @@ from shared.redis.boundary import (
     encode_entry,
     entry_bytes,
 )
-from shared.redis.inbox_stripes import InboxStripes
 from shared.redis.keys import KeySchema
 from tests.protocol.strategies import client_command
 
@@ -465,18 +464,10 @@ def test_a_registration_round_trips_through_its_hash():
         "version",
         "started_at",
         "draining",
-        "inbox_stripes",
     ]
     assert WorkerRegistration.from_hash("worker-a", as_read(fields)) == REGISTRATION
     draining = dataclasses.replace(REGISTRATION, draining=True)
     assert WorkerRegistration.from_hash("worker-a", as_read(draining.to_hash())) == draining
-    # a worker on a cluster announces a stripe per master; one on a single Redis, none
-    assert fields["inbox_stripes"] == b"{}"
-    striped = dataclasses.replace(
-        REGISTRATION, inbox_stripes=InboxStripes(((0, 5460, 0), (5461, 16383, 7)))
-    )
-    assert striped.to_hash()["inbox_stripes"] == b'{"0":[[0,5460]],"7":[[5461,16383]]}'
-    assert WorkerRegistration.from_hash("worker-a", as_read(striped.to_hash())) == striped
     assert WorkerRegistration.from_hash("worker-a", {}) is None
     # a load update that outlived the hash (Redis restarted, the worker stopped) is no worker
     load = as_read(WorkerRegistration.load_fields(2))

@@ -9,16 +9,16 @@ from redis.asyncio.cluster import RedisCluster
 from shared.redis.connection import StartupNodes, cluster_client, connect
 
 
-def test_a_failure_keeps_a_startup_node_tried_last_and_a_topology_read_removes_it():
+def test_a_failure_keeps_a_startup_node_and_a_topology_read_removes_it():
     nodes = StartupNodes({"a:1": "A", "b:2": "B", "c:3": "C"})
     # redis-py's failure path: pop(name, None); every node of a cascade failing in turn
     for name in ("a:1", "b:2", "c:3", "a:1"):
         assert nodes.pop(name, None) is None
-    assert list(nodes) == ["b:2", "c:3", "a:1"]  # none forgotten; the latest failure last
+    assert list(nodes) == ["a:1", "b:2", "c:3"]  # none forgotten, nothing moved
     assert nodes.pop("zz:9", None) is None and "zz:9" not in nodes
     # a topology read that no longer lists a node: pop(name), without a default
     assert nodes.pop("b:2") == "B"
-    assert list(nodes) == ["c:3", "a:1"]
+    assert list(nodes) == ["a:1", "c:3"]
 
 
 async def test_blocking_readers_get_cluster_clients_of_their_own(redis_cluster, redis_server):

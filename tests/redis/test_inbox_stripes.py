@@ -10,12 +10,13 @@ from redis.crc import key_slot
 
 from services.api.inbox_writer import InboxWriter
 from shared.protocol.duplex import Heartbeat
-from shared.redis.boundary import CommandRecord, OpenRequest, WorkerRegistration, decode_entry
+from shared.redis.boundary import CommandRecord, OpenRequest, decode_entry
 from shared.redis.connection import connect
 from shared.redis.inbox_stripes import (
-    FIELD,
+    ANNOUNCED_TTL_S,
     InboxStripes,
     StripeDirectory,
+    announce,
     choose_stripes,
     create_groups,
     delete_worker_keys,
@@ -99,9 +100,8 @@ async def test_messages_reach_the_stripe_of_their_session_in_order(cluster):
     client, schema = cluster
     writer = InboxWriter(client, schema)
     try:
-        stripes = await choose_stripes(client, schema, "w-1")
-        registration = WorkerRegistration("w-1", "echo", 8, inbox_stripes=stripes)
-        await client.hset(schema.worker("w-1"), mapping=registration.to_hash())
+        stripes = await announce(client, schema, "w-1")
+        await client.hset(schema.worker("w-1"), "model", "echo")
         await create_groups(client, schema, "w-1", stripes)
         sessions = [f"duplex-{n}" for n in range(12)]
         expected: dict[int, list[tuple[str, int]]] = {k: [] for k in stripes.stripes}
@@ -131,20 +131,35 @@ async def test_messages_reach_the_stripe_of_their_session_in_order(cluster):
         for stripe in stripes.stripes:
             assert not await client.exists(schema.inbox("w-1", stripe))
         assert not await client.exists(schema.worker("w-1"))
+        # the announcement stays: the id's stripes never change
+        assert await announce(client, schema, "w-1") == stripes
     finally:
         await writer.stop()
 
 
+async def test_an_ids_announcement_stands_for_every_process_under_it(cluster):
+    """A worker restarted under the same id, whatever the cluster looks like then (a
+    reshard), takes the stripes its id announced: the processes that read them once keep
+    writing where they are read."""
+    client, schema = cluster
+    first = InboxStripes(((0, 16383, 0),))  # as if chosen on another cluster layout
+    key = schema.inbox_stripes("w-3")
+    assert await client.set(key, first.to_json(), nx=True, ex=60)
+    assert await announce(client, schema, "w-3") == first  # not chosen again
+    assert ANNOUNCED_TTL_S - 5 <= await client.ttl(key) <= ANNOUNCED_TTL_S  # and renewed
+    # two processes under one new id at once: the first SET NX stands for both
+    both = [await announce(client, schema, "w-4"), await announce(client, schema, "w-4")]
+    assert both[0] == both[1] == await choose_stripes(client, schema, "w-4")
+
+
 async def test_the_directory_reads_an_announcement_once_and_keeps_it(cluster):
     client, schema = cluster
-    stripes = await choose_stripes(client, schema, "w-2")
-    await client.hset(schema.worker("w-2"), FIELD, stripes.to_json())
+    stripes = await announce(client, schema, "w-2")
     directory = StripeDirectory(client, schema)
     assert directory.known("w-2") is None
     assert await directory.of("w-2") == stripes
-    # the hash going away later changes nothing here: a session's messages never
-    # change streams half-way
-    await client.delete(schema.worker("w-2"))
+    # read once: a session's messages never change streams half-way
+    await client.delete(schema.inbox_stripes("w-2"))
     assert await directory.of("w-2") == stripes
     sid = "duplex-dir"
     stripe = stripes.for_session(schema, sid)
@@ -153,9 +168,26 @@ async def test_the_directory_reads_an_announcement_once_and_keeps_it(cluster):
         schema.inbox_bytes("w-2", stripe),
         stripe,
     )
-    # a worker with no announcement (a single Redis' worker): stripe 0, kept too
+    # a cluster worker with no announcement (not made yet, or lost): stripe 0, asked again
     assert await directory.of("w-none") == InboxStripes()
-    assert directory.known("w-none") == InboxStripes()
+    assert directory.known("w-none") is None
+    # one that does not decode: stripe 0, which the worker always reads, and said once
+    await client.set(schema.inbox_stripes("w-bad"), b"[1]")
+    assert await directory.of("w-bad") == InboxStripes()
+    assert directory.known("w-bad") == InboxStripes()
+
+
+async def test_on_one_redis_a_worker_has_one_stripe_and_announces_nothing(redis_server):
+    handle = connect(redis_server.url)
+    schema = keys()
+    try:
+        assert await announce(handle.client, schema, "w-1") == InboxStripes()
+        assert not await handle.client.exists(schema.inbox_stripes("w-1"))
+        directory = StripeDirectory(handle.client, schema)
+        assert await directory.of("w-1") == InboxStripes()
+        assert directory.known("w-1") == InboxStripes()  # no Redis command next time
+    finally:
+        await handle.close()
 
 
 def test_stripe_tags_hash_apart():

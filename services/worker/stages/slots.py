@@ -220,6 +220,8 @@ class SlotState:
     #: no new low of its backlog (`lag_low`, in samples, None while it is not behind)
     lagging_ticks: int = 0
     lag_low: int | None = None
+    #: ticks in a row it ended more than `CLIENT_LAG_MS` behind, draining or not
+    behind_ticks: int = 0
     chunks: list[np.ndarray] = dataclasses.field(default_factory=list)
     buffered: int = 0
     #: the input sample (counted from the slot's first) the buffer starts at: the end of

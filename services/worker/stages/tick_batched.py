@@ -261,6 +261,8 @@ class TickBatchedStagePort(InputFedStagePort):
         self.max_buffered_samples = max_buffered_frames * model.frame_samples
         #: what a client-clocked slot may lag behind its client for long (`CLIENT_LAG_MS`)
         self.client_lag_samples = max(frames_in(CLIENT_LAG_MS, frame_ms), 1) * model.frame_samples
+        #: ticks a client-clocked slot may stay behind its client, draining, before it is cut
+        self.backlog_ticks = max(frames_in(CLIENT_BACKLOG_MS, frame_ms), CLIENT_LAG_TICKS)
         #: the last `_tick`'s model step went through
         self._last_step_ok = True
         #: a client-clocked slot's bound (`CLIENT_BACKLOG_MS`)
@@ -841,24 +843,29 @@ class TickBatchedStagePort(InputFedStagePort):
         cut to its newest `CLIENT_LAG_MS` (counted as dropped input) so that the model
         answers its user that late at most, not seconds late for the rest of the session.
         A backlog that keeps shrinking is draining, at whatever pace the worker's load
-        allows, and is left to the catch-up steps: cutting it would lose what the client
-        sent (audio held while the prompt was stepped) only because the machine is slow."""
+        allows, and is left to the catch-up steps (cutting it would lose what the client
+        sent, audio held while the prompt was stepped, only because the machine is slow),
+        for as long as a whole backlog lasts at most (`CLIENT_BACKLOG_MS` of ticks): a drain
+        too slow to end in that time is cut as well."""
         for slot in self._slots.values():
-            if not slot.client_clocked or slot.announce_ready or slot.replaying:
+            if not slot.client_clocked:
                 continue
-            if slot.buffered <= self.client_lag_samples:
-                slot.lagging_ticks = 0
+            if slot.announce_ready or slot.replaying or slot.buffered <= self.client_lag_samples:
+                slot.lagging_ticks = slot.behind_ticks = 0
                 slot.lag_low = None
                 continue
+            slot.behind_ticks += 1
             if slot.lag_low is None or slot.buffered < slot.lag_low:
                 slot.lag_low = slot.buffered  # behind, but less than ever: draining
                 slot.lagging_ticks = 0
-                continue
-            slot.lagging_ticks += 1
-            if slot.lagging_ticks >= CLIENT_LAG_TICKS:
+            else:
+                slot.lagging_ticks += 1
+            # no new low for CLIENT_LAG_TICKS, or behind for as long as a whole backlog
+            # lasts (a drain too slow to end in that time keeps its user that late)
+            if slot.lagging_ticks >= CLIENT_LAG_TICKS or slot.behind_ticks >= self.backlog_ticks:
                 dropped = slot.keep_latest(self.client_lag_samples // self.model.frame_samples)
                 self.counters.dropped_input_frames += dropped / self.model.frame_samples
-                slot.lagging_ticks = 0
+                slot.lagging_ticks = slot.behind_ticks = 0
                 slot.lag_low = None
 
     async def _tick(self, only: Sequence[SlotState] | None = None) -> float:

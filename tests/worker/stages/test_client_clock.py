@@ -173,3 +173,30 @@ async def test_a_backlog_draining_slowly_is_left_to_drain():
         assert rig.port.stats()["catch_up_steps"] >= held
     finally:
         await rig.port.shutdown()
+
+
+async def test_a_drain_too_slow_to_end_within_a_backlogs_time_is_cut():
+    """A backlog that reaches a new low every few ticks, but so slowly that it would keep
+    its user seconds late for minutes, is cut once it has been behind for as many ticks as
+    a whole backlog lasts (`CLIENT_BACKLOG_MS`)."""
+    rig = Rig()
+    try:
+        await rig.open("moshi", client_clock=True)
+        port = rig.port
+        slot = port._slots["moshi"]
+        port.feed("moshi", np.concatenate([QUIET] * 100))
+        await rig.tick()  # ready, and its first steps taken
+        assert not slot.announce_ready and slot.buffered > 50 * FRAME_SAMPLES
+        frame = np.zeros(FRAME_SAMPLES, np.float32)
+        cut_at = None
+        for tick in range(2 * port.backlog_ticks):
+            if tick % 3 == 0:
+                slot.take_frame(frame)  # one frame stepped every third tick: new lows
+            port._bound_client_lag()
+            if port.stats()["dropped_input_frames"] and cut_at is None:
+                cut_at = tick
+        assert port.backlog_ticks == CLIENT_BACKLOG_MS * 24 // FRAME_SAMPLES
+        assert cut_at == port.backlog_ticks - 1  # behind for a whole backlog's ticks
+        assert slot.buffered <= CLIENT_LAG_MS * 24
+    finally:
+        await rig.port.shutdown()
