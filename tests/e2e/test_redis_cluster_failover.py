@@ -37,6 +37,7 @@ from tests.e2e.failover_figures import log_figures, record, seconds_after, sessi
 from tests.e2e.test_redis_failover import (
     Talker,
     count_lines,
+    fleet_ready,
     sessions_talking,
     stop_talking,
     strictly_increasing,
@@ -48,7 +49,6 @@ WORKERS = 2
 NODE_TIMEOUT_MS = 2000
 #: kill to every session talking again, at most (a 2-core machine under load included)
 RECOVERY_TIMEOUT_S = 60.0
-STARTUP_TIMEOUT_S = 60.0
 
 
 def make_cluster() -> RedisClusterServers:
@@ -157,13 +157,7 @@ async def test_cluster_master_killed_while_sessions_talk():
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        for api in apis:
-            await asyncio.to_thread(api.wait_ready)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while await client.zcard(keys.workers()) < WORKERS:
-            logs = "\n".join(w.logs() for w in workers)
-            assert time.monotonic() < deadline, f"the workers never registered:\n{logs}"
-            await asyncio.sleep(0.05)
+        await fleet_ready(client, keys, apis, workers)
         talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
 
         # where each session's keys and each worker's keys live, as the cluster says now
@@ -289,11 +283,7 @@ async def test_a_master_holding_a_workers_own_keys_pauses_only_the_sessions_it_h
         worker = start_worker(cluster.url, keys.prefix, worker_id, DUPLEX_MAX_SESSIONS="12")
         api = start_api(cluster.url, keys.prefix, "api-stripes")
         processes = [worker, api]
-        await asyncio.to_thread(api.wait_ready)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while await client.zcard(keys.workers()) < 1:
-            assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
-            await asyncio.sleep(0.05)
+        await fleet_ready(client, keys, [api], [worker])
         talkers, talking = await sessions_talking([api.base], SESSIONS, stop, tasks)
         master_of = [
             client.get_node_from_key(keys.session(t.client.session_id or "")).port for t in talkers

@@ -16,9 +16,10 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from bench.chaos_sessions import ENDINGS, SESSION, ended_by
-from harness.processes import start_api, start_worker
+from harness.processes import HttpProcess, Process, start_api, start_worker
 from harness.recording_client import Conversation, RecordingClient, check, speak, turn_audio
 from harness.redis_sentinel import RedisSentinelSet
 from shared.client.duplex_client import DuplexClientError
@@ -139,6 +140,20 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+async def fleet_ready(
+    client: Any, keys: KeySchema, apis: list[HttpProcess], workers: list[Process]
+) -> None:
+    """Every API pod answers ready and every worker is in the registry (their logs say
+    why not, after a minute)."""
+    for api in apis:
+        await asyncio.to_thread(api.wait_ready)
+    deadline = time.monotonic() + 60
+    while await client.zcard(keys.workers()) < len(workers):
+        logs = "\n".join(worker.logs() for worker in workers)
+        assert time.monotonic() < deadline, f"the workers never registered:\n{logs}"
+        await asyncio.sleep(0.05)
+
+
 async def sessions_talking(
     bases: list[str], count: int, stop: asyncio.Event, tasks: list[asyncio.Task[None]]
 ) -> tuple[list[Talker], list[asyncio.Task[None]]]:
@@ -182,16 +197,7 @@ async def test_sentinel_primary_killed_while_sessions_talk():
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        for api in apis:
-            await asyncio.to_thread(api.wait_ready)
-
-        async def registered() -> bool:
-            return await handle.client.zcard(keys.workers()) >= 1
-
-        deadline = time.monotonic() + 60
-        while not await registered():
-            assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
-            await asyncio.sleep(0.05)
+        await fleet_ready(handle.client, keys, apis, [worker])
         talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
 
         old = await asyncio.to_thread(sentinels.kill_primary)

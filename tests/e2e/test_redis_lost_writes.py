@@ -35,6 +35,7 @@ from tests.e2e.failover_figures import log_figures, record, seconds_after, sessi
 from tests.e2e.test_redis_cluster_failover import print_warnings
 from tests.e2e.test_redis_failover import (
     Talker,
+    fleet_ready,
     sessions_talking,
     stop_talking,
     strictly_increasing,
@@ -51,7 +52,6 @@ ALONE_S = 1.5
 ALONE_MAX_S = 6.0
 #: kill to every session talking again or told to resync, at most (a loaded 2-core machine)
 RECOVERY_TIMEOUT_S = 60.0
-STARTUP_TIMEOUT_S = 60.0
 RESYNC = "session.resync_required"
 
 
@@ -81,15 +81,8 @@ async def test_writes_the_killed_primary_acknowledged_are_lost():
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        for api in apis:
-            await asyncio.to_thread(api.wait_ready)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while await handle.client.zcard(keys.workers()) < 1:
-            assert time.monotonic() < deadline, f"the worker never registered:\n{worker.logs()}"
-            await asyncio.sleep(0.05)
-        talkers, talking = await sessions_talking(
-            [api.base for api in apis], SESSIONS, stop, tasks
-        )
+        await fleet_ready(handle.client, keys, apis, [worker])
+        talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
         session_ids = [t.client.session_id or "" for t in talkers]
 
         # cut the replica off: its next sync is refused, for good
