@@ -23,7 +23,7 @@ from harness.processes import HttpProcess, Process, start_api, start_worker
 from harness.recording_client import Conversation, RecordingClient, check, speak, turn_audio
 from harness.redis_sentinel import RedisSentinelSet
 from shared.client.duplex_client import DuplexClientError
-from shared.redis.connection import connect
+from shared.redis.connection import RedisHandle, connect
 from shared.redis.keys import KeySchema
 from tests.e2e.failover_figures import (
     count_lines,
@@ -33,7 +33,7 @@ from tests.e2e.failover_figures import (
     session_figures,
     strictly_increasing,
 )
-from tests.redis.test_sentinel import close, promotion
+from tests.redis.test_sentinel import promotion
 
 SESSIONS = 4
 #: an answer at 4x real time takes well under a second; more is a refused turn
@@ -140,6 +140,35 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+@dataclasses.dataclass
+class SentinelFleet:
+    """A Sentinel set (a primary, its replica, three sentinels) and on it two API pods
+    and one echo worker, `w-1`, under a key prefix of their own."""
+
+    sentinels: RedisSentinelSet
+    keys: KeySchema
+    worker: Process
+    apis: list[HttpProcess]
+    handle: RedisHandle
+
+    @classmethod
+    async def start(cls, name: str) -> SentinelFleet:
+        sentinels = await asyncio.to_thread(RedisSentinelSet)
+        prefix = f"{name}-{uuid.uuid4().hex[:6]}"
+        worker = start_worker(sentinels.url, prefix, "w-1", DUPLEX_MAX_SESSIONS=str(SESSIONS))
+        apis = [start_api(sentinels.url, prefix, f"api-{i}") for i in range(2)]
+        return cls(sentinels, KeySchema(prefix), worker, apis, connect(sentinels.url))
+
+    async def ready(self) -> None:
+        await fleet_ready(self.handle.client, self.keys, self.apis, [self.worker])
+
+    async def stop(self) -> None:
+        for process in [*self.apis, self.worker]:
+            process.stop()
+        await self.handle.close()
+        await asyncio.to_thread(self.sentinels.stop)
+
+
 async def fleet_ready(
     client: Any, keys: KeySchema, apis: list[HttpProcess], workers: list[Process]
 ) -> None:
@@ -187,17 +216,13 @@ async def stop_talking(
 
 
 async def test_sentinel_primary_killed_while_sessions_talk():
-    sentinels = await asyncio.to_thread(RedisSentinelSet)
-    prefix = f"failover-{uuid.uuid4().hex[:6]}"
-    keys = KeySchema(prefix)
-    worker = start_worker(sentinels.url, prefix, "w-1", DUPLEX_MAX_SESSIONS=str(SESSIONS))
-    apis = [start_api(sentinels.url, prefix, f"api-{i}") for i in range(2)]
-    handle = connect(sentinels.url)
+    fleet = await SentinelFleet.start("failover")
+    sentinels, worker, apis = fleet.sentinels, fleet.worker, fleet.apis
     talkers: list[Talker] = []
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        await fleet_ready(handle.client, keys, apis, [worker])
+        await fleet.ready()
         talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
 
         old = await asyncio.to_thread(sentinels.kill_primary)
@@ -264,7 +289,4 @@ async def test_sentinel_primary_killed_while_sessions_talk():
             assert strictly_increasing(seqs), (t.conversation.index, seqs)
     finally:
         await stop_talking(stop, tasks, talkers)
-        for process in [*apis, worker]:
-            process.stop()
-        await close(handle)
-        sentinels.stop()
+        await fleet.stop()

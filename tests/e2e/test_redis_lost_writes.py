@@ -23,25 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 
-from harness.processes import start_api, start_worker
 from harness.recording_client import RecordingClient, check
-from harness.redis_sentinel import RedisSentinelSet
-from shared.redis.connection import connect
-from shared.redis.keys import KeySchema
 from tests.e2e.failover_figures import log_figures, record, seconds_after, session_figures
 from tests.e2e.test_redis_cluster_failover import print_warnings
 from tests.e2e.test_redis_failover import (
+    SentinelFleet,
     Talker,
-    fleet_ready,
     sessions_talking,
     stop_talking,
     strictly_increasing,
     until,
 )
-from tests.redis.test_sentinel import close, direct, promotion
+from tests.redis.test_sentinel import direct, promotion
 
 SESSIONS = 4
 #: how long the sessions talk on the cut-off primary alone (a duration of load: the order
@@ -69,19 +64,15 @@ def told_to_resync(talker: Talker) -> bool:
 
 
 async def test_writes_the_killed_primary_acknowledged_are_lost():
-    sentinels = await asyncio.to_thread(RedisSentinelSet)
-    prefix = f"lost-{uuid.uuid4().hex[:6]}"
-    keys = KeySchema(prefix)
-    worker = start_worker(sentinels.url, prefix, "w-1", DUPLEX_MAX_SESSIONS=str(SESSIONS))
-    apis = [start_api(sentinels.url, prefix, f"api-{i}") for i in range(2)]
-    handle = connect(sentinels.url)
+    fleet = await SentinelFleet.start("lost")
+    sentinels, keys, worker, apis = fleet.sentinels, fleet.keys, fleet.worker, fleet.apis
     primary_port, replica_port = sentinels.primary_port(), sentinels.replica_port()
     primary, replica = direct(primary_port), direct(replica_port)
     talkers: list[Talker] = []
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        await fleet_ready(handle.client, keys, apis, [worker])
+        await fleet.ready()
         talkers, talking = await sessions_talking([api.base for api in apis], SESSIONS, stop, tasks)
         session_ids = [t.client.session_id or "" for t in talkers]
 
@@ -206,12 +197,9 @@ async def test_writes_the_killed_primary_acknowledged_are_lost():
             assert outcome["lost"] == 0 and outcome["duplicated"] == 0, (index, outcome)
     finally:
         await stop_talking(stop, tasks, talkers)
-        for process in [*apis, worker]:
-            process.stop()
         await primary.aclose()
         await replica.aclose()
-        await close(handle)
-        await asyncio.to_thread(sentinels.stop)
+        await fleet.stop()
 
 
 async def until_async(condition: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:

@@ -11,18 +11,15 @@ The cluster is the test's own: its tag's master is killed and stays dead. Its re
 promoted only after the janitor's restarts have failed a few times against the dead master's
 address (the cluster names it until a replica takes over: a node timeout, in production)."""
 
-import orjson
 import pytest
 
 from harness.redis_cluster import RedisClusterServers
-from services.api.janitor import Janitor
-from shared.ids import EXPIRED_CLOSE_REASON
-from shared.redis.boundary import CloseRequest
 from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from shared.redis.slot_map import slot_of
-from tests.api.parts import active_session, inbox, janitor_on
+from tests.api.parts import janitor_on
 from tests.redis.cluster_ops import add_replica, eventually, kill, node, slot_owner, take_over
+from tests.redis.test_sentinel import lease_expires
 
 KEYS = KeySchema()
 #: the hash tag the janitor gives arq's keys on a cluster (services/api/janitor.py)
@@ -36,22 +33,6 @@ def servers():
     servers = RedisClusterServers()
     yield servers
     servers.stop()
-
-
-async def lease_expires(janitor: Janitor, sid: str, worker: str) -> None:
-    """A session detached with no grace: a tick of the janitor's cron journals its expiry
-    and closes it on its worker."""
-    await active_session(janitor.store, sid, worker=worker)
-    assert await janitor.store.detach(sid, 1, grace_ms=0) == 1
-
-    async def closed_on_its_worker() -> bool:
-        return len(await inbox(janitor.client, worker)) == 1
-
-    await eventually(closed_on_its_worker, RECOVERY_TIMEOUT_S, f"the janitor to expire {sid}")
-    assert await inbox(janitor.client, worker) == [CloseRequest(sid, EXPIRED_CLOSE_REASON, 0)]
-    journal = await janitor.store.journal(sid, 0)
-    assert [orjson.loads(data)["type"] for _, data in journal] == ["session.expired"]
-    assert await janitor.client.zscore(KEYS.leases(), sid) is None
 
 
 async def normal_clients(port: int) -> int:

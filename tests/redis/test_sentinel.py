@@ -157,7 +157,7 @@ async def lease_expires(janitor: Janitor, sid: str, worker: str) -> float:
     assert await inbox(janitor.client, worker) == [CloseRequest(sid, EXPIRED_CLOSE_REASON, 0)]
     journal = await janitor.store.journal(sid, 0)
     assert [orjson.loads(data)["type"] for _, data in journal] == ["session.expired"]
-    assert await janitor.client.zscore(KEYS.leases(), sid) is None
+    assert await janitor.client.zscore(janitor.keys.leases(), sid) is None
     return time.monotonic() - detached
 
 
