@@ -4,7 +4,8 @@ Cluster, or an embedded fakeredis.
 URLs: `redis://host:port/db` (one Redis), `redis+sentinel://[user:password@]h1:26379,
 h2:26379,h3:26379/<service>[/db][?sentinel_username=..&sentinel_password=..]` (the primary
 that Redis Sentinel names for `<service>`, asked of the sentinels listed, followed across
-failovers; `rediss+sentinel://` for TLS to the data nodes and the sentinels),
+failovers, promptly, by every pool: `sentinel_watch.py`; `rediss+sentinel://` for TLS to
+the data nodes and the sentinels),
 `redis+cluster://host:port` (a Redis Cluster, any node as the seed), or unset (embedded
 fakeredis with Lua, for `duplex serve` only). redis-py has no Sentinel URL of its own: the
 form is the one Pomerium, rq-dashboard and redis-sentinel-url use (the user and password are
@@ -35,6 +36,8 @@ from redis.asyncio.cluster import PRIMARY, ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.redis.sentinel_watch import FollowingPool, SentinelWatch
 
 EMBEDDED = "embedded (fakeredis, in this process)"
 CLUSTER_SCHEME = "redis+cluster://"
@@ -67,12 +70,15 @@ class RedisHandle:
         server: Any = None,
         seed_url: str | None = None,
         sentinel: SentinelTarget | None = None,
+        watch: SentinelWatch | None = None,
     ) -> None:
         self.client = client
         self.description = description
         self.server = server  # the FakeServer, for embedded mode
         self.seed_url = seed_url  # the cluster node it was given (for operators)
         self.sentinel = sentinel  # the Sentinel set and service, when the primary is theirs
+        #: with Sentinel: the primary every pool of the handle follows (`sentinel_watch`)
+        self.watch = watch
         self.cluster = isinstance(client, RedisCluster)
         #: the cluster clients of its own handed out (`reader_client`), closed with it
         self._own_clusters: list[RedisCluster] = []
@@ -84,7 +90,11 @@ class RedisHandle:
         on the pod's). Not for a cluster, whose nodes a library must be told itself."""
         if self.sentinel is not None:
             return self._sentinel_manager().master_for(
-                self.sentinel.service, redis_class=redis_class, **self.sentinel.connection
+                self.sentinel.service,
+                redis_class=redis_class,
+                connection_pool_class=FollowingPool,
+                watch=self.watch,
+                **self.sentinel.connection,
             )
         pool = self.new_client().connection_pool
         if self.server is None:
@@ -137,6 +147,8 @@ class RedisHandle:
     async def close(self) -> None:
         for own in self._own_clusters:
             await own.aclose()
+        if self.watch is not None:
+            await self.watch.stop()
         await self.client.aclose()
         if self.sentinel is not None:
             for sentinel in self._sentinel_manager().sentinels:
@@ -330,8 +342,12 @@ def connect(url: str | None) -> RedisHandle:
         return RedisHandle(client, f"Redis Cluster via {redact(seed)}", seed_url=seed)
     if url and url.startswith(SENTINEL_SCHEMES):
         target = parse_sentinel_url(url)
-        client = target.manager().master_for(target.service, **target.connection)
-        return RedisHandle(client, target.describe(), sentinel=target)
+        manager = target.manager()
+        watch = SentinelWatch(manager, target.service)
+        client = manager.master_for(
+            target.service, connection_pool_class=FollowingPool, watch=watch, **target.connection
+        )
+        return RedisHandle(client, target.describe(), sentinel=target, watch=watch)
     if url:
         client = redis_async.Redis.from_url(url, health_check_interval=10, **SOCKET_OPTIONS)
         return RedisHandle(client, redact(url))
