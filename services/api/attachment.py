@@ -381,6 +381,13 @@ class Attachment:
         worker_id, owner_generation = await self._read_owner(self.session_id)
         return worker_id is not None and self.moved(owner_generation, worker_id)
 
+    async def gone(self) -> bool:
+        """Whether the session's hash is gone from Redis (a failover, or a Redis that
+        restarted empty, can lose it under a live socket)."""
+        if self.session_id is None:
+            return False
+        return not await self._client.exists(self._keys.session(self.session_id))
+
     async def _read_owner(self, session_id: str) -> tuple[str | None, int]:
         """(worker, owner generation) from the session hash; (None, 0) when it is gone."""
         worker, generation = await self._client.hmget(

@@ -10,6 +10,10 @@ policy), and the worker's events reach it in `server_event_seq` order without a 
   journal no longer has them, by `session.resync_required` and nothing more;
 - `CATCH_UP` (the hub reconnected) replays whatever the journal has past `last_seq`, and
   re-reads the session's owner from its hash (a `moved` notice may have been lost);
+- a session whose hash is gone from Redis (a failover lost the writes that made it, or
+  Redis restarted empty) can never journal an event again: told by its worker (`!lost`),
+  or finding it so after `CATCH_UP`, the client hears `session.resync_required
+  {journal_gap}` and nothing more, rather than waiting for ever;
 - a `moved` notice (a drain or a failover put the session on another worker) routes the
   client's commands to the new worker, when its owner generation is newer;
 - a client that reads too slowly overflows its queue: it hears `output_overflow`, and the
@@ -65,6 +69,7 @@ from shared.protocol.duplex import (
 )
 from shared.redis.live_message import (
     CATCHUP_KIND,
+    LOST_KIND,
     MOVED_KIND,
     TAKEOVER_KIND,
     ControlNotice,
@@ -345,10 +350,19 @@ class Delivery:
                     attachment.moved(notice.owner_generation, notice.worker_id)
                     continue
                 case ControlNotice(kind=kind) if kind == CATCHUP_KIND:
-                    # a `moved` notice may have been lost with the connection: ask the hash
+                    # a `moved` or `lost` notice may have been lost with the connection:
+                    # ask the hash
+                    if await attachment.gone():
+                        self._lost()
+                        return
                     await attachment.reread_owner()
                     await self.replay()
                     continue
+                case ControlNotice(kind=kind) if kind == LOST_KIND:
+                    if not await attachment.gone():
+                        continue  # the hash is there: a stale notice, not this session's end
+                    self._lost()
+                    return
                 case ControlNotice():
                     continue  # a notice of a kind this pod does not know: not for it
                 case records:
@@ -383,6 +397,15 @@ class Delivery:
             self._delivered_seq(record)
         self.deliver(record)
         return True
+
+    def _lost(self) -> None:
+        log.warning(
+            "session %s: its hash is gone from Redis (a failover lost it, or Redis restarted "
+            "empty); the client is told to resync",
+            self.attachment.session_id,
+        )
+        self.metrics.sessions_lost.inc()
+        self._resync()
 
     def _resync(self) -> None:
         session_id = self.attachment.session_id

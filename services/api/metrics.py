@@ -30,6 +30,12 @@ class ApiMetrics:
             "had (the session store went back in time: a Redis failover lost writes)",
             registry=r,
         )
+        self.sessions_lost = Counter(
+            "duplex_sessions_lost",
+            "Sessions told to resync because their state was gone from Redis (a failover "
+            "or a Redis that restarted empty lost the session's hash)",
+            registry=r,
+        )
         self.errors = Counter(
             "duplex_errors", "Client errors answered by this pod", ["code"], registry=r
         )

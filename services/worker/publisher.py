@@ -14,6 +14,11 @@ and its owner generation. The publisher keeps only the queue of records that hav
 something to send. A record whose session has gone settles (leaves the table) once its
 last events are in Redis.
 
+A session whose hash is gone (`[-1]`: a Redis failover lost the writes that made it, or
+Redis restarted empty) can journal nothing ever again: it is dropped here like a fenced
+one, and its sockets are told on its live channel (`!lost`), so that their clients hear
+`session.resync_required` and start a new session instead of waiting for events.
+
 Fencing: each session's calls carry the owner generation this worker holds it at (1 at
 open, the restored one after a move). A `[-2]` reply means another worker owns the session
 now: its remaining events are dropped, nothing more is sent for it, and the host's `drop`
@@ -44,7 +49,7 @@ import asyncio
 import logging
 import time
 
-from services.worker.control.publish_host import FENCED_OUT, PublishHost
+from services.worker.control.publish_host import FENCED_OUT, LOST, PublishHost
 from services.worker.control.table import (
     FinalCheckpoint,
     PublishRound,
@@ -55,6 +60,8 @@ from shared.backoff import Backoff
 from shared.contracts import SessionEventSink
 from shared.outage_log import OutageLog
 from shared.protocol.duplex import DuplexEvent, dumps
+from shared.redis.connection import publish_live
+from shared.redis.live_message import ControlNotice
 from shared.redis.store import (
     ModelAppend,
     PartialPublish,
@@ -143,6 +150,7 @@ class RedisEventPublisher(SessionEventSink):
         self.published = 0
         self.checkpoints = 0
         self.model_bytes = 0  # model history bytes written
+        self.lost = 0  # sessions dropped because their hash was gone from Redis
 
     def serve(self, host: PublishHost) -> None:
         """Whom to ask for checkpoints, and to tell of a session fenced out."""
@@ -361,8 +369,8 @@ class RedisEventPublisher(SessionEventSink):
         await self._settle(rounds, replies)
 
     async def _settle(self, rounds: list[PublishRound], replies: dict[str, list[int]]) -> None:
-        """The written rounds' replies taken in: seqs, fences, closed sessions."""
-        closed = []
+        """The written rounds' replies taken in: seqs, fences, closed and lost sessions."""
+        closed, lost = [], []
         for round_ in rounds:
             record = round_.record
             session_id = record.session_id
@@ -376,8 +384,10 @@ class RedisEventPublisher(SessionEventSink):
             if reply == GONE:
                 # the session's hash is gone (closed and expired, or lost with a Redis that
                 # restarted empty): nothing it sends is written, so nothing is sent again
-                # (a model round would be re-queued at once, for ever)
-                self._gone(record)
+                # (a model round would be re-queued at once, for ever); one still served
+                # here is dropped, and its sockets are told
+                if self._gone(record):
+                    lost.append(session_id)
                 continue
             self.published += len(round_.items)
             self.checkpoints += round_.checkpoint is not None
@@ -391,6 +401,8 @@ class RedisEventPublisher(SessionEventSink):
                 self._ready[record] = None  # emitted while this batch flew
         for round_ in rounds:
             self.table.settle(round_.record)
+        for session_id in lost:
+            await self._tell_lost(session_id)
         if closed and self.sessions_key:
             try:
                 await self.store.client.srem(self.sessions_key, *closed)
@@ -425,13 +437,34 @@ class RedisEventPublisher(SessionEventSink):
         self._idle.clear()
         self._wake.set()
 
-    def _gone(self, record: SessionRecord) -> None:
-        """Its model history is not sent again for what was refused (its next frames go
-        with the next second's write, refused the same way: once a second, not at once)."""
-        log.debug("session %s: its hash is gone from Redis: not written", record.session_id)
+    def _gone(self, record: SessionRecord) -> bool:
+        """Nothing of the session is written, nor sent again (its model history is marked
+        written). A session still served here (not fenced out, not closed) was lost by
+        Redis: dropped here, like a fenced one; True then, and its sockets are to be told."""
         record.outbox.model_due = False
         if record.history is not None:
             record.history.mark_written(len(record.history.data))
+        if record.fenced:
+            log.debug("session %s: its hash is gone from Redis: not written", record.session_id)
+            return False
+        log.warning(
+            "session %s: its hash is gone from Redis (a failover lost it, or Redis restarted "
+            "empty): dropped here, its clients are told to start a new session",
+            record.session_id,
+        )
+        self.lost += 1
+        self._drop(record, LOST)
+        return True
+
+    async def _tell_lost(self, session_id: str) -> None:
+        """`!lost` on the session's live channel: its API pods end its sockets with
+        `session.resync_required` (best effort: a pod that missed it finds the hash gone
+        when its subscription comes back)."""
+        channel = self.store.keys.live(session_id)
+        try:
+            await publish_live(self.store.client, channel, ControlNotice.lost().to_bytes())
+        except Exception:
+            log.warning("telling session %s's sockets it is lost failed", session_id)
 
     def _fenced_out(self, record: SessionRecord, refused: int) -> None:
         log.warning(
@@ -441,15 +474,19 @@ class RedisEventPublisher(SessionEventSink):
             record.owner_generation,
             refused + len(record.outbox.pending),
         )
+        self._drop(record, FENCED_OUT)
+
+    def _drop(self, record: SessionRecord, why: str) -> None:
+        """Nothing more of the session is sent, and the host forgets it."""
         record.fenced = True
         record.outbox.discard()
         if self.host is not None and self.table.get(record.session_id) is record:
             # (a reply for a record replaced since, say by a restore here at a newer
             # generation, drops nothing: the session held now is not the one refused)
             try:
-                self.host.drop(record.session_id, FENCED_OUT)
+                self.host.drop(record.session_id, why)
             except Exception:
-                log.exception("dropping fenced-out session %s failed", record.session_id)
+                log.exception("dropping session %s (%s) failed", record.session_id, why)
 
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything emitted so far is in Redis."""

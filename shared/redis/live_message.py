@@ -3,7 +3,7 @@
 A live message (`duplex:session:{SID}:live`) is one of three shapes, told apart by its
 first byte, and `decode_live` reads any of them in one call into the union `LiveMessage`:
 
-- `!...`: a `ControlNotice` (`!takeover`, `!moved`; and the API pod's hub's own
+- `!...`: a `ControlNotice` (`!takeover`, `!moved`, `!lost`; and the API pod's hub's own
   `!catchup`, which never crosses Redis);
 - `{...`: one bare event JSON, unsequenced: what an open's first reply reads
   (session.created, or the error refusing the open), the journal-overflow notice, or an
@@ -36,6 +36,9 @@ CONTROL_PREFIX = b"!"
 TAKEOVER_KIND = "takeover"
 TAKEOVER = CONTROL_PREFIX + TAKEOVER_KIND.encode() + b" "
 MOVED_KIND = "moved"
+#: the worker to the session's sockets: the session's hash is gone from Redis (a failover
+#: or a Redis that restarted empty lost it), so nothing it says can be journaled any more
+LOST_KIND = "lost"
 #: the API pod's hub to its subscribers: the pub/sub connection came back, catch up from
 #: the journal (services/api/live.py); never published in Redis
 CATCHUP_KIND = "catchup"
@@ -83,6 +86,9 @@ class ControlNotice:
     - `!takeover <attachment generation>`: a newer attachment took the session;
     - `!moved <owner generation> <worker id>`: the session now lives on that worker (a
       drain or a failover moved it); API pods send its commands there from now on;
+    - `!lost 0`: the serving worker found the session's hash gone from Redis (lost in a
+      failover, or with a Redis that restarted empty) and dropped it; its sockets tell
+      their clients to start a new session;
     - `!catchup`: (the API pod's hub, not Redis) the pub/sub connection came back.
     """
 
@@ -99,6 +105,11 @@ class ControlNotice:
     def moved(cls, owner_generation: int, worker_id: str) -> ControlNotice:
         """The session's new owner: route its commands to `worker_id`."""
         return cls(MOVED_KIND, owner_generation, worker_id)
+
+    @classmethod
+    def lost(cls) -> ControlNotice:
+        """The session's state is gone from Redis: its sockets end it (resync)."""
+        return cls(LOST_KIND)
 
     @property
     def owner_generation(self) -> int:

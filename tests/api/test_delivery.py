@@ -261,3 +261,44 @@ async def test_another_event_under_a_seq_the_client_has_ends_in_resync(parts):
     await pump  # delivery ends there
     assert len(delivery.queue) == 0 and delivery.last_seq == 3
     assert delivery.metrics.store_regressions._value.get() == 1
+
+
+async def test_a_lost_notice_with_the_hash_gone_ends_the_stream_in_resync(parts):
+    """A failover lost the session's hash (or Redis restarted empty): its worker can journal
+    nothing for it any more and says so on the live channel. The client is told to start
+    again rather than wait for events that cannot come."""
+    await active_session(parts.store, SID)
+    await publish(parts.store, SID, "e1")
+    _, delivery = await attached(parts)
+    pump = asyncio.create_task(delivery.pump())
+    delivery.feed.push(ControlNotice.lost().to_bytes())  # the hash is still there: stale
+    delivery.feed.push(MARKER)
+    assert await taken(delivery, 1) == [("rate_limits.updated", None)]
+    await parts.client.delete(KEYS.session(SID))
+    delivery.feed.push(ControlNotice.lost().to_bytes())
+    item = await delivery.get()
+    event = orjson.loads(item.data)
+    assert (event["type"], event["session_id"], event["reason"]) == (
+        "session.resync_required",
+        SID,
+        "journal_gap",
+    )
+    await pump  # delivery ends there
+    assert delivery.metrics.sessions_lost._value.get() == 1
+
+
+async def test_catch_up_with_the_hash_gone_ends_the_stream_in_resync(parts):
+    """The `lost` notice went while the hub was reconnecting: the catch-up finds the hash
+    gone itself."""
+    await active_session(parts.store, SID)
+    _, delivery = await attached(parts)
+    await parts.client.delete(KEYS.session(SID))
+    delivery.feed.push(CATCH_UP)
+    pump = asyncio.create_task(delivery.pump())
+    item = await delivery.get()
+    assert (item.wire_type, orjson.loads(item.data)["reason"]) == (
+        "session.resync_required",
+        "journal_gap",
+    )
+    await pump
+    assert len(delivery.queue) == 0 and delivery.metrics.sessions_lost._value.get() == 1

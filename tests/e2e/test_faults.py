@@ -244,6 +244,11 @@ async def test_pods_recover_when_redis_restarts():
             assert await readiness_becomes(http, api, 503)
             await asyncio.to_thread(server.start)  # an empty Redis on the same port
             assert await readiness_becomes(http, api, 200)
+        # the connected session lived only in the lost Redis: nothing it says can be
+        # journaled again, and its client is told so rather than left waiting
+        await connected.send({"type": "session.heartbeat", "event_id": "after"})
+        resync = (await connected.until("session.resync_required", timeout=30))[-1]
+        assert (resync.session_id, resync.reason) == (connected.session_id, "journal_gap")
         await connected.close(end_session=False)
         client = DuplexClient([api.base], heartbeat_s=None)
         await client.connect({"extra_body": {"pace": 0}})  # a new session works on the new Redis

@@ -4,6 +4,7 @@ writes nothing for it, and drops it locally without an event."""
 import asyncio
 
 import orjson
+import pytest
 
 from harness.sessions import appends, sine
 from plugins.echo import EchoPlugin
@@ -15,7 +16,9 @@ from shared.protocol.duplex import (
     SessionHeartbeatAck,
 )
 from shared.redis.keys import KeySchema
+from shared.redis.live_message import ControlNotice, split
 from shared.redis.store import SessionStore
+from tests.redis.live_listen import LiveListener
 from tests.worker.publishing import Host, own, publisher_on
 
 ITEM = {"id": "item_1", "type": "message", "role": "user", "content": []}
@@ -108,3 +111,37 @@ async def test_a_fenced_reply_drops_the_session_and_nothing_more_is_sent():
 async def send_all_to(manager, sid, commands) -> None:
     for command in commands:
         await manager.submit(sid, command)
+
+
+async def test_a_session_whose_hash_is_gone_is_dropped_and_its_sockets_are_told(redis_client):
+    """A failover lost the writes that made the session's hash (or Redis restarted empty):
+    nothing of it can be journaled again. The worker drops it, as it drops a fenced one,
+    and says so once on its live channel (`!lost`), where its API pods end its sockets
+    with session.resync_required instead of leaving its client waiting."""
+    keys = KeySchema()
+    store = SessionStore(redis_client, keys)
+    sid = "duplex-lost"
+    await store.open(sid, "w-a", "echo", "", "{}")
+    host = Host()
+    publisher = publisher_on(store, host)
+    own(publisher, sid, 1)
+    publisher.start()
+    try:
+        async with LiveListener(redis_client, keys.live(sid)) as live:
+            publisher.emit(sid, SessionHeartbeatAck(session_id=sid))
+            await publisher.flush()
+            assert [record.seq for record in split(await live.message(30))] == [1]
+            assert publisher.lost == 0 and host.dropped == []
+            await redis_client.delete(keys.session(sid))
+            await redis_client.delete(keys.events(sid))
+            publisher.emit(sid, SessionHeartbeatAck(session_id=sid))
+            await publisher.flush()
+            assert host.dropped == [sid] and publisher.lost == 1
+            assert ControlNotice.read(await live.message(30)) == ControlNotice.lost()
+            publisher.emit(sid, SessionHeartbeatAck(session_id=sid))  # not even sent now
+            await publisher.flush()
+            assert publisher.lost == 1 and not await redis_client.exists(keys.session(sid))
+            with pytest.raises(TimeoutError):  # nothing more on the channel
+                await live.message(0.3)
+    finally:
+        await publisher.stop()

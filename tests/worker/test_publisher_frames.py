@@ -16,7 +16,7 @@ from shared.redis.connection import connect
 from shared.redis.keys import KeySchema
 from shared.redis.live_message import split
 from shared.redis.store import SessionStore
-from tests.worker.publishing import own, publisher_on
+from tests.worker.publishing import Host, own, publisher_on
 
 KEYS = KeySchema()
 SCOPE = {"response_id": "resp_1", "item_id": "item_1", "output_index": 0, "content_index": 0}
@@ -137,14 +137,9 @@ async def test_a_model_round_for_a_session_whose_hash_is_gone_is_not_sent_again_
     record = own(publisher, sid, 1)
     record.history = ModelHistory(4, b"")
 
-    class Host:
-        def model_history(self, session_id):
-            return record.history
-
-        def snapshot(self, session_id):
-            return None
-
-    publisher.host = Host()  # type: ignore[assignment]
+    host = Host()
+    host.histories[sid] = record.history
+    publisher.serve(host)
     calls = 0
     real = store.publish_many
 
@@ -161,6 +156,7 @@ async def test_a_model_round_for_a_session_whose_hash_is_gone_is_not_sent_again_
         await publisher.flush()
         await asyncio.sleep(0.2)  # a hot loop would send hundreds of calls meanwhile
         assert calls == 1 and not record.history.behind
+        assert host.dropped == [sid]  # a session served here, lost by Redis: dropped
     finally:
         await publisher.stop()
         await handle.close()

@@ -16,6 +16,9 @@ from shared.contracts import ModelHistory
 
 #: `drop`'s reason when a publish was refused: another worker holds the session now
 FENCED_OUT = "fenced out: another worker owns the session now"
+#: `drop`'s reason when the session's hash was gone from Redis (lost in a failover, or
+#: with a Redis that restarted empty): nothing of it can be journaled any more
+LOST = "lost: its hash is gone from Redis"
 
 
 class PublishHost(abc.ABC):
@@ -27,7 +30,8 @@ class PublishHost(abc.ABC):
 
     @abc.abstractmethod
     def drop(self, session_id: str, why: str) -> None:
-        """Another worker owns the session: forget it here without an event."""
+        """Another worker owns the session, or Redis lost it: forget it here without an
+        event."""
 
     @abc.abstractmethod
     def model_history(self, session_id: str) -> ModelHistory | None:

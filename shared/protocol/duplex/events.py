@@ -271,9 +271,12 @@ class SessionReplaced(RealtimeEvent):
 class SessionResyncRequired(RealtimeEvent):
     """Replay is impossible (journal gap or overflow): start a new session. `journal_gap`
     also when the session store went back in time (a Redis failover lost its last writes):
-    a resume whose `last_received_server_event_seq` is past the journal's head, or a live
-    event that comes under a seq the client already has with other content. A client never
-    gets two events under one seq, nor a seq lower than one it has."""
+    a resume whose `last_received_server_event_seq` is past the journal's head, a live
+    event that comes under a seq the client already has with other content, or a session
+    whose whole state was lost (made in the last writes a failover lost, or kept in a Redis
+    that restarted empty). A client never gets two events under one seq, nor a seq lower
+    than one it has; on the openai surface the socket closes (1000,
+    `session.resync_required`) instead."""
 
     TYPE = "session.resync_required"
     session_id: str
