@@ -22,7 +22,8 @@ class Turn:
 
 async def realtime_turn(base_url: str, model: str = "echo", seconds: float = 0.5) -> Turn:
     """Connect with the SDK, say `seconds` of a 24 kHz sine in 40 ms appends, commit, ask
-    for a response, and read until its `response.done`."""
+    for a response, and read until its `response.done` (or an `error`: its status is then
+    `error <code>`)."""
     client = AsyncOpenAI(api_key="unused", base_url=f"{base_url}/v1")
     pcm = float_to_pcm16(sine(24000, seconds))
     async with client.realtime.connect(model=model) as connection:
@@ -48,4 +49,6 @@ async def realtime_turn(base_url: str, model: str = "echo", seconds: float = 0.5
                 transcript = event.transcript
             if event.type == "response.done":
                 return Turn(kinds, audio, transcript, str(event.response.status))
+            if event.type == "error":  # the turn was refused: no response.done will come
+                return Turn(kinds, audio, transcript, f"error {event.error.code}")
     raise AssertionError("the connection ended before response.done")
