@@ -31,20 +31,21 @@ import weakref
 from typing import Any
 
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+from redis.exceptions import RedisError
 
 from shared.supervised import SupervisedLoop
 
 log = logging.getLogger(__name__)
 
 #: how often the sentinels are asked: writes to an old primary that stays up are lost for
-#: at most about this long after the sentinels promote its replica (plus the time the
-#: answer takes to spread between sentinels when the one that led the failover is not
-#: reachable)
+#: at most about this long after the sentinels name its promoted replica
 WATCH_PERIOD_S = 0.5
 #: an answer older than this is asked again before a connection is made with it (the
-#: watch's loop not running yet, or the sentinels not answering it)
+#: watch's loop not running, or the sentinels not answering it)
 FRESH_S = 2 * WATCH_PERIOD_S
-
+#: a sentinel that has not answered in this long is left out of that look (a host
+#: powered off, a frozen process): the others are not held up by it
+ASK_TIMEOUT_S = 1.0
 #: sentinels that name another primary under a lower config epoch than the one followed
 #: are believed only after this long: they tell each other of a failover within seconds
 #: (hello messages every 2 s), so a longer disagreement is a sentinel set deployed afresh
@@ -55,7 +56,7 @@ Address = tuple[str, int]
 
 class SentinelWatch:
     """The primary the sentinels name for `service`, kept current by a loop of its own
-    (started by the first connection, stopped by `stop`)."""
+    (started by the first connection, stopped for good by `stop`)."""
 
     def __init__(self, manager: Sentinel, service: str, period_s: float = WATCH_PERIOD_S) -> None:
         self.manager = manager
@@ -63,10 +64,14 @@ class SentinelWatch:
         self.period_s = period_s
         self.address: Address | None = None  # the primary connections go to
         self.epoch = -1  # its config epoch, as the sentinels said it
+        self.down = False  # every sentinel that answered says the primary is down
         self.switches = 0  # how often the primary changed under this watch (diagnostics)
+        self._before: Address | None = None  # the primary followed under an earlier epoch
         self._answered: float | None = None  # monotonic time of the last valid answer
         #: since when the sentinels name another primary under a lower epoch only
         self._lower_since: float | None = None
+        self._looking: asyncio.Task[None] | None = None  # the look connects wait on
+        self._stopped = False
         self._pools: weakref.WeakSet[FollowingPool] = weakref.WeakSet()
         self._loop = SupervisedLoop.every("sentinel-watch", period_s, self.look)
 
@@ -75,34 +80,39 @@ class SentinelWatch:
 
     async def primary(self) -> Address:
         """Where to connect: the primary followed, asked again first when that answer is
-        not fresh (none yet, or the sentinels have not answered for a while)."""
-        if not self._loop.running:
+        not fresh (none yet, or the sentinels have not answered for a while). Raises
+        `MasterNotFoundError` (a ConnectionError) while the sentinels name none, or say it
+        is down, as redis-py's own discovery does."""
+        if not self._loop.running and not self._stopped:
             self._loop.start()
         if self._answered is None or time.monotonic() - self._answered > FRESH_S:
-            await self.look()
-        if self.address is None:
+            # one look at a time: the connects that need one meanwhile wait on it
+            if self._looking is None or self._looking.done():
+                self._looking = asyncio.ensure_future(self.look())
+            await asyncio.shield(self._looking)
+        if self.address is None or self.down:
             raise MasterNotFoundError(f"No master found for {self.service!r}")
         return self.address
 
     async def look(self, now: float | None = None) -> None:
         """Ask every sentinel at once; follow the highest config epoch among the valid
         answers (a primary that is up, seen by enough sentinels: redis-py's own test)."""
-        now = time.monotonic() if now is None else now
         sentinels = list(self.manager.sentinels)  # redis-py reorders its list on discovery
-        answers = await asyncio.gather(
-            *(sentinel.sentinel_master(self.service) for sentinel in sentinels),
-            return_exceptions=True,
-        )
+        answers = await asyncio.gather(*(self._ask(sentinel) for sentinel in sentinels))
+        now = time.monotonic() if now is None else now
         named: list[tuple[int, Address]] = []
         for state in answers:
-            if isinstance(state, BaseException) or not state:
-                continue  # away, or it does not monitor the service
-            if self.manager.check_master_state(state, self.service):
+            if state and self.manager.check_master_state(state, self.service):
                 named.append((int(state["config-epoch"]), (state["ip"], int(state["port"]))))
         if not named:
+            # answered, and none names a primary that is up: it is down (a failover to
+            # come); nobody answered: what was followed stands until they do
+            self.down = any(answers)
             return
+        self.down = False
         self._answered = now
-        epoch, address = max(named)
+        epoch = max(epoch for epoch, _ in named)
+        address = self._choose([address for e, address in named if e == epoch])
         if epoch < self.epoch and address != self.address:
             # Only sentinels that have not heard of the last failover answered (its leader
             # is away): stay. Unless they keep naming it for longer than a failover takes
@@ -112,9 +122,29 @@ class SentinelWatch:
             if now - self._lower_since < LOWER_EPOCH_FOLLOWED_AFTER_S:
                 return
         self._lower_since = None
+        if epoch > self.epoch and self.address is not None:
+            self._before = self.address
         previous, self.address, self.epoch = self.address, address, epoch
         if previous is not None and previous != address:
             await self._switch(previous)
+
+    def _choose(self, candidates: list[Address]) -> Address:
+        """The primary among those named under the highest epoch. The failover's leader
+        names the old primary under the new epoch until it has switched (and the others
+        follow it), so an address other than the one followed before that epoch is the
+        newer answer; then the most named, then any, in a fixed order."""
+        newer = [address for address in candidates if address != self._before] or candidates
+        return max(set(newer), key=lambda address: (newer.count(address), address))
+
+    async def _ask(self, sentinel: Any) -> dict[str, Any] | None:
+        """A sentinel's state of the primary; None when it does not answer in time, or
+        does not monitor the service."""
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_S):
+                state = await sentinel.sentinel_master(self.service)
+        except (RedisError, OSError, TimeoutError):
+            return None
+        return state if isinstance(state, dict) else None
 
     async def _switch(self, previous: Address) -> None:
         assert self.address is not None
@@ -139,7 +169,11 @@ class SentinelWatch:
         )
 
     async def stop(self) -> None:
+        self._stopped = True  # a pool that reconnects later does not start it again
         await self._loop.stop()
+        if self._looking is not None:
+            self._looking.cancel()
+            await asyncio.gather(self._looking, return_exceptions=True)
 
 
 class FollowingPool(SentinelConnectionPool):

@@ -13,8 +13,9 @@ failover yet (the old primary under the old epoch) is not followed back."""
 
 import asyncio
 
+import pytest
 import redis.asyncio as redis_async
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 
 from shared.redis.connection import connect
 from shared.redis.sentinel_watch import LOWER_EPOCH_FOLLOWED_AFTER_S, SentinelWatch
@@ -108,7 +109,8 @@ async def test_the_highest_config_epoch_is_followed_and_a_lagging_sentinel_is_no
     leader, lagging, third = Answers(7001, 1), Answers(7000, 0), Answers(7000, 0)
     watch = SentinelWatch(Sentinels(lagging, leader, third), SERVICE)  # type: ignore[arg-type]
     try:
-        assert await watch.primary() == ("10.0.0.1", 7001)  # the leader's epoch wins
+        await watch.look(now=0.0)  # (look, not primary: no loop of its own beside the test)
+        assert watch.address == ("10.0.0.1", 7001)  # the leader's epoch wins
         leader.state["is_sdown"] = True  # the leader away: the other two lag behind
         await watch.look(now=100.0)
         await watch.look(now=100.0 + LOWER_EPOCH_FOLLOWED_AFTER_S - 1)
@@ -123,5 +125,33 @@ async def test_the_highest_config_epoch_is_followed_and_a_lagging_sentinel_is_no
         # primary for longer than a failover takes to spread is followed
         await watch.look(now=210.0 + LOWER_EPOCH_FOLLOWED_AFTER_S)
         assert (watch.address, watch.epoch, watch.switches) == (("10.0.0.1", 7000), 0, 1)
+    finally:
+        await watch.stop()
+
+
+async def test_the_leader_names_the_old_primary_under_the_new_epoch_before_it_switches():
+    """What three sentinels answered every 20 ms through a SENTINEL FAILOVER (Redis
+    7.0.15): the leader first names the old primary under epoch 1, then the new one; a
+    sentinel still naming the old one under epoch 1 then is behind, and not followed back.
+    And while every sentinel that answers says the primary is down, nothing is named."""
+    leader, second, third = Answers(7000, 0), Answers(7000, 0), Answers(7000, 0)
+    watch = SentinelWatch(Sentinels(leader, second, third), SERVICE)  # type: ignore[arg-type]
+    try:
+        await watch.look(now=0.0)
+        leader.state["config-epoch"] = 1  # promoted, not switched yet
+        await watch.look(now=1.0)
+        assert (watch.address, watch.epoch, watch.switches) == (("10.0.0.1", 7000), 1, 0)
+        leader.state["port"] = second.state["port"] = 7001  # switched; the third is behind
+        second.state["config-epoch"] = 1
+        third.state["config-epoch"] = 1
+        for now in (1.1, 1.2):
+            await watch.look(now=now)
+            assert (watch.address, watch.switches) == (("10.0.0.1", 7001), 1)
+        for answer in (leader, second, third):
+            answer.state["is_sdown"] = True
+        await watch.look(now=2.0)
+        assert watch.down
+        with pytest.raises(MasterNotFoundError):
+            await watch.primary()
     finally:
         await watch.stop()
