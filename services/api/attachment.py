@@ -381,12 +381,17 @@ class Attachment:
         worker_id, owner_generation = await self._read_owner(self.session_id)
         return worker_id is not None and self.moved(owner_generation, worker_id)
 
-    async def gone(self) -> bool:
+    async def gone(self, unknown: bool) -> bool:
         """Whether the session's hash is gone from Redis (a failover, or a Redis that
-        restarted empty, can lose it under a live socket)."""
+        restarted empty, can lose it under a live socket); `unknown` when Redis does not
+        answer (the delivery pump that asks must not die of it: its client would wait)."""
         if self.session_id is None:
             return False
-        return not await self._client.exists(self._keys.session(self.session_id))
+        try:
+            return not await self._client.exists(self._keys.session(self.session_id))
+        except RedisError:
+            log.warning("session %s: reading whether its hash is there failed", self.session_id)
+            return unknown
 
     async def _read_owner(self, session_id: str) -> tuple[str | None, int]:
         """(worker, owner generation) from the session hash; (None, 0) when it is gone."""

@@ -352,14 +352,14 @@ class Delivery:
                 case ControlNotice(kind=kind) if kind == CATCHUP_KIND:
                     # a `moved` or `lost` notice may have been lost with the connection:
                     # ask the hash
-                    if await attachment.gone():
+                    if await attachment.gone(unknown=False):
                         self._lost()
                         return
                     await attachment.reread_owner()
                     await self.replay()
                     continue
                 case ControlNotice(kind=kind) if kind == LOST_KIND:
-                    if not await attachment.gone():
+                    if not await attachment.gone(unknown=True):
                         continue  # the hash is there: a stale notice, not this session's end
                     self._lost()
                     return

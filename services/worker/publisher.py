@@ -52,6 +52,7 @@ import time
 from services.worker.control.publish_host import FENCED_OUT, LOST, PublishHost
 from services.worker.control.table import (
     FinalCheckpoint,
+    Phase,
     PublishRound,
     SessionRecord,
     SessionTable,
@@ -401,8 +402,7 @@ class RedisEventPublisher(SessionEventSink):
                 self._ready[record] = None  # emitted while this batch flew
         for round_ in rounds:
             self.table.settle(round_.record)
-        for session_id in lost:
-            await self._tell_lost(session_id)
+        await asyncio.gather(*(self._tell_lost(session_id) for session_id in lost))
         if closed and self.sessions_key:
             try:
                 await self.store.client.srem(self.sessions_key, *closed)
@@ -444,7 +444,9 @@ class RedisEventPublisher(SessionEventSink):
         record.outbox.model_due = False
         if record.history is not None:
             record.history.mark_written(len(record.history.data))
-        if record.fenced:
+        if record.fenced or record.phase not in (Phase.LIVE, Phase.LEAVING):
+            # fenced out already, or not a session served here (an open's refusal, for an
+            # open its API pod gave up on and removed)
             log.debug("session %s: its hash is gone from Redis: not written", record.session_id)
             return False
         log.warning(
