@@ -69,24 +69,29 @@ async def test_serve_runs_on_its_own_sentinel_set_and_goes_on_after_a_failover()
                     return
 
         talkers = [asyncio.create_task(talk()) for _ in range(3)]
-        with redis.Redis(port=sentinel) as ask:
-            asked = time.time()
-            ask.execute_command("SENTINEL", "FAILOVER", "duplex")
+        try:
+            with redis.Redis(port=sentinel) as ask:
+                asked = time.time()
+                ask.execute_command("SENTINEL", "FAILOVER", "duplex")
 
-            async def promoted() -> bool:
-                _, port = ask.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", "duplex")
-                return int(port) == int(replica)
+                async def promoted() -> bool:
+                    _, port = ask.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", "duplex")
+                    return int(port) == int(replica)
 
-            await until(promoted, lambda done: done, 60)
+                await until(promoted, lambda done: done, 60)
 
-        async def old_role() -> str:
-            with redis.Redis(port=int(primary)) as old:
-                role = old.execute_command("ROLE")[0]
-            return role.decode() if isinstance(role, bytes) else role
+            async def old_role() -> str:
+                with redis.Redis(port=int(primary)) as old:
+                    role = old.execute_command("ROLE")[0]
+                return role.decode() if isinstance(role, bytes) else role
 
-        await until(old_role, lambda role: role == "slave", 120)
-        demoted.set()
-        await asyncio.gather(*talkers)
+            await until(old_role, lambda role: role == "slave", 120)
+            demoted.set()
+            await asyncio.gather(*talkers)
+        finally:  # a failed wait leaves no talker behind
+            for talker in talkers:
+                talker.cancel()
+
         followed = FOLLOWED_LINE.search(serve.logs())
         assert followed is not None, "the process never followed the sentinels"
         at = datetime.strptime(followed.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
