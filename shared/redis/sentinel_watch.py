@@ -58,10 +58,9 @@ class SentinelWatch:
     """The primary the sentinels name for `service`, kept current by a loop of its own
     (started by the first connection, stopped for good by `stop`)."""
 
-    def __init__(self, manager: Sentinel, service: str, period_s: float = WATCH_PERIOD_S) -> None:
+    def __init__(self, manager: Sentinel, service: str) -> None:
         self.manager = manager
         self.service = service
-        self.period_s = period_s
         self.address: Address | None = None  # the primary connections go to
         self.epoch = -1  # its config epoch, as the sentinels said it
         self.down = False  # every sentinel that answered says the primary is down
@@ -73,7 +72,7 @@ class SentinelWatch:
         self._looking: asyncio.Task[None] | None = None  # the look connects wait on
         self._stopped = False
         self._pools: weakref.WeakSet[FollowingPool] = weakref.WeakSet()
-        self._loop = SupervisedLoop.every("sentinel-watch", period_s, self.look)
+        self._loop = SupervisedLoop.every("sentinel-watch", WATCH_PERIOD_S, self.look)
 
     def follow(self, pool: FollowingPool) -> None:
         self._pools.add(pool)
