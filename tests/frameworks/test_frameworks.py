@@ -84,6 +84,18 @@ def test_voice_turn_interruption_and_next_turn(run_client, framework, mode):
     assert_no_event_problems(run)
 
 
+def test_pipecat_vad_starts_one_turn_for_each_phrase(pipecat_vad_sweep):
+    """Pipecat's manual scenarios above rely on its own VAD making exactly one turn of each
+    phrase they say, wherever the server's answers put it: a phrase the VAD misses after some
+    silences fails those scenarios by chance, as "thank you" once did."""
+    run = pipecat_vad_sweep()
+    phrases = run["phrases"]
+    assert set(phrases) == {"hello", "long", "thanks", "weather"}, run.explain()
+    for name, tally in phrases.items():
+        assert tally["offsets"] > 0, run.explain()
+        assert tally["missed"] == 0 and tally["split"] == 0, f"{name}: {run.explain()}"
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_function_tool_round_trip(run_client, framework, mode):
