@@ -23,7 +23,7 @@ import argparse
 import json
 from typing import Any
 
-from _common import read_wav, resample_pcm16
+from _common import speech
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADState
 
@@ -78,12 +78,7 @@ def sweep(phrases: dict[str, bytes]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speech", action="append", default=[], metavar="NAME=WAV")
-    args = parser.parse_args()
-    phrases = {}
-    for spec in args.speech:
-        name, _, path = spec.partition("=")
-        pcm, rate = read_wav(path)
-        phrases[name] = resample_pcm16(pcm, rate, MIC_RATE)
+    phrases = speech(parser.parse_args(), MIC_RATE)
     print(json.dumps({"framework": "pipecat", "phrases": sweep(phrases)}), flush=True)
 
 
